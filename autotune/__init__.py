@@ -1,0 +1,44 @@
+"""autotune: finds the fastest memory-safe training configuration for a PyTorch model.
+
+``import autotune`` stays cheap: torch, Ray and plotting libraries load only when used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from autotune.api import run_trial
+    from autotune.config import TrainConfig, load_config
+    from autotune.result import TrialResult
+    from autotune.runner.request import TrialOptions
+    from autotune.workload import WorkloadSpec
+
+_LAZY = {
+    "TrainConfig": "autotune.config",
+    "load_config": "autotune.config",
+    "TrialResult": "autotune.result",
+    "TrialOptions": "autotune.runner.request",
+    "WorkloadSpec": "autotune.workload",
+    "run_trial": "autotune.api",
+}
+
+__all__ = [
+    "TrainConfig",
+    "TrialOptions",
+    "TrialResult",
+    "WorkloadSpec",
+    "__version__",
+    "load_config",
+    "run_trial",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")
