@@ -1,0 +1,224 @@
+"""The configuration of one training trial: every knob the search can turn, validated at the edge.
+
+A ``TrainConfig`` is frozen: it is proposed by the search (or written by a user), travels to every
+rank unchanged and is stored with the result. Rules that span several fields live together in
+``_check_combinations`` so that one place says what may be combined with what.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autotune.errors import ConfigError
+
+Parallel = Literal["single", "dp", "ddp", "fsdp"]
+CommHook = Literal["none", "fp16", "bf16", "powersgd"]
+Amp = Literal["off", "fp16", "bf16"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class TrainConfig(BaseModel):
+    """One point of the search space: how to train, never what to train."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    global_batch_size: int = Field(
+        ge=1,
+        description="Samples per optimizer step across all ranks; training semantics, never "
+        "changed by the tuner.",
+    )
+    parallel: Parallel = Field(
+        "single",
+        description="single: one device; dp: torch.nn.DataParallel in one process (CUDA, >=2 "
+        "GPUs); ddp: DistributedDataParallel; fsdp: fully sharded data parallel (FSDP2).",
+    )
+    world_size: int = Field(1, ge=1, description="Number of devices (ranks) the trial uses.")
+    device: Device = Field(
+        "auto", description="cuda, cpu, or auto (cuda when available, else cpu)."
+    )
+    comm_hook: CommHook = Field(
+        "none",
+        description="DDP gradient communication hook: none, fp16 or bf16 compression, powersgd.",
+    )
+    powersgd_rank: int = Field(1, ge=1, description="PowerSGD matrix approximation rank.")
+    powersgd_start_iter: int = Field(
+        2,
+        ge=2,
+        description="Optimizer step from which PowerSGD compresses (earlier steps all-reduce "
+        "uncompressed); kept small so that a short trial measures compression.",
+    )
+    static_graph: bool = Field(
+        False, description="DDP static_graph=True (not with gradient accumulation)."
+    )
+    amp: Amp = Field(
+        "off",
+        description="Automatic mixed precision: off, fp16 (with a gradient scaler) or bf16.",
+    )
+    checkpoint_segments: int = Field(
+        0,
+        ge=0,
+        description="Activation checkpointing: 0 = off; k = the first k of the model's repeated "
+        "blocks each run as one non-reentrant checkpoint segment (recomputed in backward). "
+        "Must not exceed the number of repeated blocks.",
+    )
+    grad_accum_steps: int = Field(
+        1,
+        ge=1,
+        description="Micro-batches per optimizer step; the micro-batch per rank is "
+        "global_batch_size / (world_size * grad_accum_steps).",
+    )
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
+    prefetch_factor: int | None = Field(
+        None, ge=1, description="Batches each DataLoader worker loads ahead (needs workers)."
+    )
+    pin_memory: bool = Field(False, description="DataLoader pin_memory (CUDA only).")
+    persistent_workers: bool = Field(
+        False, description="Keep DataLoader workers alive across epochs (needs workers)."
+    )
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> TrainConfig:
+        problems: list[str] = []
+        if self.parallel == "single" and self.world_size != 1:
+            problems.append(f"parallel=single needs world_size=1, got world_size={self.world_size}")
+        if self.parallel == "dp":
+            if self.world_size < 2:
+                problems.append(
+                    f"parallel=dp needs world_size >= 2 GPUs, got world_size={self.world_size}"
+                )
+            if self.device == "cpu":
+                problems.append("parallel=dp (DataParallel) needs device=cuda, got device=cpu")
+        if self.comm_hook != "none" and self.parallel != "ddp":
+            problems.append(
+                f"comm_hook={self.comm_hook} needs parallel=ddp, got parallel={self.parallel}"
+            )
+        if self.comm_hook == "bf16" and self.device == "cpu":
+            problems.append("comm_hook=bf16 needs device=cuda (NCCL), got device=cpu")
+        if self.static_graph and self.parallel != "ddp":
+            problems.append(f"static_graph=true needs parallel=ddp, got parallel={self.parallel}")
+        if self.static_graph and self.grad_accum_steps > 1:
+            problems.append(
+                "static_graph=true cannot be combined with grad_accum_steps="
+                f"{self.grad_accum_steps} (DDP no_sync); use grad_accum_steps=1"
+            )
+        if self.pin_memory and self.device == "cpu":
+            problems.append("pin_memory=true needs device=cuda, got device=cpu")
+        if self.num_workers == 0:
+            if self.prefetch_factor is not None:
+                problems.append(
+                    f"prefetch_factor={self.prefetch_factor} needs num_workers >= 1, "
+                    "got num_workers=0"
+                )
+            if self.persistent_workers:
+                problems.append("persistent_workers=true needs num_workers >= 1, got num_workers=0")
+        per_step = self.world_size * self.grad_accum_steps
+        if self.global_batch_size % per_step:
+            problems.append(
+                f"global_batch_size={self.global_batch_size} is not divisible by world_size * "
+                f"grad_accum_steps = {self.world_size} * {self.grad_accum_steps} = {per_step}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per device per forward/backward pass."""
+        return self.global_batch_size // (self.world_size * self.grad_accum_steps)
+
+    @property
+    def processes(self) -> int:
+        """Rank processes the trial launches: DataParallel drives all its GPUs from one."""
+        return 1 if self.parallel == "dp" else self.world_size
+
+    def resolved(self, device: Literal["cpu", "cuda"]) -> TrainConfig:
+        """This config with ``device=auto`` replaced by the device actually used, re-validated."""
+        if self.device != "auto":
+            return self
+        return make_config({**self.model_dump(), "device": device})
+
+    def summary(self) -> str:
+        """A short human-readable description, e.g. for progress lines."""
+        parts = [f"{self.parallel}x{self.world_size}", f"amp={self.amp}"]
+        if self.comm_hook != "none":
+            parts.append(f"hook={self.comm_hook}")
+        if self.checkpoint_segments:
+            parts.append(f"ckpt={self.checkpoint_segments}")
+        parts.append(f"accum={self.grad_accum_steps}")
+        parts.append(f"mbs={self.micro_batch_size}")
+        parts.append(f"workers={self.num_workers}")
+        if self.prefetch_factor is not None:
+            parts.append(f"prefetch={self.prefetch_factor}")
+        return " ".join(parts)
+
+
+def describe_validation_error(error: ValidationError, source: str = "config") -> str:
+    """One line naming each offending field, its value and what would be accepted."""
+    messages = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"])
+        msg = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            known = ", ".join(TrainConfig.model_fields)
+            msg = f"unknown field {field!r}; known fields: {known}"
+        elif item["type"] == "missing":
+            msg = f"missing required field {field!r}"
+        elif field:
+            msg = f"{field}={item.get('input')!r}: {msg}"
+        messages.append(msg)
+    return f"invalid {source}: " + "; ".join(messages)
+
+
+def make_config(values: dict[str, Any], source: str = "config") -> TrainConfig:
+    """Validate ``values`` into a ``TrainConfig``, raising ``ConfigError`` with one clear line."""
+    try:
+        return TrainConfig.model_validate(values)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, source)) from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON mapping of config fields (unvalidated: flags may still override it)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {error.strerror}") from None
+    import yaml
+
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid YAML/JSON: {first_line}"
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping of fields, got {type(data).__name__}"
+        )
+    return data
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Load a config file, apply ``overrides`` (e.g. from CLI flags) and validate the result."""
+    values = {**read_config_file(path), **(overrides or {})}
+    return make_config(values, source=f"config {str(path)!r}")
+
+
+def save_config(config: TrainConfig, path: str | Path) -> None:
+    """Write ``config`` as YAML (or JSON when the path ends in .json), loadable by load_config."""
+    path = Path(path)
+    data = config.model_dump(mode="json")
+    if path.suffix == ".json":
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    else:
+        import yaml
+
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
