@@ -1,0 +1,315 @@
+"""What to train: the user's model, its data and its loss, found the way users expect.
+
+A ``WorkloadSpec`` is a small, serialisable set of references ("pkg.mod:Name" or
+"path/to/file.py:Name") that travels to every rank; each rank calls ``build_workload`` to turn it
+into a live model, dataset and loss. The lookup rules are documented in README.md ("Your model").
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.errors import WorkloadError
+
+DATASET_ATTRIBUTE = "autotune_dataset"
+"""Name of the dataset (or factory) a model's module may expose when no --data is given."""
+
+EXAMPLE_INPUT_ATTRIBUTE = "example_input"
+"""Name of one example sample (no batch dimension) a model may carry, for synthetic data."""
+
+
+class WorkloadSpec(BaseModel):
+    """References to the user's model, data and loss; resolved inside each rank process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(description="'pkg.module:Model' or 'path/to/file.py:Model'.")
+    data: str | None = Field(None, description="'module:attr' naming a Dataset or a factory.")
+    loss: str | None = Field(None, description="'module:attr' naming loss(output, target).")
+    input_shape: tuple[int, ...] | None = Field(
+        None, description="Shape of one synthetic sample, without the batch dimension."
+    )
+    input_dtype: str = Field("float32", description="dtype of synthetic samples.")
+    search_path: tuple[str, ...] = Field(
+        (), description="Directories put on sys.path so that ranks import what the caller did."
+    )
+
+
+@dataclass
+class Workload:
+    """A live model, its dataset and a loss, built inside one rank process."""
+
+    model: Any  # torch.nn.Module; typed loosely so this module imports without torch
+    dataset: Any  # torch.utils.data.Dataset
+    loss: Callable[[Any, Any], Any]  # (output, target) -> scalar tensor
+    data_source: str
+    loss_source: str
+
+
+def _split_reference(reference: str, what: str) -> tuple[str, str]:
+    location, sep, attribute = reference.rpartition(":")
+    if not sep or not location or not attribute:
+        raise WorkloadError(
+            f"{what} {reference!r} must look like 'package.module:Name' or 'path/to/file.py:Name'"
+        )
+    return location, attribute
+
+
+def import_location(location: str, what: str) -> Any:
+    """Import a module given as a dotted name or as a path to a .py file."""
+    if location.endswith(".py") or "/" in location:
+        path = Path(location).expanduser().resolve()
+        if not path.is_file():
+            raise WorkloadError(f"{what}: file {location!r} does not exist")
+        name = "autotune_user_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_")
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise WorkloadError(f"{what}: {location!r} is not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as error:
+            del sys.modules[name]
+            raise WorkloadError(
+                f"{what}: importing {location!r} raised {type(error).__name__}: {error}"
+            ) from error
+        return module
+    try:
+        return importlib.import_module(location)
+    except ModuleNotFoundError as error:
+        if error.name and location.startswith(error.name):
+            raise WorkloadError(
+                f"{what}: no module named {location!r} (is it installed or on PYTHONPATH?)"
+            ) from None
+        raise WorkloadError(
+            f"{what}: importing {location!r} raised ModuleNotFoundError: {error}"
+        ) from error
+    except Exception as error:
+        raise WorkloadError(
+            f"{what}: importing {location!r} raised {type(error).__name__}: {error}"
+        ) from error
+
+
+def resolve_reference(reference: str, what: str) -> tuple[Any, Any]:
+    """Return (module, attribute) for 'module:attr' (attr may be dotted)."""
+    location, attribute = _split_reference(reference, what)
+    module = import_location(location, what)
+    value: Any = module
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            public = sorted(
+                n
+                for n, v in vars(module).items()
+                if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+            )
+            hint = ", ".join(public[:12]) + (", ..." if len(public) > 12 else "")
+            raise WorkloadError(
+                f"{what}: module {location!r} has no attribute {attribute!r}"
+                + (f"; it defines: {hint}" if hint else "")
+            )
+        value = getattr(value, part)
+    return module, value
+
+
+def _call_factory(factory: Any, reference: str, what: str, *args: Any) -> Any:
+    try:
+        return factory(*args)
+    except WorkloadError:
+        raise
+    except Exception as error:
+        raise WorkloadError(
+            f"{what} {reference!r} could not be built: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _check_model_target(target: Any, reference: str) -> None:
+    import torch.nn as nn
+
+    if isinstance(target, nn.Module):
+        return
+    if not callable(target):
+        raise WorkloadError(
+            f"--model {reference!r} is a {type(target).__name__}, expected an nn.Module "
+            "subclass or a zero-argument factory returning one"
+        )
+    if inspect.isclass(target) and not issubclass(target, nn.Module):
+        raise WorkloadError(
+            f"--model {reference!r} is the class {target.__name__}, which is not a "
+            "torch.nn.Module subclass"
+        )
+
+
+def check_workload(spec: WorkloadSpec) -> None:
+    """Resolve every reference in ``spec`` without building anything: fail fast, in one line."""
+    for directory in reversed(spec.search_path):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    _, target = resolve_reference(spec.model, "--model")
+    _check_model_target(target, spec.model)
+    if spec.data:
+        resolve_reference(spec.data, "--data")
+    load_loss(spec)
+    if spec.input_shape is not None:
+        import torch
+
+        if not isinstance(getattr(torch, spec.input_dtype, None), torch.dtype):
+            raise WorkloadError(
+                f"--input-dtype {spec.input_dtype!r} is not a torch dtype; use e.g. float32, "
+                "bfloat16, int64"
+            )
+
+
+def load_model(reference: str) -> tuple[Any, Any]:
+    """Build the model named by ``reference``; return (module it came from, model)."""
+    import torch.nn as nn
+
+    module, target = resolve_reference(reference, "--model")
+    _check_model_target(target, reference)
+    if isinstance(target, nn.Module):
+        return module, target
+    model = _call_factory(target, reference, "--model")
+    if not isinstance(model, nn.Module):
+        raise WorkloadError(
+            f"--model {reference!r} returned a {type(model).__name__}, expected a torch.nn.Module"
+        )
+    return module, model
+
+
+def _instantiate_dataset(source: Any, model: Any, reference: str, what: str) -> Any:
+    from torch.utils.data import Dataset, IterableDataset
+
+    dataset = source
+    if not isinstance(source, Dataset) and callable(source):
+        wants_model = _takes_one_argument(source)
+        dataset = _call_factory(source, reference, what, *((model,) if wants_model else ()))
+    if isinstance(dataset, IterableDataset) or not isinstance(dataset, Dataset):
+        raise WorkloadError(
+            f"{what} {reference!r} gave a {type(dataset).__name__}, expected a map-style "
+            "torch.utils.data.Dataset (with __getitem__ and __len__) or a factory returning one"
+        )
+    if not hasattr(dataset, "__len__"):
+        raise WorkloadError(f"{what} {reference!r} has no __len__; a sized Dataset is needed")
+    return dataset
+
+
+def _takes_one_argument(function: Any) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    required = [
+        p
+        for p in parameters
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(required) == 1
+
+
+def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any, str]:
+    """The dataset for ``model`` and a description of where it came from."""
+    if spec.data:
+        _, source = resolve_reference(spec.data, "--data")
+        return _instantiate_dataset(source, model, spec.data, "--data"), f"--data {spec.data}"
+    if hasattr(model_module, DATASET_ATTRIBUTE):
+        reference = f"{model_module.__name__}:{DATASET_ATTRIBUTE}"
+        source = getattr(model_module, DATASET_ATTRIBUTE)
+        return _instantiate_dataset(source, model, reference, "dataset"), reference
+    from autotune.synthetic import SyntheticDataset
+
+    example = getattr(model, EXAMPLE_INPUT_ATTRIBUTE, None)
+    if example is not None:
+        return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
+    if spec.input_shape is not None:
+        dataset = SyntheticDataset.from_shape(spec.input_shape, spec.input_dtype)
+        return dataset, f"synthetic {spec.input_dtype}{list(spec.input_shape)}"
+    raise WorkloadError(
+        f"no data for --model {spec.model!r}: pass --data module:attr, expose "
+        f"'{DATASET_ATTRIBUTE}' in the model's module, give the model an "
+        f"'{EXAMPLE_INPUT_ATTRIBUTE}' attribute, or pass --input-shape (e.g. 3x224x224)"
+    )
+
+
+def load_loss(spec: WorkloadSpec) -> tuple[Callable[[Any, Any], Any], str]:
+    """The user's loss function, or the default rules of ``default_loss``."""
+    if not spec.loss:
+        return default_loss, "model output's loss, else default for (input, target)"
+    _, function = resolve_reference(spec.loss, "--loss")
+    if not callable(function):
+        raise WorkloadError(
+            f"--loss {spec.loss!r} is a {type(function).__name__}, expected a callable "
+            "loss(output, target) returning a scalar tensor"
+        )
+    return function, f"--loss {spec.loss}"
+
+
+def default_loss(output: Any, target: Any) -> Any:
+    """The model's own loss when its output carries one; otherwise a loss from the target.
+
+    Order: a scalar tensor output; an output object with a tensor ``.loss`` (Hugging Face); a
+    dict with ``"loss"``. Else, with a target: cross-entropy for integer targets (class indices,
+    logits in the last dimension), mean squared error for floating targets. With no target at all
+    (synthetic data) the mean square of the output stands in, for measuring speed only.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is None and isinstance(output, torch.Tensor) and output.dim() == 0:
+        loss = output
+    if isinstance(loss, torch.Tensor):
+        return loss
+    logits = first_tensor(output)
+    if logits is None:
+        raise WorkloadError(
+            f"the model returned {type(output).__name__} with no tensor in it; return a tensor "
+            "or an object with a .loss, or pass --loss"
+        )
+    if isinstance(target, torch.Tensor):
+        if not target.is_floating_point():
+            return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
+        return F.mse_loss(logits.float(), target.float())
+    return logits.float().square().mean()
+
+
+def first_tensor(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if hasattr(value, "logits"):
+        return value.logits
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def build_workload(spec: WorkloadSpec) -> Workload:
+    """Import and build everything ``spec`` names; raises WorkloadError with one clear line."""
+    for directory in reversed(spec.search_path):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    model_module, model = load_model(spec.model)
+    dataset, data_source = load_dataset(spec, model_module, model)
+    if len(dataset) == 0:
+        raise WorkloadError(f"the dataset from {data_source} is empty")
+    loss, loss_source = load_loss(spec)
+    return Workload(model, dataset, loss, data_source, loss_source)

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.errors import WorkloadError
+from autotune.workload import (
+    WorkloadSpec,
+    build_workload,
+    check_workload,
+    default_loss,
+    load_model,
+)
+
+
+@pytest.mark.parametrize(
+    ("reference", "expected"),
+    [
+        ("no_such_pkg.models:Net", "--model: no module named 'no_such_pkg.models'"),
+        ("tests.fixtures.models:Nope", "module 'tests.fixtures.models' has no attribute 'Nope'"),
+        ("tests/fixtures/missing.py:Net", "file 'tests/fixtures/missing.py' does not exist"),
+        (
+            "tests/fixtures/broken_import.py:Net",
+            "importing 'tests/fixtures/broken_import.py' raised RuntimeError: this module",
+        ),
+        (
+            "tests.fixtures.models:NOT_CALLABLE",
+            "is a int, expected an nn.Module subclass or a zero-argument factory",
+        ),
+        ("tests.fixtures.models:NotAModule", "which is not a torch.nn.Module subclass"),
+        ("tests.fixtures.models", "must look like 'package.module:Name'"),
+    ],
+)
+def test_bad_model_references_are_one_line(reference: str, expected: str) -> None:
+    with pytest.raises(WorkloadError) as error:
+        check_workload(WorkloadSpec(model=reference))
+    assert expected in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("reference", "expected"),
+    [
+        ("tests.fixtures.models:returns_a_list", "returned a list, expected a torch.nn.Module"),
+        (
+            "tests.fixtures.models:NeedsArguments",
+            "could not be built: TypeError: NeedsArguments.__init__() missing 1 required",
+        ),
+    ],
+)
+def test_models_that_do_not_build_are_one_line(reference: str, expected: str) -> None:
+    with pytest.raises(WorkloadError) as error:
+        load_model(reference)
+    assert expected in str(error.value)
+
+
+def test_model_from_a_file_path_and_dataset_from_its_module() -> None:
+    workload = build_workload(WorkloadSpec(model="tests/fixtures/models.py:Small"))
+    assert type(workload.model).__name__ == "Small"
+    assert workload.data_source.endswith(":autotune_dataset")
+    x, y = workload.dataset[0]
+    assert x.shape == (8,) and y.dtype == torch.int64
+
+
+def test_synthetic_data_from_example_input_and_from_shape() -> None:
+    workload = build_workload(WorkloadSpec(model="tests.fixtures.nodata:WithExample"))
+    assert workload.dataset[3].shape == (5,)
+    assert "example_input" in workload.data_source
+    shaped = build_workload(
+        WorkloadSpec(model="tests.fixtures.nodata:Bare", input_shape=(6,), input_dtype="float32")
+    )
+    assert shaped.dataset[0].shape == (6,)
+    assert torch.equal(shaped.dataset[1], shaped.dataset[1])  # deterministic per index
+
+
+def test_no_data_at_all_says_what_to_pass() -> None:
+    with pytest.raises(WorkloadError, match="pass --data module:attr"):
+        build_workload(WorkloadSpec(model="tests.fixtures.nodata:Bare"))
+
+
+def test_named_data_and_loss_are_used() -> None:
+    workload = build_workload(
+        WorkloadSpec(
+            model="tests.fixtures.nodata:Bare",
+            data="tests.fixtures.models:Pairs",
+            loss="tests.fixtures.models:l1_loss",
+        )
+    )
+    assert workload.loss.__name__ == "l1_loss"
+    assert len(workload.dataset) == 256
+
+
+def test_bad_loss_and_dtype_references() -> None:
+    with pytest.raises(
+        WorkloadError, match=r"--loss 'tests\.fixtures\.models:NOT_CALLABLE' is a int"
+    ):
+        check_workload(
+            WorkloadSpec(
+                model="tests.fixtures.models:Small", loss="tests.fixtures.models:NOT_CALLABLE"
+            )
+        )
+    with pytest.raises(WorkloadError, match="--input-dtype 'floaty' is not a torch dtype"):
+        check_workload(
+            WorkloadSpec(model="tests.fixtures.nodata:Bare", input_shape=(2,), input_dtype="floaty")
+        )
+
+
+class _HFOutput:
+    def __init__(self, loss: torch.Tensor) -> None:
+        self.loss = loss
+        self.logits = torch.zeros(2, 3)
+
+
+def test_default_loss_rules() -> None:
+    scalar = torch.tensor(1.5)
+    assert default_loss(scalar, None) is scalar
+    assert default_loss(_HFOutput(torch.tensor(2.0)), None).item() == 2.0
+    assert default_loss({"loss": torch.tensor(3.0)}, None).item() == 3.0
+    logits = torch.tensor([[10.0, 0.0], [0.0, 10.0]])
+    assert default_loss(logits, torch.tensor([0, 1])).item() < 1e-3  # cross-entropy
+    assert default_loss(torch.ones(2), torch.zeros(2)).item() == 1.0  # mean squared error
+    assert default_loss(torch.full((2,), 2.0), None).item() == 4.0  # no target: mean square
