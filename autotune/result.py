@@ -1,0 +1,168 @@
+"""Immutable records of what a trial measured: one ``RankReport`` per rank, one ``TrialResult``.
+
+Every number here was measured. A trial that did not finish carries its status and the reason
+instead of numbers; nothing is filled in with zeros.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.config import TrainConfig
+
+TrialStatus = Literal["ok", "oom", "crashed", "timed_out", "error", "invalid"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Platform(BaseModel):
+    """Where a trial ran: results are only comparable on the same fingerprint."""
+
+    model_config = _FROZEN
+
+    device_type: Literal["cpu", "cuda"]
+    device_name: str = Field(description="GPU model, or the CPU model name.")
+    device_count: int
+    device_memory_bytes: int = Field(description="Memory of one device (host RAM on CPU).")
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    torch_version: str
+    python_version: str
+    backend: Literal["gloo", "nccl"]
+    cpu_count: int
+    hostname: str
+
+    def fingerprint(self) -> str:
+        """A short stable hash of everything that makes measurements comparable."""
+        import hashlib
+
+        data = self.model_dump(exclude={"hostname"})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class StepDiagnostics(BaseModel):
+    """Observable effects of the knobs, counted on one rank over warm-up and measured steps."""
+
+    model_config = _FROZEN
+
+    optimizer_steps: int = Field(description="optimizer.step() calls that actually ran.")
+    micro_steps: int = Field(description="Forward/backward passes.")
+    comm_hook_calls_per_micro_step: list[int] = Field(
+        description="DDP comm hook invocations during each micro-step's backward."
+    )
+    output_dtype: str = Field(description="dtype of the model's first output tensor.")
+    checkpointed_blocks: int = Field(description="Blocks run under activation checkpointing.")
+    repeated_blocks: int = Field(description="Repeated blocks found in the model.")
+    dataloader_worker_pids: list[list[int]] = Field(
+        description="DataLoader worker PIDs seen in each epoch (same PIDs: persistent workers)."
+    )
+    grad_scaler_scale: float | None = Field(description="Final GradScaler scale (fp16 only).")
+
+
+class RankReport(BaseModel):
+    """What one rank process measured, or why it stopped."""
+
+    model_config = _FROZEN
+
+    rank: int
+    status: TrialStatus
+    message: str = ""
+    startup_s: float = Field(0.0, description="Process start to process group ready.")
+    build_s: float = Field(0.0, description="Model, data, wrap, optimizer and DataLoader build.")
+    warmup_s: float = 0.0
+    measured_s: float = Field(0.0, description="Wall time of the measured optimizer steps.")
+    step_times_s: list[float] = Field(default_factory=list)
+    data_wait_s: float = Field(0.0, description="Time blocked waiting for the next batch.")
+    peak_memory_bytes: int = Field(
+        0, description="CUDA: allocator peak; CPU: resident high-water mark incl. workers."
+    )
+    peak_reserved_bytes: int | None = Field(None, description="CUDA allocator reserved peak.")
+    peak_device_used_bytes: int | None = Field(
+        None, description="CUDA: device-level memory in use (NVML), sampled peak."
+    )
+    losses: list[float] = Field(default_factory=list, description="Loss of each optimizer step.")
+    torch_threads: int = 0
+    diagnostics: StepDiagnostics | None = None
+
+
+class TrialResult(BaseModel):
+    """The outcome of one trial: its config, where it ran, and what was measured."""
+
+    model_config = _FROZEN
+
+    config: TrainConfig
+    status: TrialStatus
+    message: str = Field("", description="Why the trial did not finish ok.")
+    platform: Platform | None = None
+    workload: dict[str, str | None] = Field(default_factory=dict)
+    warmup_steps: int = 0
+    measured_steps: int = 0
+    samples_per_s: float | None = Field(None, description="Global samples per second.")
+    step_time_median_s: float | None = None
+    step_time_p10_s: float | None = None
+    step_time_p90_s: float | None = None
+    step_time_spread: float | None = Field(
+        None, description="(p90 - p10) / median of step time, over ranks' slowest steps."
+    )
+    data_wait_share: float | None = Field(
+        None, description="Share of measured time spent waiting for data (slowest rank)."
+    )
+    peak_memory_bytes: int | None = Field(None, description="Largest peak over ranks.")
+    loss_finite: bool | None = None
+    launch_s: float = Field(0.0, description="Launcher overhead before ranks started.")
+    startup_s: float = 0.0
+    build_s: float = 0.0
+    warmup_s: float = 0.0
+    measured_s: float = 0.0
+    total_s: float = 0.0
+    ranks: list[RankReport] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def overhead_s(self) -> float:
+        """Wall time not spent in warm-up or measured steps."""
+        return max(0.0, self.total_s - self.warmup_s - self.measured_s)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def summarise_steps(config: TrainConfig, reports: list[RankReport]) -> dict[str, float | bool]:
+    """Aggregate per-rank measurements into the trial-level numbers of ``TrialResult``."""
+    # A step is as slow as its slowest rank; ranks are in lock-step through the collectives.
+    steps = [max(times) for times in zip(*(r.step_times_s for r in reports), strict=True)]
+    measured_s = max(r.measured_s for r in reports)
+    median = statistics.median(steps)
+    p10, p90 = _quantile(steps, 0.10), _quantile(steps, 0.90)
+    losses = [loss for r in reports for loss in r.losses]
+    return {
+        "samples_per_s": config.global_batch_size * len(steps) / measured_s,
+        "step_time_median_s": median,
+        "step_time_p10_s": p10,
+        "step_time_p90_s": p90,
+        "step_time_spread": (p90 - p10) / median if median > 0 else 0.0,
+        "data_wait_share": max(r.data_wait_s / r.measured_s for r in reports if r.measured_s),
+        "peak_memory_bytes": max(r.peak_memory_bytes for r in reports),
+        "loss_finite": all(_finite(x) for x in losses) and bool(losses),
+        "startup_s": max(r.startup_s for r in reports),
+        "build_s": max(r.build_s for r in reports),
+        "warmup_s": max(r.warmup_s for r in reports),
+        "measured_s": measured_s,
+    }
+
+
+def _finite(value: float) -> bool:
+    return value == value and value not in (float("inf"), float("-inf"))

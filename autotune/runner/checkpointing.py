@@ -1,0 +1,92 @@
+"""Activation checkpointing on any model: find its repeated blocks, recompute some of them.
+
+The repeated blocks are the instances of the most common kind of module with children that occurs
+at least twice, ties broken by total parameters; a kind is a class, or for a plain
+``nn.Sequential`` the classes it holds in order (``nn.ModuleList``/``nn.ModuleDict`` never count).
+Instances nested inside another instance of the kind are not counted again. This finds GPT-2's
+``GPT2Block`` in a ``ModuleList``, ResNet's ``BasicBlock`` across its stages, and
+``nn.TransformerEncoderLayer``, without the model being ``nn.Sequential``.
+
+``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
+checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
+The rest run normally. k must not exceed the number of blocks found.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from autotune.errors import ConfigError
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
+def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks in forward (registration) order, or [] if it has none."""
+    candidates = [
+        m
+        for m in model.modules()
+        if m is not model
+        and not isinstance(m, (nn.ModuleList, nn.ModuleDict))
+        and any(True for _ in m.children())
+    ]
+    counts = Counter(_kind(m) for m in candidates)
+    repeated = [kind for kind, n in counts.items() if n >= 2]
+    if not repeated:
+        return []
+
+    def weight(kind: object) -> tuple[int, int]:
+        params = sum(p.numel() for m in candidates if _kind(m) == kind for p in m.parameters())
+        return counts[kind], params
+
+    block_kind = max(repeated, key=weight)
+    blocks: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside or module is model:
+            continue
+        if _kind(module) == block_kind:
+            blocks.append(module)
+            inside.update(id(m) for m in module.modules())
+    return blocks
+
+
+def _kind(module: nn.Module) -> object:
+    """A block's class; for a plain nn.Sequential, also the classes of what it holds."""
+    if isinstance(module, _CONTAINERS):
+        return (type(module), tuple(type(c) for c in module.children()))
+    return type(module)
+
+
+def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
+    """Checkpoint the first ``segments`` repeated blocks of ``model``; return those blocks."""
+    if segments == 0:
+        return []
+    blocks = find_repeated_blocks(model)
+    if not blocks:
+        raise ConfigError(
+            f"checkpoint_segments={segments}: {type(model).__name__} has no repeated blocks to "
+            "checkpoint; use checkpoint_segments=0"
+        )
+    if segments > len(blocks):
+        raise ConfigError(
+            f"checkpoint_segments={segments} exceeds the {len(blocks)} repeated "
+            f"{type(blocks[0]).__name__} blocks of {type(model).__name__}; use 0..{len(blocks)}"
+        )
+    for block in blocks[:segments]:
+        _checkpoint_forward(block)
+    return blocks[:segments]
+
+
+def _checkpoint_forward(block: nn.Module) -> None:
+    forward = block.forward
+
+    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    # An instance attribute: __call__ (and with it every hook, FSDP's included) still runs.
+    block.forward = checkpointed_forward

@@ -1,0 +1,124 @@
+"""Peak memory of one rank over the measured window.
+
+CUDA: the caching allocator's peak (allocated and reserved, reset when the window opens) and the
+device-level memory in use as NVML reports it, sampled in a background thread.
+
+CPU: the rank process's resident high-water mark (``VmHWM``, reset through
+``/proc/self/clear_refs`` when the window opens, so it is exact, short spikes included) plus the
+sampled peak of the private memory (``Private_*`` of ``smaps_rollup``) of its DataLoader workers:
+pages a worker shares with the rank are already in the rank's figure.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SAMPLE_INTERVAL_S = 0.02
+
+
+def _status_kib(field: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _private_bytes(pid: int) -> int:
+    total = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    total += int(line.split()[1]) * 1024
+    except OSError:  # the worker exited between listing and reading
+        return 0
+    return total
+
+
+def child_pids() -> list[int]:
+    """PIDs of this process's direct children (DataLoader workers, on a rank)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        import psutil
+
+        return [c.pid for c in psutil.Process(pid).children()]
+
+
+@dataclass
+class MemoryPeak:
+    peak_bytes: int
+    reserved_bytes: int | None = None
+    device_used_bytes: int | None = None
+
+
+class MemoryTracker:
+    """Opens a measurement window with ``start()`` and reports its peak with ``stop()``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sampled_peak = 0
+        self._nvml_handle: Any = None
+        if device.type == "cuda":
+            self._nvml_handle = _nvml_handle(device.index or 0)
+
+    def _sample(self) -> int:
+        if self.device.type == "cuda":
+            if self._nvml_handle is None:
+                return 0
+            import pynvml
+
+            return int(pynvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used)
+        return sum(_private_bytes(pid) for pid in child_pids())
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            self._sampled_peak = max(self._sampled_peak, self._sample())
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")  # resets VmHWM to the current resident size
+            except OSError:
+                pass  # without the reset the high-water mark covers the whole process life
+        self._sampled_peak = self._sample()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> MemoryPeak:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sampled_peak = max(self._sampled_peak, self._sample())
+        if self.device.type == "cuda":
+            return MemoryPeak(
+                peak_bytes=int(torch.cuda.max_memory_allocated(self.device)),
+                reserved_bytes=int(torch.cuda.max_memory_reserved(self.device)),
+                device_used_bytes=self._sampled_peak if self._nvml_handle is not None else None,
+            )
+        return MemoryPeak(peak_bytes=_status_kib("VmHWM") * 1024 + self._sampled_peak)
+
+
+def _nvml_handle(index: int) -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # NVML missing (e.g. some containers): allocator numbers still stand
+        return None

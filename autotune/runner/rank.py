@@ -1,0 +1,248 @@
+"""One rank of a trial: join the process group, build, warm up, measure, report.
+
+``run_rank`` never raises: whatever happens becomes a ``RankReport`` with a status. It is the
+same function whoever starts the rank (the local launcher's subprocess here, a Ray actor later).
+
+Run as a process: ``python -m autotune.runner.rank REQUEST.json RANK OUT_DIR``, with
+MASTER_ADDR, MASTER_PORT and WORLD_SIZE set; it writes ``OUT_DIR/rank-RANK.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from autotune.result import RankReport, StepDiagnostics, TrialStatus
+from autotune.runner.request import TrialRequest
+
+_PEER_FAILURE_HINTS = ("connection closed by peer", "connection reset", "broken pipe", "timed out")
+
+
+class _Progress:
+    """Writes the current phase to a file so a launcher can say where a hung rank stopped."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.phase = path, "starting"
+
+    def __call__(self, phase: str) -> None:
+        self.phase = phase
+        if self.path is not None:
+            self.path.write_text(phase)
+
+
+def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
+    """Map an exception raised inside a rank to a trial status and a one-line reason."""
+    import torch
+
+    from autotune.errors import ConfigError, WorkloadError
+
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if isinstance(error, ConfigError):
+        return "invalid", text
+    if isinstance(error, WorkloadError):
+        return "error", text
+    lowered = str(error).lower()
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError)
+        and ("out of memory" in lowered or "can't allocate memory" in lowered)
+    ):
+        return "oom", f"{type(error).__name__}: {text}"[:500]
+    return "error", f"{type(error).__name__}: {text}"[:500]
+
+
+def is_peer_failure(message: str) -> bool:
+    """Whether an error only echoes another rank's failure (a broken collective)."""
+    return any(hint in message.lower() for hint in _PEER_FAILURE_HINTS)
+
+
+def _apply_memory_limit(limit: int | None) -> None:
+    if limit is None:
+        return
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _watch_parent(parent: int) -> None:
+    """End this rank if the launcher that started it is gone (no orphans after a SIGKILL)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(70)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _epochs(loader: Any, sampler: Any, worker_pids: list[list[int]]) -> Iterator[Any]:
+    """Batches forever, epoch after epoch, recording the DataLoader workers of each epoch."""
+    from autotune.runner.memory import child_pids
+
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        first = True
+        for batch in loader:
+            if first and loader.num_workers:
+                worker_pids.append(sorted(child_pids()))
+            first = False
+            yield batch
+        if first:
+            raise RuntimeError("the DataLoader produced no batch (dataset smaller than a batch?)")
+        epoch += 1
+
+
+def run_rank(request: TrialRequest, rank: int, progress: _Progress | None = None) -> RankReport:
+    """Run this rank's share of the trial; every outcome is returned, none raised."""
+    progress = progress or _Progress(None)
+    spawned_at = float(os.environ.get("AUTOTUNE_SPAWNED_AT", time.time()))
+    report: dict[str, Any] = {"rank": rank}
+    try:
+        _measure(request, rank, progress, report, spawned_at)
+        return RankReport(status="ok", **report)
+    except BaseException as error:  # a rank must report, whatever went wrong
+        status, message = classify_exception(error)
+        return RankReport(status=status, message=f"{progress.phase}: {message}", **report)
+
+
+def _measure(
+    request: TrialRequest, rank: int, progress: _Progress, report: dict[str, Any], spawned: float
+) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from autotune.platform import usable_cpus
+    from autotune.runner.memory import MemoryTracker
+    from autotune.runner.training import TrainStep, prepare_model
+    from autotune.workload import build_workload
+
+    config, options = request.config, request.options
+    device = torch.device("cpu")
+    if config.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+        if options.memory_limit_bytes is not None:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, options.memory_limit_bytes / total), device
+            )
+    # On CPU, compute threads and DataLoader workers share the cores: leave the workers theirs,
+    # or OpenMP's spinning threads starve them.
+    cores = usable_cpus() // config.processes
+    threads = max(1, cores - (config.num_workers if device.type == "cpu" else 0))
+    torch.set_num_threads(threads)
+    report["torch_threads"] = threads
+
+    progress("joining the process group")
+    if config.parallel in ("ddp", "fsdp"):
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            rank=rank,
+            world_size=config.world_size,
+            timeout=timedelta(seconds=max(30.0, options.timeout_s)),
+            device_id=device if device.type == "cuda" else None,
+        )
+    started = time.time()
+    report["startup_s"] = started - spawned
+
+    progress("building the workload")
+    torch.manual_seed(options.seed)
+    workload = build_workload(request.workload)
+    progress("applying the configuration")
+    model, hooks, checkpointed, repeated = prepare_model(workload.model, config, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate)
+    replicas = 1 if config.parallel in ("single", "dp") else config.world_size
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        workload.dataset, num_replicas=replicas, rank=rank, seed=options.seed, drop_last=True
+    )
+    loader = DataLoader(
+        workload.dataset,
+        batch_size=config.micro_batch_size * (config.world_size if config.parallel == "dp" else 1),
+        sampler=sampler,
+        num_workers=config.num_workers,
+        prefetch_factor=config.prefetch_factor,
+        pin_memory=config.pin_memory,
+        persistent_workers=config.persistent_workers,
+        drop_last=True,
+    )
+    worker_pids: list[list[int]] = []
+    batches = _epochs(loader, sampler, worker_pids)
+    step = TrainStep(model, optimizer, workload.loss, config, device, hooks)
+    report["build_s"] = time.time() - started
+
+    losses: list[float] = []
+    hook_calls: list[int] = []
+    warm_start = time.perf_counter()
+    for i in range(options.warmup_steps):
+        progress(f"warm-up step {i + 1}")
+        stats = step.run(batches)
+        losses.append(stats.loss)
+        hook_calls.extend(stats.hook_calls)
+    report["warmup_s"] = time.perf_counter() - warm_start
+
+    tracker = MemoryTracker(device)
+    tracker.start()
+    step_times, data_wait = [], 0.0
+    measure_start = time.perf_counter()
+    for i in range(options.measured_steps):
+        progress(f"measured step {i + 1}")
+        stats = step.run(batches)
+        step_times.append(stats.wall_s)
+        data_wait += stats.data_wait_s
+        losses.append(stats.loss)
+        hook_calls.extend(stats.hook_calls)
+    report["measured_s"] = time.perf_counter() - measure_start
+    peak = tracker.stop()
+    progress("reporting")
+    report.update(
+        step_times_s=step_times,
+        data_wait_s=data_wait,
+        peak_memory_bytes=peak.peak_bytes,
+        peak_reserved_bytes=peak.reserved_bytes,
+        peak_device_used_bytes=peak.device_used_bytes,
+        losses=losses,
+        diagnostics=StepDiagnostics(
+            optimizer_steps=step.optimizer_steps,
+            micro_steps=step.micro_steps,
+            comm_hook_calls_per_micro_step=hook_calls,
+            output_dtype=str(step.output_dtype).removeprefix("torch."),
+            checkpointed_blocks=checkpointed,
+            repeated_blocks=repeated,
+            dataloader_worker_pids=worker_pids,
+            grad_scaler_scale=step.scaler.get_scale() if step.scaler else None,
+        ),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    request_path, rank, out_dir = Path(args[0]), int(args[1]), Path(args[2])
+    _watch_parent(os.getppid())
+    request = TrialRequest.model_validate_json(request_path.read_text())
+    try:
+        _apply_memory_limit(
+            request.options.memory_limit_bytes if request.config.device == "cpu" else None
+        )
+    except (ValueError, OSError) as error:
+        print(f"cannot impose the memory limit: {error}", file=sys.stderr)
+    report = run_rank(request, rank, _Progress(out_dir / f"phase-{rank}.txt"))
+    partial = out_dir / f"rank-{rank}.json.part"
+    partial.write_text(report.model_dump_json())
+    partial.rename(out_dir / f"rank-{rank}.json")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a broken process group or DataLoader can hang it, and the
+    # launcher ends this rank's process group (DataLoader workers included) anyway.
+    os._exit(0 if report.status == "ok" else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""What a launcher hands to every rank: the config, the workload and how long to measure."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.config import TrainConfig
+from autotune.workload import WorkloadSpec
+
+
+class TrialOptions(BaseModel):
+    """How a trial is measured; not part of the configuration being measured."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    warmup_steps: int = Field(2, ge=1, description="Optimizer steps run before measuring.")
+    measured_steps: int = Field(8, ge=2, description="Optimizer steps measured.")
+    timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the whole trial.")
+    seed: int = Field(0, description="Seed for model initialisation and data order.")
+    learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    memory_limit_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Imposed per-rank memory limit: RLIMIT_DATA on CPU, the CUDA allocator's "
+        "per-process fraction on GPU. Exceeding it is classified as oom.",
+    )
+    failure_grace_s: float = Field(
+        3.0, ge=0, description="After one rank fails, how long the others may take to report."
+    )
+
+
+class TrialRequest(BaseModel):
+    """Everything a rank needs, serialised to JSON for the rank process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: TrainConfig
+    workload: WorkloadSpec
+    options: TrialOptions

@@ -1,0 +1,218 @@
+"""Apply a ``TrainConfig`` to a model and run optimizer steps with it.
+
+Order matters and is fixed here: activation checkpointing first (it patches the blocks' forward),
+then the move to the device and the parallel wrap (FSDP shards the blocks, then the root), then
+the DDP comm hook. Each step runs ``grad_accum_steps`` micro-batches under autocast, skips the
+gradient sync on all but the last (``no_sync`` / ``set_requires_gradient_sync``), and steps the
+optimizer once, through the gradient scaler for fp16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from autotune.config import TrainConfig
+from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
+
+_AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class HookCounter:
+    """Counts invocations of a DDP comm hook (one per gradient bucket per synced backward)."""
+
+    calls: int = 0
+
+    def wrap(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        # DDP checks the hook's annotations, so the wrapper must carry the hook's own.
+        @functools.wraps(hook)
+        def counted(state: Any, bucket: Any) -> Any:
+            self.calls += 1
+            return hook(state, bucket)
+
+        return counted
+
+
+def _comm_hook(config: TrainConfig) -> tuple[Any, Callable[..., Any]]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    if config.comm_hook == "fp16":
+        return None, default_hooks.fp16_compress_hook
+    if config.comm_hook == "bf16":
+        return None, default_hooks.bf16_compress_hook
+    state = powersgd.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=config.powersgd_rank,
+        start_powerSGD_iter=config.powersgd_start_iter,
+    )
+    return state, powersgd.powerSGD_hook
+
+
+def wrap_model(
+    model: nn.Module, config: TrainConfig, device: torch.device, hooks: HookCounter
+) -> nn.Module:
+    """Move ``model`` to ``device`` and wrap it for ``config.parallel`` (checkpointing done)."""
+    if config.parallel == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model.to(device)
+        mesh = init_device_mesh(device.type, (config.world_size,))
+        for block in find_repeated_blocks(model):
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    model.to(device)
+    if config.parallel == "dp":
+        return nn.DataParallel(model, device_ids=list(range(config.world_size)))
+    if config.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids, static_graph=config.static_graph)
+        if config.comm_hook != "none":
+            state, hook = _comm_hook(config)
+            ddp.register_comm_hook(state, hooks.wrap(hook))
+        return ddp
+    return model
+
+
+def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device, non_blocking) for v in batch)
+    return batch
+
+
+def split_batch(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    """(positional inputs, keyword inputs, target) of a batch.
+
+    A tensor is the input; a dict is passed as keyword arguments (and given to a user loss as
+    the target); a tuple/list is (inputs..., target), or (input,) alone.
+    """
+    if isinstance(batch, dict):
+        return (), batch, batch
+    if isinstance(batch, (list, tuple)):
+        if len(batch) == 1:
+            return (batch[0],), {}, None
+        return tuple(batch[:-1]), {}, batch[-1]
+    return (batch,), {}, None
+
+
+@dataclass
+class StepStats:
+    """What one optimizer step took."""
+
+    wall_s: float
+    data_wait_s: float
+    loss: float
+    hook_calls: list[int] = field(default_factory=list)
+
+
+class TrainStep:
+    """Runs optimizer steps of a wrapped model with the config's AMP and accumulation."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, Any], Any],
+        config: TrainConfig,
+        device: torch.device,
+        hooks: HookCounter,
+    ) -> None:
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.config, self.device, self.hooks = config, device, hooks
+        self.amp_dtype = _AMP_DTYPES.get(config.amp)
+        self.scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+        self.non_blocking = config.pin_memory and device.type == "cuda"
+        self.output_dtype: torch.dtype | None = None
+        self.optimizer_steps = 0
+        self.micro_steps = 0
+        optimizer.register_step_post_hook(self._count_step)
+
+    def _count_step(self, *_: Any) -> None:
+        self.optimizer_steps += 1
+
+    def _sync_context(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
+        model: Any = self.model
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+            model.set_requires_gradient_sync(sync)
+            return contextlib.nullcontext()
+        if not sync and hasattr(model, "no_sync"):  # DDP
+            return model.no_sync()  # type: ignore[no-any-return]
+        return contextlib.nullcontext()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def run(self, batches: Iterator[Any]) -> StepStats:
+        """One optimizer step over ``grad_accum_steps`` micro-batches drawn from ``batches``."""
+        accum = self.config.grad_accum_steps
+        start = time.perf_counter()
+        data_wait = 0.0
+        total_loss = torch.zeros((), device=self.device)
+        hook_calls = []
+        for micro in range(accum):
+            fetch_start = time.perf_counter()
+            batch = next(batches)
+            data_wait += time.perf_counter() - fetch_start
+            args, kwargs, target = split_batch(move_to(batch, self.device, self.non_blocking))
+            calls_before = self.hooks.calls
+            with self._sync_context(micro == accum - 1):
+                with self._autocast():
+                    output = self.model(*args, **kwargs)
+                    loss = self.loss_fn(output, target) / accum
+                if self.output_dtype is None:
+                    self.output_dtype = _output_dtype(output)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            hook_calls.append(self.hooks.calls - calls_before)
+            total_loss += loss.detach().float()
+            self.micro_steps += 1
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_value = float(total_loss.item())  # also waits for the device to finish the step
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return StepStats(time.perf_counter() - start, data_wait, loss_value, hook_calls)
+
+
+def _output_dtype(output: Any) -> torch.dtype | None:
+    from autotune.workload import first_tensor
+
+    tensor = first_tensor(output)
+    return tensor.dtype if isinstance(tensor, torch.Tensor) else None
+
+
+def prepare_model(
+    model: nn.Module, config: TrainConfig, device: torch.device
+) -> tuple[nn.Module, HookCounter, int, int]:
+    """Checkpoint, move and wrap ``model``; return (wrapped, hook counter, ckpt'd, repeated)."""
+    repeated = len(find_repeated_blocks(model))
+    checkpointed = apply_checkpointing(model, config.checkpoint_segments)
+    hooks = HookCounter()
+    wrapped = wrap_model(model, config, device, hooks)
+    return wrapped, hooks, len(checkpointed), repeated
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from autotune.errors import ConfigError
+from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
+from workloads.convnet import BasicBlock, resnet_tiny
+from workloads.gpt import Block, gpt_tiny
+
+
+def test_finds_blocks_in_a_module_list() -> None:
+    model = gpt_tiny()
+    blocks = find_repeated_blocks(model)
+    assert blocks == list(model.blocks)
+    assert all(isinstance(b, Block) for b in blocks)
+
+
+def test_finds_blocks_across_stages_and_in_torch_builtins() -> None:
+    assert all(isinstance(b, BasicBlock) for b in find_repeated_blocks(resnet_tiny()))
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
+    found = find_repeated_blocks(encoder)
+    assert len(found) == 3 and all(isinstance(b, nn.TransformerEncoderLayer) for b in found)
+    assert find_repeated_blocks(nn.Linear(3, 3)) == []
+
+
+class _Counting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+        self.calls += 1
+        return torch.tanh(self.linear(x)) * scale
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Counting() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, scale=0.5)
+        return x.sum()
+
+
+def test_first_k_blocks_are_recomputed_in_backward_with_kwargs() -> None:
+    model = _Stack()
+    reference = _Stack()
+    reference.load_state_dict(model.state_dict())
+    assert len(apply_checkpointing(model, 2)) == 2
+    x = torch.randn(2, 4)
+    model(x).backward()
+    reference(x).backward()
+    assert [layer.calls for layer in model.layers] == [2, 2, 1]  # forward + recompute
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad)  # same gradients as without checkpointing
+
+
+def test_too_many_segments_or_no_blocks_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="exceeds the 3 repeated _Counting blocks"):
+        apply_checkpointing(_Stack(), 4)
+    with pytest.raises(ConfigError, match="has no repeated blocks"):
+        apply_checkpointing(nn.Linear(2, 2), 1)
+    assert apply_checkpointing(_Stack(), 0) == []

@@ -1,0 +1,166 @@
+"""Real trials: rank processes, gloo process groups, DataLoader workers, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import make_config
+from autotune.result import TrialResult
+from autotune.runner.launch import run_trial
+from autotune.runner.request import TrialOptions
+from autotune.workload import WorkloadSpec
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def _trial(model: str, options: TrialOptions | None = None, **values: object) -> TrialResult:
+    config = make_config({"global_batch_size": 16, "device": "cpu", **values})
+    options = options or TrialOptions(warmup_steps=1, measured_steps=3, timeout_s=120)
+    return run_trial(config, WorkloadSpec(model=model), options)
+
+
+def _assert_measured(result: TrialResult) -> None:
+    assert result.status == "ok", result.message
+    assert result.samples_per_s and result.samples_per_s > 0
+    assert result.peak_memory_bytes and result.peak_memory_bytes > 50 << 20
+    assert result.loss_finite
+    assert result.measured_s > 0 and result.total_s > result.measured_s + result.warmup_s
+    assert result.platform is not None and result.platform.backend == "gloo"
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_rank_trial_is_measured(parallel: str) -> None:
+    result = _trial(
+        "workloads.gpt:gpt_tiny", parallel=parallel, world_size=2, amp="bf16", checkpoint_segments=2
+    )
+    _assert_measured(result)
+    assert len(result.ranks) == 2
+    for rank in result.ranks:
+        assert rank.diagnostics is not None
+        assert rank.diagnostics.checkpointed_blocks == 2
+        assert rank.diagnostics.repeated_blocks == 4
+        assert rank.diagnostics.output_dtype == "bfloat16"
+        assert len(rank.step_times_s) == 3
+
+
+def test_fp16_hook_runs_on_sync_steps_only_and_optimizer_steps_once_per_accumulation() -> None:
+    options = TrialOptions(warmup_steps=1, measured_steps=3, timeout_s=120)
+    result = _trial(
+        "workloads.mlp:mlp_tiny",
+        options,
+        parallel="ddp",
+        world_size=2,
+        comm_hook="fp16",
+        grad_accum_steps=4,
+    )
+    _assert_measured(result)
+    for rank in result.ranks:
+        diagnostics = rank.diagnostics
+        assert diagnostics is not None
+        assert diagnostics.optimizer_steps == 4  # 1 warm-up + 3 measured
+        assert diagnostics.micro_steps == 16
+        calls = diagnostics.comm_hook_calls_per_micro_step
+        for step in range(4):
+            accumulating, last = calls[step * 4 : step * 4 + 3], calls[step * 4 + 3]
+            assert accumulating == [0, 0, 0]
+            assert last >= 1  # one call per gradient bucket
+
+
+def test_powersgd_compressing_on_gloo_ends_with_a_status() -> None:
+    # PowerSGD that really compresses (from step 2) can abort a gloo rank with SIGABRT or leave
+    # it hanging in a collective; whichever happens, the trial must end with a status within its
+    # timeout and leave no process behind. When it runs, the hook ran on every synced step.
+    options = TrialOptions(warmup_steps=1, measured_steps=3, timeout_s=30)
+    result = _trial(
+        "workloads.mlp:mlp_tiny",
+        options,
+        parallel="ddp",
+        world_size=2,
+        comm_hook="powersgd",
+        powersgd_start_iter=2,
+    )
+    assert result.status in ("ok", "crashed", "timed_out"), result.message
+    assert result.total_s < 45
+    if result.status == "crashed":
+        assert "SIGABRT" in result.message
+    if result.ok:
+        assert result.ranks[0].diagnostics is not None
+        assert all(c >= 1 for c in result.ranks[0].diagnostics.comm_hook_calls_per_micro_step)
+
+
+@pytest.mark.slow
+def test_checkpointing_lowers_measured_peak_memory_on_the_transformer() -> None:
+    options = TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=300)
+    plain = _trial("workloads.gpt:gpt_long_context", options, global_batch_size=8)
+    checkpointed = _trial(
+        "workloads.gpt:gpt_long_context", options, global_batch_size=8, checkpoint_segments=6
+    )
+    _assert_measured(plain)
+    _assert_measured(checkpointed)
+    assert plain.peak_memory_bytes and checkpointed.peak_memory_bytes
+    assert checkpointed.peak_memory_bytes < 0.85 * plain.peak_memory_bytes
+
+
+@pytest.mark.slow
+def test_a_dataloader_worker_lowers_the_data_wait_share() -> None:
+    options = TrialOptions(warmup_steps=2, measured_steps=15, timeout_s=300)
+    inline = _trial("workloads.mlp:mlp_loading_bound", options, global_batch_size=32)
+    worker = _trial(
+        "workloads.mlp:mlp_loading_bound",
+        options,
+        global_batch_size=32,
+        num_workers=1,
+        prefetch_factor=4,
+    )
+    _assert_measured(inline)
+    _assert_measured(worker)
+    assert inline.data_wait_share and worker.data_wait_share is not None
+    assert inline.data_wait_share > 0.25
+    assert worker.data_wait_share < 0.5 * inline.data_wait_share
+
+
+def test_persistent_workers_survive_epochs() -> None:
+    # 256 samples / 16 per step = 16 steps an epoch; 40 steps cross two epoch boundaries.
+    options = TrialOptions(warmup_steps=1, measured_steps=39, timeout_s=120)
+    kept = _trial("tests.fixtures.models:Small", options, num_workers=1, persistent_workers=True)
+    fresh = _trial("tests.fixtures.models:Small", options, num_workers=1)
+    kept_pids = kept.ranks[0].diagnostics.dataloader_worker_pids  # type: ignore[union-attr]
+    fresh_pids = fresh.ranks[0].diagnostics.dataloader_worker_pids  # type: ignore[union-attr]
+    assert len(kept_pids) == len(fresh_pids) == 3
+    assert len({tuple(p) for p in kept_pids}) == 1
+    assert len({tuple(p) for p in fresh_pids}) == 3
+
+
+def test_an_aborting_rank_is_a_crash_with_its_signal() -> None:
+    result = _trial("tests.fixtures.models:Aborting", parallel="ddp", world_size=2)
+    assert result.status == "crashed"
+    assert "rank 1" in result.message and "SIGABRT" in result.message
+
+
+def test_a_hanging_rank_times_out_and_is_killed() -> None:
+    options = TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=15)
+    result = _trial("tests.fixtures.models:Hanging", options, parallel="ddp", world_size=2)
+    assert result.status == "timed_out"
+    assert "timeout_s=15" in result.message and "warm-up step 1" in result.message
+    assert result.total_s < 30
+
+
+def test_a_rank_over_its_memory_limit_is_oom() -> None:
+    options = TrialOptions(
+        warmup_steps=1, measured_steps=2, timeout_s=120, memory_limit_bytes=3 << 30
+    )
+    result = _trial("tests.fixtures.models:MemoryHog", options, parallel="ddp", world_size=2)
+    assert result.status == "oom", result.message
+    assert result.message.startswith("rank 1:")
+
+
+def test_a_raising_forward_is_an_error_with_its_message() -> None:
+    result = _trial("tests.fixtures.models:Raising")
+    assert result.status == "error"
+    assert result.message == "rank 0: warm-up step 1: ValueError: shape mismatch in layer 3"
+
+
+def test_a_config_the_model_cannot_take_is_invalid() -> None:
+    result = _trial("workloads.gpt:gpt_tiny", checkpoint_segments=5)
+    assert result.status == "invalid"
+    assert "checkpoint_segments=5 exceeds the 4 repeated Block blocks of GPT" in result.message

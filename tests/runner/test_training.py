@@ -1,0 +1,57 @@
+"""The training step in one process: AMP, scaler and accumulation, without launching ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from autotune.config import make_config
+from autotune.runner.training import TrainStep, prepare_model, split_batch
+from autotune.workload import default_loss
+from workloads.mlp import autotune_dataset, mlp_tiny
+
+
+def _step(**values: object) -> tuple[TrainStep, object]:
+    config = make_config({"global_batch_size": 8, "device": "cpu", **values})
+    model = mlp_tiny()
+    dataset = autotune_dataset(model)
+    wrapped, hooks, _, _ = prepare_model(model, config, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    step = TrainStep(wrapped, optimizer, default_loss, config, torch.device("cpu"), hooks)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=config.micro_batch_size)
+    return step, iter(loader)
+
+
+def test_accumulation_steps_the_optimizer_once_per_k_micro_batches() -> None:
+    step, batches = _step(grad_accum_steps=4)
+    for _ in range(3):
+        step.run(batches)
+    assert step.micro_steps == 12
+    assert step.optimizer_steps == 3
+
+
+def test_bf16_autocast_changes_the_matmul_dtype() -> None:
+    plain, batches = _step()
+    plain.run(batches)
+    assert plain.output_dtype == torch.float32
+    amp, batches = _step(amp="bf16")
+    amp.run(batches)
+    assert amp.output_dtype == torch.bfloat16
+
+
+def test_fp16_uses_a_working_gradient_scaler_on_cpu() -> None:
+    step, batches = _step(amp="fp16")
+    before = [p.detach().clone() for p in step.model.parameters()]
+    step.run(batches)
+    assert step.output_dtype == torch.float16
+    assert step.scaler is not None and step.scaler.is_enabled()
+    assert step.scaler.get_scale() > 1.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, step.model.parameters(), strict=True))
+
+
+def test_batches_split_by_structure() -> None:
+    x, y = torch.zeros(2), torch.ones(2)
+    assert split_batch(x) == ((x,), {}, None)
+    assert split_batch((x, y)) == ((x,), {}, y)
+    assert split_batch([x]) == ((x,), {}, None)
+    batch = {"input_ids": x}
+    assert split_batch(batch) == ((), batch, batch)
