@@ -1,0 +1,66 @@
+"""The Python API: what the CLI does, callable from a training pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.config import TrainConfig, load_config, make_config
+from autotune.errors import ConfigError
+from autotune.result import TrialResult
+from autotune.runner.request import TrialOptions
+from autotune.workload import WorkloadSpec, check_workload
+
+
+def as_config(config: TrainConfig | dict[str, Any] | str | Path) -> TrainConfig:
+    """Accept a TrainConfig, a mapping of its fields, or a path to a YAML/JSON file."""
+    if isinstance(config, TrainConfig):
+        return config
+    if isinstance(config, dict):
+        return make_config(config)
+    return load_config(config)
+
+
+def as_options(options: TrialOptions | None, overrides: dict[str, Any]) -> TrialOptions:
+    from pydantic import ValidationError
+
+    base = options.model_dump() if options else {}
+    try:
+        return TrialOptions.model_validate({**base, **overrides})
+    except ValidationError as error:
+        from autotune.config import describe_validation_error
+
+        raise ConfigError(describe_validation_error(error, "trial options")) from None
+
+
+def run_trial(
+    model: str,
+    config: TrainConfig | dict[str, Any] | str | Path,
+    *,
+    data: str | None = None,
+    loss: str | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    input_dtype: str = "float32",
+    options: TrialOptions | None = None,
+    **option_overrides: Any,
+) -> TrialResult:
+    """Measure one configuration of ``model`` ("pkg.mod:Model" or "file.py:Model").
+
+    Bad input raises ``AutotuneError`` (a one-line message); a trial that fails (OOM, crash,
+    hang, an exception in the model) is returned as a ``TrialResult`` with its status.
+    ``option_overrides`` are ``TrialOptions`` fields, e.g. ``measured_steps=20``.
+    """
+    import os
+
+    from autotune.runner.launch import run_trial as launch
+
+    workload = WorkloadSpec(
+        model=model,
+        data=data,
+        loss=loss,
+        input_shape=input_shape,
+        input_dtype=input_dtype,
+        search_path=(os.getcwd(),),
+    )
+    check_workload(workload)
+    return launch(as_config(config), workload, as_options(options, option_overrides))

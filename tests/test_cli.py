@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.config import load_config
+
+
+def test_trial_prints_a_summary_and_writes_the_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text("global_batch_size: 16\nparallel: ddp\nworld_size: 2\n")
+    out = tmp_path / "result.json"
+    code = main(
+        [
+            "trial",
+            "--model",
+            "tests.fixtures.models:Small",
+            "--config",
+            str(config),
+            "--comm-hook",
+            "fp16",
+            "--measured-steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert printed.startswith("trial ok  ddpx2 amp=off hook=fp16")
+    assert "samples/s" in printed and "peak memory" in printed
+    record = json.loads(out.read_text())
+    assert record["status"] == "ok"
+    assert record["config"]["comm_hook"] == "fp16"  # the flag overrode the file
+    assert record["samples_per_s"] > 0
+
+
+def test_json_output_is_the_record(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "trial",
+            "--model",
+            "tests.fixtures.nodata:Bare",
+            "--input-shape",
+            "6",
+            "--global-batch-size",
+            "8",
+            "--measured-steps",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--json",
+        ]
+    )
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert record["status"] == "ok"
+    assert record["ranks"][0]["diagnostics"]["optimizer_steps"] == 3
+
+
+def test_a_failing_trial_exits_1_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "trial",
+            "--model",
+            "tests.fixtures.models:Raising",
+            "--global-batch-size",
+            "8",
+            "--measured-steps",
+            "2",
+            "--warmup-steps",
+            "1",
+        ]
+    )
+    assert code == 1
+    assert "ValueError: shape mismatch in layer 3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--model", "nowhere.mod:Net", "--global-batch-size", "8"],
+            "autotune: error: --model: no module named 'nowhere.mod'",
+        ),
+        (
+            ["--model", "tests.fixtures.models:Small"],
+            "autotune: error: --global-batch-size is required",
+        ),
+        (
+            ["--model", "tests.fixtures.models:Small", "--global-batch-size", "8", "--amp", "fp8"],
+            "autotune: error: argument --amp: invalid choice: 'fp8'",
+        ),
+        (
+            [
+                "--model",
+                "tests.fixtures.models:Small",
+                "--global-batch-size",
+                "9",
+                "--parallel",
+                "ddp",
+                "--world-size",
+                "2",
+            ],
+            "autotune: error: invalid flags: global_batch_size=9 is not divisible",
+        ),
+        (
+            [
+                "--model",
+                "tests.fixtures.models:Small",
+                "--global-batch-size",
+                "8",
+                "--memory-limit",
+                "lots",
+            ],
+            "'lots' is not a size",
+        ),
+        (
+            [
+                "--model",
+                "tests.fixtures.models:Small",
+                "--global-batch-size",
+                "8",
+                "--config",
+                "missing.yaml",
+            ],
+            "cannot read config file 'missing.yaml'",
+        ),
+        (
+            [
+                "--model",
+                "tests.fixtures.models:Small",
+                "--global-batch-size",
+                "8",
+                "--checkpoint-segments",
+                "3",
+            ],
+            "checkpoint_segments=3 exceeds the 2 repeated Sequential blocks of Small",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_code_2(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _exit_code(["trial", *argv]) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _exit_code(argv: list[str]) -> int | str | None:
+    """main's return value, or the code of the SystemExit argparse raises for bad flags."""
+    try:
+        return main(argv)
+    except SystemExit as error:
+        return error.code
+
+
+def test_console_script_exit_code_and_no_traceback() -> None:
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "trial",
+            "--model",
+            "nowhere:Net",
+            "--global-batch-size",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert process.returncode == 2
+    assert process.stderr.strip() == (
+        "autotune: error: --model: no module named 'nowhere' (is it installed or on PYTHONPATH?)"
+    )
+
+
+def test_debug_shows_the_traceback() -> None:
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "trial",
+            "--model",
+            "nowhere:Net",
+            "--global-batch-size",
+            "8",
+            "--debug",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert process.returncode != 0
+    assert "Traceback" in process.stderr
+
+
+def test_import_autotune_is_cheap() -> None:
+    code = (
+        "import sys, autotune; autotune.__version__; "
+        "print(sorted(m for m in ('torch', 'ray', 'optuna', 'matplotlib') if m in sys.modules))"
+    )
+    process = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert process.stdout.strip() == "[]"
+
+
+def test_example_config_in_the_repo_is_valid() -> None:
+    config = load_config(Path("examples/trial.yaml"))
+    assert config.global_batch_size > 0
