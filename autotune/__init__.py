@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from autotune.api import run_trial
+    from autotune.api import run_trial, tune
     from autotune.config import TrainConfig, load_config
     from autotune.result import TrialResult
     from autotune.runner.request import TrialOptions
+    from autotune.search.recommendation import Recommendation
     from autotune.workload import WorkloadSpec
 
 _LAZY = {
@@ -23,9 +24,12 @@ _LAZY = {
     "TrialOptions": "autotune.runner.request",
     "WorkloadSpec": "autotune.workload",
     "run_trial": "autotune.api",
+    "tune": "autotune.api",
+    "Recommendation": "autotune.search.recommendation",
 }
 
 __all__ = [
+    "Recommendation",
     "TrainConfig",
     "TrialOptions",
     "TrialResult",
@@ -33,6 +37,7 @@ __all__ = [
     "__version__",
     "load_config",
     "run_trial",
+    "tune",
 ]
 
 

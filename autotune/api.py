@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig, load_config, make_config
 from autotune.errors import ConfigError
 from autotune.result import TrialResult
 from autotune.runner.request import TrialOptions
 from autotune.workload import WorkloadSpec, check_workload
+
+if TYPE_CHECKING:
+    from autotune.search.progress import Reporter
+    from autotune.search.recommendation import Recommendation
 
 
 def as_config(config: TrainConfig | dict[str, Any] | str | Path) -> TrainConfig:
@@ -64,3 +68,42 @@ def run_trial(
     )
     check_workload(workload)
     return launch(as_config(config), workload, as_options(options, option_overrides))
+
+
+def tune(
+    model: str,
+    *,
+    global_batch_size: int,
+    data: str | None = None,
+    loss: str | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    input_dtype: str = "float32",
+    progress: bool = False,
+    reporter: Reporter | None = None,
+    **settings: Any,
+) -> Recommendation:
+    """Search for the fastest configuration of ``model`` that fits the memory budget.
+
+    ``settings`` are ``SearchSettings`` fields: ``memory_budget`` ("20GiB" or 0.9), ``trials``,
+    ``time_budget_s``, ``space``, ``devices``, ``storage``, ``ray_address``, ... Nothing is
+    printed unless ``progress=True``. Re-running with the same arguments resumes the study.
+    Bad input raises ``AutotuneError`` with a one-line message.
+    """
+    import os
+
+    from autotune.search.driver import run_search
+    from autotune.search.progress import LineReporter, Reporter
+    from autotune.search.settings import make_settings
+
+    checked = make_settings({"global_batch_size": global_batch_size, **settings})
+    workload = WorkloadSpec(
+        model=model,
+        data=data,
+        loss=loss,
+        input_shape=input_shape,
+        input_dtype=input_dtype,
+        search_path=(os.getcwd(),),
+    )
+    if reporter is None:
+        reporter = LineReporter(trials=checked.trials) if progress else Reporter()
+    return run_search(workload, checked, reporter)

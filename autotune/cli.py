@@ -101,9 +101,151 @@ def build_parser() -> argparse.ArgumentParser:
     out = trial.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="Print the TrialResult as JSON.")
     out.add_argument("--out", help="Also write the TrialResult JSON to this file.")
-    for sub in (trial,):
+
+    search = commands.add_parser(
+        "search", help="Find the fastest configuration that fits the memory budget."
+    )
+    _workload_flags(search)
+    budget = search.add_argument_group("search")
+    budget.add_argument(
+        "--global-batch-size",
+        type=int,
+        required=True,
+        help="Samples per optimizer step over all ranks; never changed.",
+    )
+    budget.add_argument(
+        "--memory-budget",
+        default="0.9",
+        help="Per-device budget: a size (20GiB) or a fraction of one device's "
+        "memory (0.9, the default). On CPU it covers all ranks together.",
+    )
+    budget.add_argument("--safety-margin", type=float, help="Share of the budget kept free (0.1).")
+    budget.add_argument("--trials", type=int, help="Measured trials, baseline included (20).")
+    budget.add_argument("--time-budget", help="Stop proposing after this long, e.g. 15m.")
+    budget.add_argument("--space", help="Search space file or name in search_spaces/ (default).")
+    budget.add_argument("--devices", type=int, help="Devices to consider (GPUs; ranks on CPU).")
+    budget.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    budget.add_argument("--concurrency", type=int, help="Trials at once.")
+    budget.add_argument("--measured-steps", type=int, help="Measured steps per trial (8).")
+    budget.add_argument("--warmup-steps", type=int, help="Warm-up steps per trial (2).")
+    budget.add_argument("--trial-timeout", type=float, help="Seconds before a trial is stopped.")
+    budget.add_argument(
+        "--enforce-memory-budget",
+        action="store_true",
+        help="Impose the budget as a hard limit: trials over it run out of memory.",
+    )
+    budget.add_argument("--seed", type=int)
+    where = search.add_argument_group("storage and cluster")
+    where.add_argument("--storage", help="File or Optuna storage URL (autotune.db).")
+    where.add_argument("--study-name", help="Default: from the model and global batch size.")
+    where.add_argument(
+        "--new-study",
+        action="store_true",
+        help="Start a new study when the stored one does not match.",
+    )
+    where.add_argument("--ray-address", help="An existing Ray cluster (default: a private one).")
+    shown = search.add_argument_group("output")
+    shown.add_argument("--out", help="Write the recommended config here (YAML, or .json).")
+    shown.add_argument("--json", action="store_true", help="Print the Recommendation as JSON.")
+    shown.add_argument("--quiet", action="store_true", help="No progress display.")
+
+    export = commands.add_parser("export", help="Write a stored recommendation.")
+    export.add_argument("--storage", default="autotune.db")
+    export.add_argument("--study-name")
+    export.add_argument("--format", choices=["yaml", "json", "torchrun"], default="yaml")
+    export.add_argument(
+        "--script",
+        default="train.py",
+        help="Training script named in the torchrun command (train.py).",
+    )
+    export.add_argument("--out", help="Write to this file instead of standard output.")
+
+    show = commands.add_parser("show", help="List the trials of a stored study.")
+    show.add_argument("--storage", default="autotune.db")
+    show.add_argument("--study-name")
+
+    for sub in (trial, search, export, show):
         sub.add_argument("--debug", action="store_true", help="Show tracebacks.")
     return parser
+
+
+def _search(args: argparse.Namespace) -> int:
+    from autotune.api import tune
+    from autotune.config import save_config
+    from autotune.report import format_recommendation
+    from autotune.search.progress import make_reporter
+    from autotune.search.settings import make_settings
+    from autotune.units import parse_duration
+
+    settings: dict[str, Any] = {"memory_budget": args.memory_budget}
+    if args.time_budget is not None:
+        try:
+            settings["time_budget_s"] = parse_duration(args.time_budget)
+        except ValueError as error:
+            raise AutotuneError(f"--time-budget: {error}") from None
+    names = {"trial_timeout": "trial_timeout_s", "enforce_memory_budget": "enforce_memory_budget"}
+    for key in (
+        "safety_margin",
+        "trials",
+        "space",
+        "devices",
+        "device",
+        "concurrency",
+        "measured_steps",
+        "warmup_steps",
+        "trial_timeout",
+        "seed",
+        "storage",
+        "study_name",
+        "ray_address",
+    ):
+        value = getattr(args, key)
+        if value is not None:
+            settings[names.get(key, key)] = value
+    if args.new_study:
+        settings["new_study"] = True
+    if args.enforce_memory_budget:
+        settings["enforce_memory_budget"] = True
+    checked = make_settings({"global_batch_size": args.global_batch_size, **settings})
+    reporter = make_reporter(args.quiet or args.json, checked.trials)
+    recommendation = tune(
+        args.model,
+        data=args.data,
+        loss=args.loss,
+        input_shape=args.input_shape,
+        input_dtype=args.input_dtype,
+        reporter=reporter,
+        **checked.model_dump(),
+    )
+    if args.out:
+        save_config(recommendation.config, args.out)
+    print(
+        recommendation.to_json() if args.json else format_recommendation(recommendation, args.out)
+    )
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from autotune.export import render
+    from autotune.search.driver import load_recommendation
+
+    recommendation = load_recommendation(args.storage, args.study_name)
+    text = render(recommendation, args.format, script=args.script)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.format} to {args.out}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace) -> int:
+    from autotune.report import format_study
+
+    print(format_study(args.storage, args.study_name))
+    return EXIT_OK
 
 
 def _trial(args: argparse.Namespace) -> int:
@@ -151,7 +293,7 @@ def _trial(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"trial": _trial}
+    handlers = {"trial": _trial, "search": _search, "export": _export, "show": _show}
     try:
         return handlers[args.command](args)
     except AutotuneError as error:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from autotune.result import TrialResult
 from autotune.units import format_bytes
+
+if TYPE_CHECKING:
+    from autotune.search.recommendation import Recommendation
 
 
 def format_trial(result: TrialResult) -> str:
@@ -52,3 +57,91 @@ def _loss_trend(result: TrialResult) -> str:
     if not losses:
         return "no steps"
     return f"first {losses[0]:.4g}, last {losses[-1]:.4g}"
+
+
+def format_recommendation(recommendation: Recommendation, out: str | None = None) -> str:
+    """The recommendation against the baseline, what was excluded, and where things are."""
+    r = recommendation
+    base = r.baseline
+    rows = [("", "recommended", "baseline")]
+    rows.append(
+        ("config", r.config.summary(), base.config.summary() if base and base.config else "-")
+    )
+    rows.append(
+        (
+            "samples/s",
+            f"{r.samples_per_s:,.1f} (spread {r.spread:.0%}, {len(r.samples_per_s_runs)} runs)",
+            f"{base.samples_per_s:,.1f}" if base and base.samples_per_s else "-",
+        )
+    )
+    rows.append(("speed-up", f"{r.speedup:.2f}x" if r.speedup else "-", "1.00x"))
+    rows.append(
+        (
+            "peak memory",
+            format_bytes(r.memory_used_bytes),
+            format_bytes(base.memory_used_bytes) if base and base.memory_used_bytes else "-",
+        )
+    )
+    rows.append(
+        (
+            "headroom",
+            f"{format_bytes(r.headroom_bytes)} of {format_bytes(r.memory_budget_bytes)}",
+            "-",
+        )
+    )
+    width = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join(cell.ljust(width[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    v = r.verification
+    if v is not None and v.ok and r.verification_error is not None:
+        within = "within" if r.verified else "OVER"
+        lines.append(
+            f"verified: {v.measured_steps}-step run at {v.samples_per_s:,.1f} samples/s "
+            f"({r.verification_error:+.1%} against the estimate), "
+            f"{within} the memory limit {format_bytes(r.memory_limit_bytes)}"
+        )
+    elif v is not None:
+        lines.append(f"verification failed: {v.status}: {v.message}")
+    counts: dict[str, int] = {}
+    for t in r.trials:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    lines.append("trials: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    for e in r.exclusions:
+        lines.append(f"excluded {e.knob}={e.value}: {e.reason}")
+    lines.append(f"study {r.study_name!r} stored in {r.storage}")
+    if out:
+        lines.append(f"recommended config written to {out}")
+    return "\n".join(lines)
+
+
+def format_study(storage: str, study_name: str | None) -> str:
+    """Every trial of a stored study, one line each."""
+    import optuna
+
+    from autotune.search.study import open_storage, stored_records
+
+    backend = open_storage(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
+    if study_name is None:
+        if len(names) != 1:
+            return f"studies in {storage}:\n" + "\n".join(f"  {n}" for n in names)
+        study_name = names[0]
+    if study_name not in names:
+        from autotune.errors import ConfigError
+
+        raise ConfigError(
+            f"no study {study_name!r} in {storage!r}; it holds: " + (", ".join(names) or "none")
+        )
+    study = optuna.load_study(study_name=study_name, storage=backend)
+    lines = [
+        f"study {study_name} ({storage})",
+        f"{'#':>4}  {'role':9}  {'status':9}  {'samples/s':>10}  {'memory':>10}  config",
+    ]
+    for t in stored_records(study):
+        speed = f"{t.samples_per_s:,.1f}" if t.samples_per_s else "-"
+        memory = format_bytes(t.memory_used_bytes) if t.memory_used_bytes else "-"
+        fits = "" if t.feasible is None else (" fits" if t.feasible else " over")
+        what = t.config.summary() if t.config else t.message
+        lines.append(
+            f"{t.number:>4}  {t.role:9}  {t.status:9}  {speed:>10}  {memory:>10}{fits}  {what}"
+        )
+    return "\n".join(lines)

@@ -313,3 +313,29 @@ def build_workload(spec: WorkloadSpec) -> Workload:
         raise WorkloadError(f"the dataset from {data_source} is empty")
     loss, loss_source = load_loss(spec)
     return Workload(model, dataset, loss, data_source, loss_source)
+
+
+class WorkloadCache:
+    """Builds each workload once per process and hands out a fresh model copy per trial.
+
+    For processes that run trial after trial: the user's module, dataset and loss are kept,
+    and the model is deep-copied from a pristine instance (no re-initialisation).
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[str, Workload] = {}
+
+    def get(self, spec: WorkloadSpec) -> Workload:
+        import copy
+
+        key = spec.model_dump_json()
+        if key not in self._built:
+            self._built[key] = build_workload(spec)
+        pristine = self._built[key]
+        return Workload(
+            copy.deepcopy(pristine.model),
+            pristine.dataset,
+            pristine.loss,
+            pristine.data_source,
+            pristine.loss_source,
+        )

@@ -21,20 +21,12 @@ from pathlib import Path
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.result import Platform, RankReport, TrialResult, TrialStatus, summarise_steps
+from autotune.result import Platform, RankReport, TrialResult
+from autotune.runner.outcome import assemble_result
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.workload import WorkloadSpec
 
 POLL_S = 0.05
-# Which failure explains a trial best, when several ranks failed: the root cause first.
-_PRIORITY: dict[TrialStatus, int] = {
-    "invalid": 0,
-    "oom": 1,
-    "crashed": 2,
-    "error": 3,
-    "timed_out": 4,
-    "ok": 5,
-}
 
 
 def free_port() -> int:
@@ -159,22 +151,6 @@ class _Ranks:
         )
 
 
-def _choose_failure(reports: list[RankReport]) -> RankReport:
-    failed = [r for r in reports if r.status != "ok"]
-
-    def key(r: RankReport) -> tuple[int, int, int]:
-        echo = int(r.status in ("error", "timed_out") and is_peer_failure_or_wait(r))
-        return (echo, _PRIORITY[r.status], r.rank)
-
-    return min(failed, key=key)
-
-
-def is_peer_failure_or_wait(report: RankReport) -> bool:
-    from autotune.runner.rank import is_peer_failure
-
-    return report.status == "timed_out" or is_peer_failure(report.message)
-
-
 def _invalid(config: TrainConfig, message: str, platform: Platform | None) -> TrialResult:
     return TrialResult(config=config, status="invalid", message=message, platform=platform)
 
@@ -222,20 +198,4 @@ def run_trial(
         oom_killed = _cgroup_oom_kills() > oom_kills_before
         reports = [ranks.outcome(r, oom_killed) for r in range(len(ranks.processes))]
     total_s = time.perf_counter() - started
-    common = {
-        "config": config,
-        "platform": platform,
-        "workload": workload.model_dump(include={"model", "data", "loss"}),
-        "warmup_steps": options.warmup_steps,
-        "measured_steps": options.measured_steps,
-        "launch_s": launch_s,
-        "total_s": total_s,
-        "ranks": reports,
-    }
-    if all(r.status == "ok" for r in reports):
-        return TrialResult(status="ok", **common, **summarise_steps(config, reports))
-    failure = _choose_failure(reports)
-    message = f"rank {failure.rank}: {failure.message}"
-    if failure.status == "timed_out":
-        message = f"no result within timeout_s={options.timeout_s:g}; {message}"
-    return TrialResult(status=failure.status, message=message, **common)
+    return assemble_result(request, platform, reports, launch_s=launch_s, total_s=total_s)

@@ -16,15 +16,18 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.request import TrialRequest
 
+if TYPE_CHECKING:
+    from autotune.workload import WorkloadCache
+
 _PEER_FAILURE_HINTS = ("connection closed by peer", "connection reset", "broken pipe", "timed out")
 
 
-class _Progress:
+class Progress:
     """Writes the current phase to a file so a launcher can say where a hung rank stopped."""
 
     def __init__(self, path: Path | None) -> None:
@@ -61,12 +64,18 @@ def is_peer_failure(message: str) -> bool:
     return any(hint in message.lower() for hint in _PEER_FAILURE_HINTS)
 
 
-def _apply_memory_limit(limit: int | None) -> None:
-    if limit is None:
-        return
+def apply_memory_limit(limit: int | None) -> None:
+    """Impose (or lift, with None) a CPU memory limit on this process: RLIMIT_DATA's soft limit.
+
+    Only the soft limit is set, so a process that runs many trials can raise it again.
+    """
     import resource
 
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    soft = resource.RLIM_INFINITY if limit is None else limit
+    if hard != resource.RLIM_INFINITY:
+        soft = hard if soft == resource.RLIM_INFINITY else min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
 def _watch_parent(parent: int) -> None:
@@ -99,13 +108,23 @@ def _epochs(loader: Any, sampler: Any, worker_pids: list[list[int]]) -> Iterator
         epoch += 1
 
 
-def run_rank(request: TrialRequest, rank: int, progress: _Progress | None = None) -> RankReport:
-    """Run this rank's share of the trial; every outcome is returned, none raised."""
-    progress = progress or _Progress(None)
+def run_rank(
+    request: TrialRequest,
+    rank: int,
+    progress: Progress | None = None,
+    workloads: WorkloadCache | None = None,
+) -> RankReport:
+    """Run this rank's share of the trial; every outcome is returned, none raised.
+
+    A process that runs many trials passes the same ``workloads`` cache each time, so that the
+    user's module, dataset and initial model are built once; each trial still gets a fresh copy
+    of the model. An existing default process group is reused.
+    """
+    progress = progress or Progress(None)
     spawned_at = float(os.environ.get("AUTOTUNE_SPAWNED_AT", time.time()))
     report: dict[str, Any] = {"rank": rank}
     try:
-        _measure(request, rank, progress, report, spawned_at)
+        _measure(request, rank, progress, report, spawned_at, workloads)
         return RankReport(status="ok", **report)
     except BaseException as error:  # a rank must report, whatever went wrong
         status, message = classify_exception(error)
@@ -113,7 +132,12 @@ def run_rank(request: TrialRequest, rank: int, progress: _Progress | None = None
 
 
 def _measure(
-    request: TrialRequest, rank: int, progress: _Progress, report: dict[str, Any], spawned: float
+    request: TrialRequest,
+    rank: int,
+    progress: Progress,
+    report: dict[str, Any],
+    spawned: float,
+    workloads: WorkloadCache | None,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -142,7 +166,7 @@ def _measure(
     report["torch_threads"] = threads
 
     progress("joining the process group")
-    if config.parallel in ("ddp", "fsdp"):
+    if config.parallel in ("ddp", "fsdp") and not dist.is_initialized():
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
             rank=rank,
@@ -155,7 +179,7 @@ def _measure(
 
     progress("building the workload")
     torch.manual_seed(options.seed)
-    workload = build_workload(request.workload)
+    workload = workloads.get(request.workload) if workloads else build_workload(request.workload)
     progress("applying the configuration")
     model, hooks, checkpointed, repeated = prepare_model(workload.model, config, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate)
@@ -227,13 +251,12 @@ def main(argv: list[str] | None = None) -> None:
     request_path, rank, out_dir = Path(args[0]), int(args[1]), Path(args[2])
     _watch_parent(os.getppid())
     request = TrialRequest.model_validate_json(request_path.read_text())
-    try:
-        _apply_memory_limit(
-            request.options.memory_limit_bytes if request.config.device == "cpu" else None
-        )
-    except (ValueError, OSError) as error:
-        print(f"cannot impose the memory limit: {error}", file=sys.stderr)
-    report = run_rank(request, rank, _Progress(out_dir / f"phase-{rank}.txt"))
+    if request.config.device == "cpu" and request.options.memory_limit_bytes is not None:
+        try:
+            apply_memory_limit(request.options.memory_limit_bytes)
+        except (ValueError, OSError) as error:
+            print(f"cannot impose the memory limit: {error}", file=sys.stderr)
+    report = run_rank(request, rank, Progress(out_dir / f"phase-{rank}.txt"))
     partial = out_dir / f"rank-{rank}.json.part"
     partial.write_text(report.model_dump_json())
     partial.rename(out_dir / f"rank-{rank}.json")

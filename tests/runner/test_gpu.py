@@ -29,15 +29,18 @@ def test_cuda_trial_reports_allocator_and_device_memory() -> None:
     assert result.platform is not None and result.platform.device_type == "cuda"
     rank = result.ranks[0]
     assert rank.peak_memory_bytes > 0
-    assert rank.peak_reserved_bytes is not None and rank.peak_reserved_bytes >= rank.peak_memory_bytes
+    assert (
+        rank.peak_reserved_bytes is not None and rank.peak_reserved_bytes >= rank.peak_memory_bytes
+    )
     if rank.peak_device_used_bytes is not None:  # NVML present
         assert rank.peak_device_used_bytes >= rank.peak_reserved_bytes
 
 
 def test_checkpointing_lowers_the_cuda_allocator_peak() -> None:
     plain = _trial("workloads.gpt:gpt_long_context", global_batch_size=8)
-    checkpointed = _trial("workloads.gpt:gpt_long_context", global_batch_size=8,
-                          checkpoint_segments=6)
+    checkpointed = _trial(
+        "workloads.gpt:gpt_long_context", global_batch_size=8, checkpoint_segments=6
+    )
     assert plain.ok and checkpointed.ok
     assert checkpointed.peak_memory_bytes < 0.7 * plain.peak_memory_bytes  # type: ignore[operator]
 

@@ -1,0 +1,59 @@
+"""From the reports of a trial's ranks to one ``TrialResult``, whoever ran the ranks."""
+
+from __future__ import annotations
+
+from autotune.result import Platform, RankReport, TrialResult, TrialStatus, summarise_steps
+from autotune.runner.request import TrialRequest
+
+# Which failure explains a trial best when several ranks failed: the root cause first.
+_PRIORITY: dict[TrialStatus, int] = {
+    "invalid": 0,
+    "oom": 1,
+    "crashed": 2,
+    "error": 3,
+    "timed_out": 4,
+    "ok": 5,
+}
+
+
+def _is_echo(report: RankReport) -> bool:
+    """A rank that only waited for, or broke on, another rank's failure."""
+    from autotune.runner.rank import is_peer_failure
+
+    return report.status == "timed_out" or (
+        report.status == "error" and is_peer_failure(report.message)
+    )
+
+
+def choose_failure(reports: list[RankReport]) -> RankReport:
+    failed = [r for r in reports if r.status != "ok"]
+    return min(failed, key=lambda r: (_is_echo(r), _PRIORITY[r.status], r.rank))
+
+
+def assemble_result(
+    request: TrialRequest,
+    platform: Platform | None,
+    reports: list[RankReport],
+    *,
+    launch_s: float,
+    total_s: float,
+) -> TrialResult:
+    """The trial's result: measurements when every rank is ok, else the root-cause failure."""
+    config, options = request.config, request.options
+    common = {
+        "config": config,
+        "platform": platform,
+        "workload": request.workload.model_dump(include={"model", "data", "loss"}),
+        "warmup_steps": options.warmup_steps,
+        "measured_steps": options.measured_steps,
+        "launch_s": launch_s,
+        "total_s": total_s,
+        "ranks": reports,
+    }
+    if reports and all(r.status == "ok" for r in reports):
+        return TrialResult(status="ok", **common, **summarise_steps(config, reports))
+    failure = choose_failure(reports)
+    message = f"rank {failure.rank}: {failure.message}"
+    if failure.status == "timed_out":
+        message = f"no result within timeout_s={options.timeout_s:g}; {message}"
+    return TrialResult(status=failure.status, message=message, **common)

@@ -1,0 +1,142 @@
+"""One search from start to end: probe, open the study, run the tuner on Ray, recommend."""
+
+from __future__ import annotations
+
+import re
+
+from autotune.errors import ConfigError
+from autotune.search.progress import Reporter
+from autotune.search.recommendation import Recommendation
+from autotune.search.settings import SearchSettings
+from autotune.workload import WorkloadSpec
+
+RECOMMENDATION_ATTR = "autotune:recommendation"
+
+
+def default_study_name(workload: WorkloadSpec, settings: SearchSettings) -> str:
+    model = re.sub(r"[^A-Za-z0-9_.:-]+", "_", workload.model)
+    return f"{model}-gbs{settings.global_batch_size}"
+
+
+def _devices(settings: SearchSettings, device_count: int, device_type: str) -> int:
+    if settings.devices is not None:
+        if device_type == "cuda" and settings.devices > device_count:
+            raise ConfigError(
+                f"--devices {settings.devices} exceeds the {device_count} GPUs of this machine"
+            )
+        return settings.devices
+    return device_count if device_type == "cuda" else min(device_count, 2)
+
+
+def run_search(
+    workload: WorkloadSpec, settings: SearchSettings, reporter: Reporter
+) -> Recommendation:
+    """Search, store every trial, and return (and store) the recommendation."""
+    from autotune.platform import detect_platform, resolve_device, usable_cpus
+    from autotune.search.probe import count_repeated_blocks, restrict_space
+    from autotune.search.space import load_space
+    from autotune.search.study import model_hash, open_storage, open_study
+    from autotune.search.tuner import Tuner
+    from autotune.workload import check_workload
+
+    check_workload(workload)
+    space = load_space(settings.space)
+    storage = open_storage(settings.storage)
+    device = resolve_device(settings.device)
+    platform = detect_platform(device)
+    count = platform.device_count if device == "cuda" else usable_cpus()
+    devices = _devices(settings, count, device)
+    budget = settings.memory_budget_bytes(platform.device_memory_bytes)
+    fingerprint = {
+        "platform": platform.fingerprint(),
+        "model": model_hash(workload.model),
+        "data": workload.data,
+        "loss": workload.loss,
+        "space": space.fingerprint(),
+        "devices": devices,
+        "global_batch_size": settings.global_batch_size,
+        "memory_budget_bytes": budget,
+        "safety_margin": settings.safety_margin,
+        "steps": [settings.warmup_steps, settings.measured_steps],
+        "seed": settings.seed,
+    }
+    name = settings.study_name or default_study_name(workload, settings)
+    study, name, requeued = open_study(storage, name, fingerprint, settings.new_study)
+
+    blocks = count_repeated_blocks(workload.model)
+    space, exclusions = restrict_space(space, platform, devices, blocks)
+    reporter.start(
+        study=f"{name} in {settings.storage}"
+        + (f" ({requeued} interrupted trial(s) re-queued)" if requeued else ""),
+        platform=f"{platform.device_name} x{devices} ({platform.backend})",
+        budget=f"{budget / 2**30:.2f} GiB per device, limit {1 - settings.safety_margin:.0%} of it",
+        **(
+            {"excluded": "; ".join(f"{e.knob}={e.value}: {e.reason}" for e in exclusions)}
+            if exclusions
+            else {}
+        ),
+    )
+
+    from autotune.search.ray_executor import RayExecutor
+
+    max_workers = (
+        max((c for c in space.params["num_workers"].choices if isinstance(c, int)), default=0)
+        if "num_workers" in space.params
+        else 0
+    )
+    # A private instance declares enough logical CPUs to keep a gang of each size warm; on CPU
+    # trials run one at a time, so this never oversubscribes the cores during a measurement.
+    executor = RayExecutor(
+        platform,
+        address=settings.ray_address,
+        cpus_per_rank=1 + max_workers,
+        num_cpus=max(usable_cpus(), 2 * devices * (1 + max_workers)),
+    )
+    concurrency = settings.concurrency or (1 if device == "cpu" else devices)
+    try:
+        tuner = Tuner(
+            study=study,
+            executor=executor,
+            workload=workload,
+            settings=settings.model_copy(update={"concurrency": concurrency}),
+            space=space,
+            platform=platform,
+            devices=devices,
+            reporter=reporter,
+        )
+        outcome = tuner.run()
+        recommendation = tuner.recommendation(settings.storage, name, exclusions, outcome)
+    finally:
+        executor.shutdown()
+        reporter.close()
+    study.set_user_attr(RECOMMENDATION_ATTR, recommendation.model_dump(mode="json"))
+    return recommendation
+
+
+def load_recommendation(storage: str, study_name: str | None) -> Recommendation:
+    """The recommendation stored by a finished search."""
+    import optuna
+
+    from autotune.search.study import open_storage
+
+    backend = open_storage(storage)
+    summaries = optuna.get_all_study_summaries(backend)
+    names = [s.study_name for s in summaries]
+    if study_name is None:
+        if len(names) != 1:
+            raise ConfigError(
+                f"storage {storage!r} holds {len(names)} studies; pick one with --study-name: "
+                + (", ".join(names) or "none")
+            )
+        study_name = names[0]
+    if study_name not in names:
+        raise ConfigError(
+            f"no study {study_name!r} in {storage!r}; it holds: {', '.join(names) or 'none'}"
+        )
+    attrs = next(s for s in summaries if s.study_name == study_name).user_attrs
+    if RECOMMENDATION_ATTR not in attrs:
+        raise ConfigError(
+            f"study {study_name!r} has no recommendation yet (the search did not finish); "
+            "run the same search command again to resume it"
+        )
+    return Recommendation.model_validate(attrs[RECOMMENDATION_ATTR])

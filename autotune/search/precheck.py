@@ -1,0 +1,87 @@
+"""Skip configurations that cannot fit, judging by what earlier trials measured.
+
+Two rules, both comparing only configurations that differ in knobs whose effect on memory has a
+known direction (same parallel mode, devices, AMP and comm hook):
+
+- dominance: a configuration that needs at least as much memory as one that already ran out
+  (micro-batch no smaller, no more checkpointing, no fewer DataLoader workers) cannot fit;
+- trend: with two or more micro-batch sizes measured for the same checkpointing, peak memory is
+  fitted as a line in the micro-batch size; a prediction above the limit plus a tolerance is
+  skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.config import TrainConfig
+
+TREND_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one trial showed about memory: its peak, or that it ran out."""
+
+    config: TrainConfig
+    peak_bytes: int | None  # None: out of memory
+    trial_number: int
+
+
+def _family(config: TrainConfig) -> tuple[object, ...]:
+    return (config.parallel, config.world_size, config.amp, config.comm_hook)
+
+
+def _at_least_as_hungry(candidate: TrainConfig, known: TrainConfig) -> bool:
+    return (
+        _family(candidate) == _family(known)
+        and candidate.micro_batch_size >= known.micro_batch_size
+        and candidate.checkpoint_segments <= known.checkpoint_segments
+        and candidate.num_workers >= known.num_workers
+        and (candidate.prefetch_factor or 0) >= (known.prefetch_factor or 0)
+    )
+
+
+def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
+    sizes = {x for x, _ in points}
+    if len(sizes) < 2:
+        return None
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var
+    return mean_y - slope * mean_x, slope
+
+
+def precheck(
+    candidate: TrainConfig, history: list[Observation], limit_bytes: int
+) -> tuple[str, float] | None:
+    """(reason, estimated violation) if ``candidate`` cannot fit ``limit_bytes``, else None."""
+    for seen in history:
+        over = seen.peak_bytes is None or seen.peak_bytes > limit_bytes
+        if over and _at_least_as_hungry(candidate, seen.config):
+            what = "ran out of memory" if seen.peak_bytes is None else "exceeded the limit"
+            violation = 1.0 if seen.peak_bytes is None else seen.peak_bytes / limit_bytes - 1
+            return (
+                f"needs at least the memory of trial {seen.trial_number}, which {what}",
+                violation,
+            )
+    points = [
+        (s.config.micro_batch_size, s.peak_bytes)
+        for s in history
+        if s.peak_bytes is not None
+        and _family(s.config) == _family(candidate)
+        and s.config.checkpoint_segments == candidate.checkpoint_segments
+        and s.config.num_workers == candidate.num_workers
+    ]
+    line = _fit(points)
+    if line is not None:
+        predicted = line[0] + line[1] * candidate.micro_batch_size
+        if predicted > limit_bytes * (1 + TREND_TOLERANCE):
+            return (
+                f"predicted peak {predicted / 2**20:.0f} MiB from {len(points)} trials of the same "
+                f"family exceeds the limit {limit_bytes / 2**20:.0f} MiB",
+                predicted / limit_bytes - 1,
+            )
+    return None

@@ -1,0 +1,142 @@
+"""What works on this machine: remove the choices that cannot, and say why.
+
+Static facts (device count, CUDA-only features) are read directly. Features that may break at
+run time on this backend (comm hooks, PowerSGD on gloo) are tried once in a tiny real trial;
+those outcomes are cached per platform fingerprint under ``$XDG_CACHE_HOME/autotune``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from autotune.result import Platform
+from autotune.search.space import SearchSpace, Value
+
+PROBE_MODEL = "workloads.mlp:mlp_tiny"
+
+
+class Exclusion(BaseModel):
+    """A choice removed from the space before the search, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    knob: str
+    value: Value
+    reason: str
+
+
+def _cache_path(platform: Platform) -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autotune"
+    return root / f"probe-{platform.fingerprint()}.json"
+
+
+def _runtime_checks(platform: Platform, devices: int, hooks: list[str]) -> dict[str, str]:
+    """Try each comm hook in a tiny 2-rank DDP trial; return {hook: failure reason}."""
+    from autotune.config import make_config
+    from autotune.runner.launch import run_trial
+    from autotune.runner.request import TrialOptions
+    from autotune.workload import WorkloadSpec
+
+    path = _cache_path(platform)
+    try:
+        cached: dict[str, str | None] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    for hook in hooks:
+        if hook in cached:
+            continue
+        config = make_config(
+            {
+                "global_batch_size": 8,
+                "parallel": "ddp",
+                "world_size": 2,
+                "comm_hook": hook,
+                "device": platform.device_type,
+            }
+        )
+        options = TrialOptions(warmup_steps=1, measured_steps=3, timeout_s=30)
+        result = run_trial(config, WorkloadSpec(model=PROBE_MODEL), options)
+        cached[hook] = None if result.ok else f"{result.status}: {result.message}"[:300]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached, indent=2))
+    except OSError:
+        pass  # an unwritable cache only costs the probe again next time
+    return {hook: reason for hook, reason in cached.items() if reason and hook in hooks}
+
+
+def restrict_space(
+    space: SearchSpace,
+    platform: Platform,
+    devices: int,
+    repeated_blocks: int | None,
+    run_checks: bool = True,
+) -> tuple[SearchSpace, list[Exclusion]]:
+    """Drop the choices that cannot work here; return the space and what was dropped."""
+    cuda = platform.device_type == "cuda"
+    dropped: list[Exclusion] = []
+
+    def drop(knob: str, value: Value, reason: str) -> None:
+        nonlocal space
+        if knob in space.params and value in space.params[knob].choices:
+            space = space.without(knob, value)
+            dropped.append(Exclusion(knob=knob, value=value, reason=reason))
+
+    params = space.params
+    for size in params["world_size"].choices if "world_size" in params else ():
+        if isinstance(size, int) and size > devices:
+            drop("world_size", size, f"only {devices} device(s) considered")
+    if "world_size" not in space.params:
+        for mode in ("dp", "ddp", "fsdp"):
+            drop("parallel", mode, f"needs more than one device; {devices} considered")
+    if not cuda:
+        drop("parallel", "dp", "DataParallel needs CUDA GPUs")
+        drop("comm_hook", "bf16", "the bf16 compression hook needs CUDA and NCCL")
+        drop("pin_memory", True, "pinned memory only helps copies to a CUDA device")
+    elif devices < 2:
+        drop("parallel", "dp", "DataParallel needs at least 2 GPUs")
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_bf16_supported():
+            drop("amp", "bf16", f"{platform.device_name} does not support bf16")
+    if repeated_blocks is not None and "checkpoint_segments" in params:
+        for segments in params["checkpoint_segments"].choices:
+            if isinstance(segments, int) and segments > repeated_blocks:
+                drop(
+                    "checkpoint_segments",
+                    segments,
+                    f"the model has {repeated_blocks} repeated blocks",
+                )
+    cores = platform.cpu_count
+    for workers in params["num_workers"].choices if "num_workers" in params else ():
+        if isinstance(workers, int) and workers > cores:
+            drop("num_workers", workers, f"this machine has {cores} CPU cores")
+    hooks: list[str] = [
+        h
+        for h in ("fp16", "bf16", "powersgd")
+        if "comm_hook" in space.params and h in space.params["comm_hook"].choices
+    ]
+    if run_checks and hooks and devices >= 2 and "ddp" in space.params["parallel"].choices:
+        for hook, reason in _runtime_checks(platform, devices, hooks).items():
+            drop("comm_hook", hook, f"failed a probe trial on {platform.backend}: {reason}")
+    return space, dropped
+
+
+def count_repeated_blocks(model_reference: str) -> int | None:
+    """Repeated blocks of the user's model, built on the meta device (no memory, no init)."""
+    import torch
+
+    from autotune.runner.checkpointing import find_repeated_blocks
+    from autotune.workload import load_model
+
+    try:
+        with torch.device("meta"):
+            _, model = load_model(model_reference)
+    except Exception:  # a model that cannot be built on meta: trials will report it
+        return None
+    return len(find_repeated_blocks(model))

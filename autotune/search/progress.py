@@ -1,0 +1,116 @@
+"""Progress of a long search: a live display on a terminal, plain lines elsewhere, or nothing."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+from autotune.config import TrainConfig
+
+if TYPE_CHECKING:
+    from autotune.search.recommendation import TrialRecord
+
+
+class Reporter:
+    """Receives search events; this base class stays silent (the Python API's default)."""
+
+    def start(self, **info: Any) -> None:
+        """Called once the space, probe and study are ready, before the first trial."""
+
+    def phase(self, text: str) -> None:
+        """Called when the search moves to a new phase (re-measuring, verifying)."""
+
+    def trial_started(self, role: str, config: TrainConfig) -> None:
+        """Called just before a trial is submitted."""
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        """Called when a trial's outcome is known (also for skipped trials)."""
+
+    def close(self) -> None:
+        """Called once at the end, also after an error."""
+
+
+def _outcome(record: TrialRecord) -> str:
+    if record.status == "ok" and record.samples_per_s is not None:
+        fits = "fits" if record.feasible else "OVER BUDGET"
+        used = (record.memory_used_bytes or 0) / 2**20
+        return f"{record.samples_per_s:,.1f} samples/s, {used:,.0f} MiB ({fits})"
+    return f"{record.status}: {record.message}"[:160]
+
+
+class LineReporter(Reporter):
+    """One line per event, for logs and pipes."""
+
+    def __init__(self, stream: TextIO | None = None, trials: int | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.trials = trials
+        self.done = 0
+        self.started = time.perf_counter()
+
+    def _line(self, text: str) -> None:
+        elapsed = time.perf_counter() - self.started
+        print(f"[{elapsed:6.0f}s] {text}", file=self.stream, flush=True)
+
+    def start(self, **info: Any) -> None:
+        for key, value in info.items():
+            self._line(f"{key}: {value}")
+
+    def phase(self, text: str) -> None:
+        self._line(text)
+
+    def trial_started(self, role: str, config: TrainConfig) -> None:
+        self._line(f"{role} trial: {config.summary()}")
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        if record.role == "search" and record.status not in ("duplicate", "invalid"):
+            self.done += 1
+        budget = f"/{self.trials}" if self.trials else ""
+        best_text = f"{best.samples_per_s:,.1f} samples/s" if best and best.samples_per_s else "-"
+        self._line(
+            f"  #{record.number} {_outcome(record)}  [search {self.done}{budget}, best {best_text}]"
+        )
+
+
+class RichReporter(LineReporter):
+    """A live status line (trials done / budget, best so far, current trial) above the log."""
+
+    def __init__(self, trials: int | None = None) -> None:
+        from rich.console import Console
+        from rich.status import Status
+
+        super().__init__(sys.stderr, trials)
+        self.console = Console(stderr=True)
+        self.status: Status = self.console.status("starting")
+        self.status.start()
+        self.best_text = "-"
+
+    def _line(self, text: str) -> None:
+        elapsed = time.perf_counter() - self.started
+        self.console.log(f"[dim]{elapsed:6.0f}s[/] {text}", markup=True, highlight=False)
+
+    def trial_started(self, role: str, config: TrainConfig) -> None:
+        budget = f"/{self.trials}" if self.trials else ""
+        self.status.update(
+            f"search {self.done}{budget} | best {self.best_text} | running "
+            f"{role}: {config.summary()}"
+        )
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        if best and best.samples_per_s:
+            self.best_text = f"{best.samples_per_s:,.1f} samples/s"
+        super().trial_finished(record, best)
+
+    def close(self) -> None:
+        self.status.stop()
+
+
+def make_reporter(quiet: bool, trials: int | None) -> Reporter:
+    if quiet:
+        return Reporter()
+    if sys.stderr.isatty():
+        try:
+            return RichReporter(trials)
+        except ImportError:
+            pass
+    return LineReporter(trials=trials)

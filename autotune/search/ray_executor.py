@@ -1,0 +1,314 @@
+"""Run trials on Ray: a gang of rank actors in one placement group, reused while healthy.
+
+A gang is one placement group with one bundle per rank (the rank's GPU, and CPUs for the rank
+and its DataLoader workers) and one actor per bundle; the actors form the process group once
+and then run trial after trial through the same ``run_rank`` as the local launcher. After any
+failure (crash, OOM, hang, error) the gang's actors are killed and its placement group removed,
+so the next trial gets fresh processes. Ray never retries anything by itself here.
+
+Import cost: this module imports Ray; ``autotune`` imports it only when a search starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from autotune.result import Platform, RankReport, TrialResult
+from autotune.runner.outcome import assemble_result
+from autotune.runner.request import TrialRequest
+
+PLACEMENT_TIMEOUT_S = 30.0
+POLL_S = 0.05
+
+
+class _RankActor:
+    """One rank: keeps its process group, workload cache and phase between trials."""
+
+    def __init__(self) -> None:
+        from autotune.runner.rank import Progress
+        from autotune.workload import WorkloadCache
+
+        os.environ["LOCAL_RANK"] = "0"  # Ray exposes exactly this rank's GPU(s)
+        self.progress = Progress(None)
+        self.workloads = WorkloadCache()
+
+    def address(self) -> tuple[str, int]:
+        from autotune.runner.launch import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def join(self, master_addr: str, master_port: int, world_size: int, rank: int) -> int:
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            WORLD_SIZE=str(world_size),
+            RANK=str(rank),
+        )
+        return os.getpid()
+
+    def run(self, request_json: str, rank: int, submitted_at: float) -> str:
+        import gc
+
+        from autotune.runner.rank import apply_memory_limit, run_rank
+
+        os.environ["AUTOTUNE_SPAWNED_AT"] = repr(submitted_at)
+        request = TrialRequest.model_validate_json(request_json)
+        if request.config.device == "cpu":
+            apply_memory_limit(request.options.memory_limit_bytes)
+        try:
+            report = run_rank(request, rank, self.progress, self.workloads)
+        finally:
+            apply_memory_limit(None)
+            gc.collect()
+        return report.model_dump_json()
+
+    def phase(self) -> str:
+        return self.progress.phase
+
+
+_remote_actor: Any = None
+
+
+def _actor_class() -> Any:
+    global _remote_actor
+    if _remote_actor is None:
+        # Two threads per actor: run() in one, phase() answers from the other while it runs.
+        options: Any = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
+        _remote_actor = ray.remote(**options)(_RankActor)
+    return _remote_actor
+
+
+GangShape = tuple[int, float, float]  # (rank processes, CPUs per rank, GPUs per rank)
+
+
+def gang_shape(
+    request: TrialRequest, device: Literal["cpu", "cuda"], cpus_per_rank: float
+) -> GangShape:
+    """Ranks, CPUs and GPUs per rank. CPUs cover the most DataLoader workers the search may
+    ask for, so that one gang serves trials with any worker count."""
+    config = request.config
+    gpus = float(config.world_size if config.parallel == "dp" else 1) if device == "cuda" else 0.0
+    return config.processes, max(cpus_per_rank, float(1 + config.num_workers)), gpus
+
+
+@dataclass
+class _Gang:
+    shape: GangShape
+    group: PlacementGroup
+    actors: list[Any]
+
+    def kill(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(self.group)
+
+
+@dataclass
+class _Running:
+    ticket: int
+    request: TrialRequest
+    gang: _Gang
+    futures: dict[Any, int]
+    submitted: float
+    launch_s: float
+    reports: dict[int, RankReport] = field(default_factory=dict)
+    failed_at: float | None = None
+
+
+def _died(rank: int, error: Exception) -> RankReport:
+    text = " ".join(str(error).split())
+    lowered = text.lower()
+    if isinstance(error, ray.exceptions.OutOfMemoryError) or "memory monitor" in lowered:
+        return RankReport(
+            rank=rank, status="oom", message=f"killed by Ray's memory monitor: {text[:300]}"
+        )
+    return RankReport(rank=rank, status="crashed", message=f"rank actor died: {text[:400]}")
+
+
+class RayExecutor:
+    """Submits trials to Ray and collects their results."""
+
+    def __init__(
+        self,
+        platform: Platform,
+        *,
+        address: str | None = None,
+        cpus_per_rank: float = 1.0,
+        num_cpus: int | None = None,
+    ) -> None:
+        self.platform = platform
+        self.cpus_per_rank = cpus_per_rank
+        self._owns_ray = False
+        if not ray.is_initialized():
+            self._owns_ray = True
+            kwargs: dict[str, Any] = {
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "logging_level": "ERROR",
+                "configure_logging": False,
+            }
+            if address is None:
+                kwargs.update(num_cpus=num_cpus, object_store_memory=128 << 20)
+            ray.init(address=address, **kwargs)
+        self._idle: list[_Gang] = []
+        self._running: dict[int, _Running] = {}
+        self._next_ticket = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    def cluster_cpus(self) -> float:
+        return float(ray.cluster_resources().get("CPU", 0))
+
+    def _gang(self, shape: GangShape) -> _Gang:
+        for gang in self._idle:
+            if gang.shape == shape:
+                self._idle.remove(gang)
+                return gang
+        processes, cpus, gpus = shape
+        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+        group = placement_group([bundle] * processes, strategy="PACK")
+        ready, _ = ray.wait([group.ready()], timeout=1.0)
+        while not ready and self._idle:  # make room: idle gangs of other shapes go first
+            self._idle.pop(0).kill()
+            ready, _ = ray.wait([group.ready()], timeout=1.0)
+        if not ready:
+            ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            remove_placement_group(group)
+            raise RuntimeError(
+                f"the Ray cluster cannot place {processes} ranks of {bundle} within "
+                f"{PLACEMENT_TIMEOUT_S:g} s (available: {ray.available_resources()})"
+            )
+        actor_class = _actor_class()
+        actors = [
+            actor_class.options(
+                num_cpus=cpus,
+                num_gpus=gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=i
+                ),
+            ).remote()
+            for i in range(processes)
+        ]
+        master_addr, master_port = ray.get(actors[0].address.remote())
+        ray.get(
+            [a.join.remote(master_addr, master_port, processes, i) for i, a in enumerate(actors)]
+        )
+        return _Gang(shape, group, actors)
+
+    def fits_now(self, request: TrialRequest) -> bool:
+        """Whether the trial could start now without waiting for another one to end."""
+        shape = gang_shape(request, self.platform.device_type, self.cpus_per_rank)
+        if any(g.shape == shape for g in self._idle):
+            return True
+        processes, cpus, gpus = shape
+        free = ray.available_resources()
+        for gang in self._idle:  # idle gangs of other shapes would be evicted for it
+            free["CPU"] = free.get("CPU", 0) + gang.shape[0] * gang.shape[1]
+            free["GPU"] = free.get("GPU", 0) + gang.shape[0] * gang.shape[2]
+        return free.get("CPU", 0) >= processes * cpus and free.get("GPU", 0) >= processes * gpus
+
+    def submit(self, request: TrialRequest) -> int:
+        """Start a trial; its result comes back from ``wait``."""
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        submitted = time.time()
+        start = time.perf_counter()
+        gang = self._gang(gang_shape(request, self.platform.device_type, self.cpus_per_rank))
+        payload = request.model_dump_json()
+        futures = {
+            actor.run.remote(payload, rank, submitted): rank
+            for rank, actor in enumerate(gang.actors)
+        }
+        self._running[ticket] = _Running(
+            ticket, request, gang, futures, time.perf_counter(), time.perf_counter() - start
+        )
+        return ticket
+
+    def _collect(self, trial: _Running, ready: list[Any]) -> None:
+        for ref in ready:
+            rank = trial.futures.pop(ref, None)
+            if rank is None:
+                continue
+            try:
+                report = RankReport.model_validate_json(ray.get(ref))
+            except (ray.exceptions.RayError, ray.exceptions.OutOfMemoryError) as error:
+                report = _died(rank, error)
+            trial.reports[rank] = report
+            if report.status != "ok" and trial.failed_at is None:
+                trial.failed_at = time.perf_counter()
+
+    def _stop(self, trial: _Running, why: str) -> None:
+        """Give up on the ranks still running: note where each stood, then kill the gang."""
+        for rank in list(trial.futures.values()):
+            actor = trial.gang.actors[rank]
+            try:
+                phase = ray.get(actor.phase.remote(), timeout=2.0)
+            except Exception:  # the actor may be wedged; its phase is then unknown
+                phase = "an unknown phase"
+            trial.reports[rank] = RankReport(
+                rank=rank, status="timed_out", message=f"still running in {phase} ({why})"
+            )
+        trial.futures.clear()
+
+    def _finish(self, trial: _Running) -> TrialResult:
+        del self._running[trial.ticket]
+        reports = [trial.reports[r] for r in sorted(trial.reports)]
+        if all(r.status == "ok" for r in reports):
+            self._idle.append(trial.gang)
+        else:
+            trial.gang.kill()  # fresh processes after any failure
+        return assemble_result(
+            trial.request,
+            self.platform,
+            reports,
+            launch_s=trial.launch_s,
+            total_s=time.perf_counter() - trial.submitted + trial.launch_s,
+        )
+
+    def wait(self, timeout_s: float | None = None) -> list[tuple[int, TrialResult]]:
+        """Block until at least one trial ends (or ``timeout_s``); return the ended ones."""
+        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        while self._running:
+            done = []
+            refs = [ref for t in self._running.values() for ref in t.futures]
+            ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_S) if refs else ([], [])
+            now = time.perf_counter()
+            for trial in list(self._running.values()):
+                self._collect(trial, [r for r in ready if r in trial.futures])
+                options = trial.request.options
+                if trial.futures and now - trial.submitted > options.timeout_s:
+                    self._stop(trial, f"timeout_s={options.timeout_s:g}")
+                elif (
+                    trial.futures
+                    and trial.failed_at is not None
+                    and now - trial.failed_at > options.failure_grace_s
+                ):
+                    self._stop(trial, "after another rank failed")
+                if not trial.futures:
+                    done.append((trial.ticket, self._finish(trial)))
+            if done:
+                return done
+            if deadline is not None and now > deadline:
+                return []
+        return []
+
+    def shutdown(self) -> None:
+        """Kill every gang; stop Ray if this executor started it."""
+        for trial in list(self._running.values()):
+            trial.gang.kill()
+        self._running.clear()
+        for gang in self._idle:
+            gang.kill()
+        self._idle.clear()
+        if self._owns_ray:
+            ray.shutdown()

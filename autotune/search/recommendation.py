@@ -1,0 +1,71 @@
+"""What a search returns: the recommended configuration, its evidence, and every trial."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.config import TrainConfig
+from autotune.result import Platform, TrialResult
+from autotune.search.probe import Exclusion
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+Role = Literal["baseline", "search", "remeasure", "verify"]
+RecordStatus = Literal[
+    "ok", "oom", "crashed", "timed_out", "error", "invalid", "skipped", "duplicate"
+]
+
+
+class TrialRecord(BaseModel):
+    """One trial of a study, as stored: measured, failed, skipped or a duplicate."""
+
+    model_config = _FROZEN
+
+    number: int
+    role: Role
+    status: RecordStatus
+    config: TrainConfig | None
+    samples_per_s: float | None = None
+    memory_used_bytes: int | None = Field(
+        None, description="Per-device peak on CUDA; all ranks' peaks together on CPU."
+    )
+    feasible: bool | None = None
+    message: str = ""
+    overhead_s: float = 0.0
+    warmup_s: float = 0.0
+    measured_s: float = 0.0
+
+
+class Recommendation(BaseModel):
+    """The fastest configuration found whose peak memory stays under the limit."""
+
+    model_config = _FROZEN
+
+    config: TrainConfig
+    samples_per_s: float = Field(description="Median over repeated measurements.")
+    samples_per_s_runs: list[float] = Field(description="Each measurement of the winner.")
+    spread: float = Field(description="(max - min) / median of those measurements.")
+    memory_used_bytes: int
+    memory_budget_bytes: int
+    memory_limit_bytes: int = Field(description="Budget minus the safety margin.")
+    verification: TrialResult | None = None
+    verified: bool = False
+    verification_error: float | None = Field(
+        None, description="(verified - estimated) / estimated samples/s."
+    )
+    baseline: TrialRecord | None = None
+    speedup: float | None = None
+    exclusions: list[Exclusion] = Field(default_factory=list)
+    trials: list[TrialRecord] = Field(default_factory=list)
+    platform: Platform
+    storage: str
+    study_name: str
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.memory_budget_bytes - self.memory_used_bytes
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)

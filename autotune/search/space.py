@@ -1,0 +1,143 @@
+"""The search space: which values each knob may take, and when a knob exists at all.
+
+A space is a YAML file (``search_spaces/*.yaml``) mapping TrainConfig fields to parameters::
+
+    parallel: [single, ddp, fsdp]
+    comm_hook:
+      choices: [none, fp16, powersgd]
+      when: {parallel: [ddp]}          # only sampled under DDP
+    prefetch_factor:
+      choices: [2, 4]
+      when_not: {num_workers: [0]}      # only sampled with workers
+
+A parameter whose condition does not hold is not sampled: the field keeps its TrainConfig
+default. Conditions refer to parameters listed earlier in the file, which are sampled first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+
+SPACES_DIR = Path(__file__).resolve().parent.parent.parent / "search_spaces"
+Value = str | int | bool | None
+
+
+class Param(BaseModel):
+    """One knob's possible values and the condition under which it is sampled."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    choices: tuple[Value, ...] = Field(min_length=1)
+    when: dict[str, tuple[Value, ...]] = Field(default_factory=dict)
+    when_not: dict[str, tuple[Value, ...]] = Field(default_factory=dict)
+
+    def active(self, values: dict[str, Any]) -> bool:
+        """Whether this parameter exists given the values sampled so far."""
+        return all(values.get(k) in v for k, v in self.when.items()) and not any(
+            values.get(k) in v for k, v in self.when_not.items()
+        )
+
+
+class SearchSpace(BaseModel):
+    """An ordered set of parameters over TrainConfig fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    params: dict[str, Param]
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchSpace:
+        fields = TrainConfig.model_fields
+        seen: list[str] = []
+        for name, param in self.params.items():
+            if name not in fields:
+                raise ValueError(f"unknown knob {name!r}; knobs: {', '.join(fields)}")
+            if name == "global_batch_size":
+                raise ValueError("global_batch_size is training semantics and is never searched")
+            for ref in (*param.when, *param.when_not):
+                if ref not in seen:
+                    raise ValueError(
+                        f"{name}: condition on {ref!r}, which is not a knob listed before it"
+                    )
+            if len(set(param.choices)) != len(param.choices):
+                raise ValueError(f"{name}: duplicate choices {list(param.choices)}")
+            seen.append(name)
+        return self
+
+    def fingerprint(self) -> str:
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def without(self, name: str, value: Value) -> SearchSpace:
+        """This space with one choice removed (a knob left with no choice disappears)."""
+        params = dict(self.params)
+        if name in params:
+            kept = tuple(c for c in params[name].choices if c != value)
+            if kept:
+                params[name] = params[name].model_copy(update={"choices": kept})
+            else:
+                del params[name]
+        return SearchSpace(params=params)
+
+
+def _normalise(name: str, raw: Any) -> Any:
+    if isinstance(raw, list):
+        return {"choices": raw}
+    if isinstance(raw, dict) and "range" in raw:
+        low, high, *step = raw.pop("range")
+        stride = step[0] if step else 1
+        if not (isinstance(low, int) and isinstance(high, int) and stride > 0 and low <= high):
+            raise ConfigError(f"{name}: range [{low}, {high}] is impossible; need low <= high")
+        return {**raw, "choices": list(range(low, high + 1, stride))}
+    if isinstance(raw, dict):
+        return raw
+    return {"choices": [raw]}
+
+
+def parse_space(data: Any, source: str) -> SearchSpace:
+    """Validate a mapping read from YAML into a SearchSpace, with one-line errors."""
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"search space {source}: expected a mapping of knobs to choices")
+    try:
+        params = {name: _normalise(name, raw) for name, raw in data.items()}
+        return SearchSpace(params=params)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            where = ".".join(str(p) for p in item["loc"][1:]) or "space"
+            message = str(item["msg"]).removeprefix("Value error, ")
+            if item["type"] == "too_short":
+                message = "empty choice list"
+            elif item["type"] == "extra_forbidden":
+                message = "unknown key; allowed: choices, range, when, when_not"
+            problems.append(f"{where}: {message}")
+        raise ConfigError(f"search space {source}: " + "; ".join(problems)) from None
+
+
+def load_space(name_or_path: str) -> SearchSpace:
+    """A space from a file path, or by name from search_spaces/ (e.g. 'default', 'quick')."""
+    import yaml
+
+    path = Path(name_or_path)
+    if not path.exists():
+        path = SPACES_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        names = sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
+        raise ConfigError(
+            f"--space {name_or_path!r} is neither a file nor a built-in space; built-in: "
+            + ", ".join(names)
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        first = str(error).splitlines()[0]
+        raise ConfigError(f"search space {str(path)!r} is not valid YAML: {first}") from None
+    return parse_space(data, repr(str(path)))

@@ -1,0 +1,128 @@
+"""The Optuna study behind a search: storage, fingerprint, resume, and trial records.
+
+Every trial is told to the storage as soon as it ends (SQLite commits each write), so killing
+the driver at any moment loses nothing that completed. Trials a killed driver left RUNNING are
+marked failed and their parameters re-queued when the study is opened again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+from autotune.search.recommendation import TrialRecord
+
+ATTR_PREFIX = "autotune:"
+
+
+def storage_url(storage: str) -> str:
+    """A plain file path becomes a SQLite URL; URLs pass through."""
+    if "://" in storage:
+        return storage
+    return f"sqlite:///{Path(storage).expanduser().resolve()}"
+
+
+def open_storage(storage: str) -> Any:
+    import optuna
+
+    url = storage_url(storage)
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as error:  # SQLAlchemy raises many kinds; all mean "cannot open"
+        first = " ".join(str(error).split())[:200]
+        raise ConfigError(
+            f"--storage {storage!r} cannot be opened ({type(error).__name__}: {first}); use a "
+            "file path such as autotune.db, or a database URL such as postgresql://host/db"
+        ) from None
+
+
+def model_hash(model_reference: str) -> str:
+    """A hash of the model's source file, so a changed model is a different study."""
+    from autotune.workload import resolve_reference
+
+    module, _ = resolve_reference(model_reference, "--model")
+    try:
+        source = Path(inspect.getsourcefile(module) or "").read_bytes()
+    except (OSError, TypeError):
+        source = model_reference.encode()
+    return hashlib.sha256(source + model_reference.encode()).hexdigest()[:16]
+
+
+def open_study(
+    storage: Any, name: str, fingerprint: dict[str, Any], new_study: bool
+) -> tuple[Any, str, int]:
+    """Create or resume the study; return (study, its name, trials re-queued)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    names = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+    if name in names:
+        stored = names[name].user_attrs.get(ATTR_PREFIX + "fingerprint")
+        if stored != fingerprint:
+            if not new_study:
+                changed = sorted(
+                    k
+                    for k in set(fingerprint) | set(stored or {})
+                    if (stored or {}).get(k) != fingerprint.get(k)
+                )
+                raise ConfigError(
+                    f"study {name!r} in this storage was made with a different "
+                    f"{', '.join(changed)}; pass --new-study to start a new study, or "
+                    "--study-name to pick another name"
+                )
+            suffix = 2
+            while f"{name}-{suffix}" in names:
+                suffix += 1
+            name = f"{name}-{suffix}"
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(
+            seed=fingerprint.get("seed"),
+            n_startup_trials=5,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+        ),
+    )
+    study.set_user_attr(ATTR_PREFIX + "fingerprint", fingerprint)
+    return study, name, requeue_abandoned(study)
+
+
+def requeue_abandoned(study: Any) -> int:
+    """Fail the trials a killed driver left running, and queue their parameters again."""
+    from optuna.trial import TrialState
+
+    abandoned = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in abandoned:
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        if trial.params:
+            study.enqueue_trial(trial.params, skip_if_exists=False)
+    return len(abandoned)
+
+
+def config_key(config: TrainConfig) -> str:
+    return json.dumps(config.model_dump(mode="json"), sort_keys=True)
+
+
+def record_of(trial: Any) -> TrialRecord | None:
+    """The TrialRecord stored on an Optuna trial, or None for trials that carry none."""
+    raw = trial.user_attrs.get(ATTR_PREFIX + "record")
+    if raw is None:
+        return None
+    return TrialRecord.model_validate({**raw, "number": trial.number})
+
+
+def stored_records(study: Any) -> list[TrialRecord]:
+    from optuna.trial import TrialState
+
+    finished = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+    records = [record_of(t) for t in study.get_trials(deepcopy=False, states=finished)]
+    return [r for r in records if r is not None]
