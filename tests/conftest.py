@@ -31,3 +31,27 @@ def no_leftover_processes():
     yield
     left = _rank_processes() - before
     assert not left, f"trial processes left behind: {sorted(left)}"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance for the whole session, with logical CPUs for 2-rank gangs."""
+    ray = pytest.importorskip("ray")
+    ray.init(
+        num_cpus=8,
+        include_dashboard=False,
+        object_store_memory=100 << 20,
+        log_to_driver=False,
+        logging_level="ERROR",
+        configure_logging=False,
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def probe_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """A probe cache shared by the session's searches, apart from the user's own."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache

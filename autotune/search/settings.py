@@ -46,12 +46,12 @@ class SearchSettings(BaseModel):
     )
     seed: int = 0
 
-    @field_validator("memory_budget")
+    @field_validator("memory_budget", mode="before")
     @classmethod
-    def _check_budget(cls, value: str | int | float) -> str | int | float:
+    def _check_budget(cls, value: object) -> str | int | float:
         from autotune.units import parse_bytes
 
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError("expected a size such as 20GiB or a fraction such as 0.9")
         if isinstance(value, str):
             try:

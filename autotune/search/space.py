@@ -115,7 +115,7 @@ def parse_space(data: Any, source: str) -> SearchSpace:
             where = ".".join(str(p) for p in item["loc"][1:]) or "space"
             message = str(item["msg"]).removeprefix("Value error, ")
             if item["type"] == "too_short":
-                message = "empty choice list"
+                where, message = where.removesuffix(".choices"), "empty choice list"
             elif item["type"] == "extra_forbidden":
                 message = "unknown key; allowed: choices, range, when, when_not"
             problems.append(f"{where}: {message}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ def open_study(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     names = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
     if name in names:
         stored = names[name].user_attrs.get(ATTR_PREFIX + "fingerprint")

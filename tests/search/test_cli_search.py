@@ -1,0 +1,124 @@
+"""`autotune search / export / show` as a user runs them, including a kill and a resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+
+from autotune.cli import main
+from autotune.config import load_config
+
+pytestmark = pytest.mark.usefixtures("probe_cache")
+
+SEARCH = ["search", "--model", "tests.fixtures.models:Small", "--global-batch-size", "32",
+          "--devices", "2", "--measured-steps", "3", "--warmup-steps", "1", "--quiet"]
+
+
+def _exit_code(argv: list[str]) -> int | str | None:
+    try:
+        return main(argv)
+    except SystemExit as error:
+        return error.code
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--memory-budget", "lots"], "'lots' is not a size"),
+        (["--memory-budget", "1.5"], "neither a fraction in (0, 1] nor a number of bytes"),
+        (["--space", "nope"], "--space 'nope' is neither a file nor a built-in space"),
+        (["--storage", "nosuchdb://x/y"], "--storage 'nosuchdb://x/y' cannot be opened"),
+        (["--time-budget", "soon"], "--time-budget: 'soon' is not a duration"),
+        (["--trials", "0"], "trials=0"),
+    ],
+)
+def test_bad_search_input_is_one_line(
+    extra: list[str], expected: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert _exit_code([*SEARCH, "--storage", str(tmp_path / "s.db"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def _records(db: Path) -> list[dict]:
+    storage = f"sqlite:///{db}"
+    try:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    except Exception:
+        return []
+    out = []
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=storage)
+        for t in study.get_trials(deepcopy=False):
+            record = t.user_attrs.get("autotune:record")
+            if record and t.state.is_finished():
+                out.append({**record, "number": t.number, "state": t.state.name})
+    return out
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the driver, then sweep up its private Ray (in the driver's session)."""
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    time.sleep(1)
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == process.pid:
+                p.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass
+
+
+@pytest.mark.slow
+def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    argv = [sys.executable, "-m", "autotune.cli", *SEARCH, "--space", "quick", "--trials", "5",
+            "--storage", str(db), "--out", str(tmp_path / "best.yaml")]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    first = subprocess.Popen(argv, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and first.poll() is None:
+        if sum(r["role"] in ("baseline", "search") and r["status"] == "ok"
+               for r in _records(db)) >= 2:
+            break
+        time.sleep(0.5)
+    assert first.poll() is None, "the search ended before it could be killed"
+    _kill_tree(first)
+    before = _records(db)
+    assert len([r for r in before if r["status"] == "ok"]) >= 2
+
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600,
+                            check=False)
+    assert second.returncode == 0, second.stderr[-2000:]
+    after = _records(db)
+    # nothing completed is lost
+    assert all(any(a["number"] == b["number"] and a["status"] == b["status"] for a in after)
+               for b in before)
+    # nothing completed is measured again
+    measured = [json.dumps(r["config"], sort_keys=True) for r in after
+                if r["role"] in ("baseline", "search") and r["status"] == "ok"]
+    assert len(measured) == len(set(measured))
+    assert load_config(tmp_path / "best.yaml").global_batch_size == 32
+    assert "stored in" in second.stdout and "speed-up" in second.stdout
+
+    # export and show read the stored study
+    for fmt, check in (("yaml", "global_batch_size: 32"), ("json", '"global_batch_size": 32'),
+                       ("torchrun", "--config autotune-best.yaml")):
+        out = subprocess.run([sys.executable, "-m", "autotune.cli", "export", "--storage",
+                              str(db), "--format", fmt], capture_output=True, text=True,
+                             check=True)
+        assert check in out.stdout
+    shown = subprocess.run([sys.executable, "-m", "autotune.cli", "show", "--storage", str(db)],
+                           capture_output=True, text=True, check=True)
+    assert "baseline" in shown.stdout and "verify" in shown.stdout

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from autotune.config import make_config
+from autotune.search.precheck import Observation, precheck
+
+MiB = 1 << 20
+
+
+def _config(accum: int, ckpt: int = 0, workers: int = 0):
+    return make_config({"global_batch_size": 64, "parallel": "ddp", "world_size": 2,
+                        "grad_accum_steps": accum, "checkpoint_segments": ckpt,
+                        "num_workers": workers, "device": "cpu"})
+
+
+def test_configs_hungrier_than_an_oom_are_skipped() -> None:
+    history = [Observation(_config(accum=2), None, 3)]  # micro-batch 16 ran out
+    verdict = precheck(_config(accum=1), history, 1000 * MiB)  # micro-batch 32
+    assert verdict is not None and "trial 3, which ran out of memory" in verdict[0]
+    assert precheck(_config(accum=4), history, 1000 * MiB) is None  # smaller: try it
+    assert precheck(_config(accum=2, ckpt=2), history, 1000 * MiB) is None  # checkpointed
+
+
+def test_a_trend_in_micro_batch_predicts_what_will_not_fit() -> None:
+    history = [
+        Observation(_config(accum=8), 300 * MiB, 1),  # micro-batch 4
+        Observation(_config(accum=4), 500 * MiB, 2),  # micro-batch 8
+    ]
+    verdict = precheck(_config(accum=1), history, 1000 * MiB)  # predicts 1700 MiB at 32
+    assert verdict is not None and "predicted peak 1700 MiB" in verdict[0]
+    assert precheck(_config(accum=2), history, 1000 * MiB) is None  # predicts 900 MiB at 16

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.search.settings import make_settings
+from autotune.search.study import open_storage, open_study, requeue_abandoned
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [("lots", "'lots' is not a size"), (1.5, "neither a fraction in (0, 1] nor a number of bytes"),
+     (-1, "neither a fraction"), (True, "expected a size")],
+)
+def test_bad_memory_budgets(budget: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        make_settings({"global_batch_size": 8, "memory_budget": budget})
+    assert expected in str(error.value)
+
+
+def test_budget_forms() -> None:
+    assert make_settings({"global_batch_size": 8, "memory_budget": "2GiB"}).memory_budget_bytes(
+        10 << 30) == 2 << 30
+    assert make_settings({"global_batch_size": 8, "memory_budget": 0.5}).memory_budget_bytes(
+        10 << 30) == 5 << 30
+    assert make_settings({"global_batch_size": 8, "memory_budget": "0.25"}).memory_budget_bytes(
+        8 << 30) == 2 << 30
+    with pytest.raises(ConfigError, match="give a trial budget"):
+        make_settings({"global_batch_size": 8, "trials": None})
+
+
+def test_a_bad_storage_url_is_one_line() -> None:
+    with pytest.raises(ConfigError) as error:
+        open_storage("nosuchdb://host/x")
+    assert "--storage 'nosuchdb://host/x' cannot be opened" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_fingerprint_mismatch_is_refused_unless_forced(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "s.db"))
+    open_study(storage, "s", {"model": "a", "devices": 2}, new_study=False)
+    with pytest.raises(ConfigError, match="different model; pass --new-study"):
+        open_study(storage, "s", {"model": "b", "devices": 2}, new_study=False)
+    _, name, _ = open_study(storage, "s", {"model": "b", "devices": 2}, new_study=True)
+    assert name == "s-2"
+    _, same, _ = open_study(storage, "s", {"model": "a", "devices": 2}, new_study=False)
+    assert same == "s"
+
+
+def test_trials_left_running_are_failed_and_requeued(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "s.db"))
+    study, _, _ = open_study(storage, "s", {"model": "a"}, new_study=False)
+    trial = study.ask()
+    trial.suggest_categorical("amp", ["off", "bf16"])
+    params = dict(trial.params)
+    assert requeue_abandoned(study) == 1
+    states = [t.state for t in study.get_trials()]
+    assert states[0] == optuna.trial.TrialState.FAIL
+    assert study.ask().params == {} and study.get_trials()[-1].system_attrs.get(
+        "fixed_params") == params

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.search.space import SPACES_DIR, load_space, parse_space
+
+
+@pytest.mark.parametrize("name", ["default", "quick"])
+def test_built_in_spaces_load(name: str) -> None:
+    space = load_space(name)
+    assert "parallel" in space.params
+
+
+def test_default_space_covers_every_searchable_knob() -> None:
+    from autotune.config import TrainConfig
+
+    knobs = set(TrainConfig.model_fields) - {"global_batch_size", "device", "static_graph",
+                                              "powersgd_start_iter"}
+    assert knobs <= set(load_space("default").params)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"amp_mode": ["off"]}, "unknown knob 'amp_mode'"),
+        ({"amp": []}, "amp: empty choice list"),
+        ({"grad_accum_steps": {"range": [8, 1]}}, "range [8, 1] is impossible"),
+        ({"amp": {"choices": ["off"], "sometimes": True}}, "unknown key; allowed: choices"),
+        ({"comm_hook": {"choices": ["fp16"], "when": {"parallel": ["ddp"]}}},
+         "condition on 'parallel', which is not a knob listed before it"),
+        ({"global_batch_size": [8, 16]}, "never searched"),
+        ({"amp": ["off", "off"]}, "duplicate choices"),
+        (["amp"], "expected a mapping of knobs to choices"),
+    ],
+)
+def test_bad_spaces_are_one_line(data: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_space(data, "'test.yaml'")
+    assert expected in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_unknown_space_name_lists_the_built_in_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="built-in: default, quick"):
+        load_space("nope")
+    broken = tmp_path / "s.yaml"
+    broken.write_text("amp: [off\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_space(str(broken))
+    assert SPACES_DIR.is_dir()
+
+
+def test_conditional_knobs_are_only_sampled_when_their_condition_holds() -> None:
+    space = parse_space(
+        {
+            "parallel": ["single", "ddp"],
+            "comm_hook": {"choices": ["none", "fp16"], "when": {"parallel": ["ddp"]}},
+            "num_workers": [0, 2],
+            "prefetch_factor": {"choices": [2, 4], "when_not": {"num_workers": [0]}},
+        },
+        "test",
+    )
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = []
+    for _ in range(40):
+        trial = study.ask()
+        values: dict[str, object] = {}
+        for name, param in space.params.items():
+            if param.active(values):
+                values[name] = trial.suggest_categorical(name, list(param.choices))
+        study.tell(trial, 0.0)
+        seen.append(trial.params)
+    assert all(("comm_hook" in p) == (p["parallel"] == "ddp") for p in seen)
+    assert all(("prefetch_factor" in p) == (p["num_workers"] != 0) for p in seen)
+    assert {p["parallel"] for p in seen} == {"single", "ddp"}
+
+
+def test_removing_the_last_choice_removes_the_knob() -> None:
+    space = parse_space({"amp": ["off", "bf16"]}, "test")
+    assert space.without("amp", "bf16").params["amp"].choices == ("off",)
+    assert "amp" not in space.without("amp", "bf16").without("amp", "off").params
