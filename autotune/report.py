@@ -71,7 +71,7 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
         (
             "samples/s",
             f"{r.samples_per_s:,.1f} (spread {r.spread:.0%}, {len(r.samples_per_s_runs)} runs)",
-            f"{base.samples_per_s:,.1f}" if base and base.samples_per_s else "-",
+            f"{r.baseline_samples_per_s:,.1f}" if r.baseline_samples_per_s else "-",
         )
     )
     rows.append(("speed-up", f"{r.speedup:.2f}x" if r.speedup else "-", "1.00x"))

@@ -44,8 +44,12 @@ def main() -> None:
     rows = []
     try:
         for i in range(args.trials + 1):
-            values = {"global_batch_size": 32, "world_size": 2, "device": "cpu",
-                      **CONFIGS[i % len(CONFIGS)]}
+            values = {
+                "global_batch_size": 32,
+                "world_size": 2,
+                "device": "cpu",
+                **CONFIGS[i % len(CONFIGS)],
+            }
             request = TrialRequest(
                 config=make_config(values),
                 workload=WorkloadSpec(model=args.model, search_path=(os.getcwd(),)),
@@ -54,19 +58,26 @@ def main() -> None:
             executor.submit(request)
             ((_, result),) = executor.wait()
             assert result.ok, result.message
-            rows.append({
-                "trial": i, "warm": i > 0, "config": request.config.summary(),
-                "total_s": result.total_s, "overhead_s": result.overhead_s,
-                "warmup_s": result.warmup_s, "measured_s": result.measured_s,
-                "build_s": result.build_s, "startup_s": result.startup_s,
-            })
+            rows.append(
+                {
+                    "trial": i,
+                    "warm": i > 0,
+                    "config": request.config.summary(),
+                    "total_s": result.total_s,
+                    "overhead_s": result.overhead_s,
+                    "warmup_s": result.warmup_s,
+                    "measured_s": result.measured_s,
+                    "build_s": result.build_s,
+                    "startup_s": result.startup_s,
+                }
+            )
     finally:
         executor.shutdown()
 
     warm = [r["overhead_s"] for r in rows if r["warm"]]
     summary = {
         "machine": f"{platform.device_name}, {platform.cpu_count} cores, torch "
-                   f"{platform.torch_version}",
+        f"{platform.torch_version}",
         "model": args.model,
         "cold_overhead_s": rows[0]["overhead_s"],
         "warm_overhead_median_s": statistics.median(warm),
@@ -75,13 +86,19 @@ def main() -> None:
         "met": statistics.median(warm) <= 1.5,
         "trials": rows,
     }
-    print(f"{'trial':>5} {'warm':>5} {'overhead s':>10} {'warm-up s':>9} {'measured s':>10}  config")
+    print(
+        f"{'trial':>5} {'warm':>5} {'overhead s':>10} {'warm-up s':>9} {'measured s':>10}  config"
+    )
     for r in rows:
-        print(f"{r['trial']:>5} {str(r['warm']):>5} {r['overhead_s']:>10.3f} "
-              f"{r['warmup_s']:>9.3f} {r['measured_s']:>10.3f}  {r['config']}")
-    print(f"\ncold overhead {summary['cold_overhead_s']:.2f} s; warm overhead median "
-          f"{summary['warm_overhead_median_s']:.3f} s (max {summary['warm_overhead_max_s']:.3f} s)"
-          f", target <= 1.5 s: {'met' if summary['met'] else 'MISSED'} on {summary['machine']}")
+        print(
+            f"{r['trial']:>5} {r['warm']!s:>5} {r['overhead_s']:>10.3f} "
+            f"{r['warmup_s']:>9.3f} {r['measured_s']:>10.3f}  {r['config']}"
+        )
+    print(
+        f"\ncold overhead {summary['cold_overhead_s']:.2f} s; warm overhead median "
+        f"{summary['warm_overhead_median_s']:.3f} s (max {summary['warm_overhead_max_s']:.3f} s)"
+        f", target <= 1.5 s: {'met' if summary['met'] else 'MISSED'} on {summary['machine']}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")

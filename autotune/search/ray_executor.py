@@ -11,6 +11,7 @@ Import cost: this module imports Ray; ``autotune`` imports it only when a search
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,31 @@ from autotune.runner.request import TrialRequest
 
 PLACEMENT_TIMEOUT_S = 30.0
 POLL_S = 0.05
+
+
+def _quiet_raylet_errors() -> None:
+    """Route Ray's driver-side error prints (e.g. "a worker died") to logging, not stdout.
+
+    A dead rank is an outcome this module reports itself; Ray would print it to standard
+    output, where it corrupts ``--json`` and tables. Ray's error listener looks the printing
+    function up at call time, so replacing it here covers messages from then on.
+    """
+    from ray._private import worker
+
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "_autotune", False):
+        return
+    log = logging.getLogger("autotune.ray")
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet":
+            for line in data.get("lines", []):
+                log.debug("raylet: %s", line)
+            return
+        original(data, ignore_prefix)
+
+    to_log._autotune = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_log
 
 
 class _RankActor:
@@ -156,7 +182,9 @@ class RayExecutor:
             }
             if address is None:
                 kwargs.update(num_cpus=num_cpus, object_store_memory=128 << 20)
+            logging.getLogger("ray").setLevel(logging.ERROR)
             ray.init(address=address, **kwargs)
+            _quiet_raylet_errors()
         self._idle: list[_Gang] = []
         self._running: dict[int, _Running] = {}
         self._next_ticket = 0

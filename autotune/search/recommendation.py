@@ -56,7 +56,10 @@ class Recommendation(BaseModel):
         None, description="(verified - estimated) / estimated samples/s."
     )
     baseline: TrialRecord | None = None
-    speedup: float | None = None
+    baseline_samples_per_s: float | None = Field(
+        None, description="Median over the baseline's runs, measured as often as the winner."
+    )
+    speedup: float | None = Field(None, description="samples_per_s / baseline_samples_per_s.")
     exclusions: list[Exclusion] = Field(default_factory=list)
     trials: list[TrialRecord] = Field(default_factory=list)
     platform: Platform

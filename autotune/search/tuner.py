@@ -340,10 +340,21 @@ class Tuner:
         top = [r.config for r in ranked if r.status == "ok" and r.feasible and r.config]
         return top[: self.settings.top_k]
 
+    def baseline_config(self) -> TrainConfig | None:
+        return next(
+            (r.config for r in self.state.records if r.role == "baseline" and r.status == "ok"),
+            None,
+        )
+
     def remeasure(self) -> None:
-        """Measure the best few again, so that noise does not pick the winner."""
-        self.reporter.phase(f"re-measuring the best {self.settings.top_k}")
-        for config in self.finalists():
+        """Measure the best few, and the baseline, again: noise then neither picks the winner
+        nor inflates its speed-up."""
+        self.reporter.phase(f"re-measuring the best {self.settings.top_k} and the baseline")
+        configs = self.finalists()
+        baseline = self.baseline_config()
+        if baseline is not None and baseline not in configs:
+            configs.append(baseline)
+        for config in configs:
             while len(self._runs_of(config)) < 1 + self.settings.remeasure:
                 record = self._record(-1, "remeasure", self._run_one(config, "remeasure"))
                 self._add(record)
@@ -400,6 +411,12 @@ class Tuner:
         baseline = next(
             (r for r in self.state.records if r.role == "baseline" and r.status == "ok"), None
         )
+        baseline_runs = self._runs_of(baseline.config) if baseline and baseline.config else []
+        baseline_speed = (
+            statistics.median(r.samples_per_s or 0.0 for r in baseline_runs)
+            if baseline_runs
+            else None
+        )
         samples = [r.samples_per_s or 0.0 for r in runs]
         verified = (
             verification is not None
@@ -424,7 +441,8 @@ class Tuner:
             verified=verified,
             verification_error=error,
             baseline=baseline,
-            speedup=score / baseline.samples_per_s if baseline and baseline.samples_per_s else None,
+            baseline_samples_per_s=baseline_speed,
+            speedup=score / baseline_speed if baseline_speed else None,
             exclusions=exclusions,
             trials=sorted(self.state.records, key=lambda r: r.number),
             platform=self.platform,

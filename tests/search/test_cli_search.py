@@ -19,8 +19,20 @@ from autotune.config import load_config
 
 pytestmark = pytest.mark.usefixtures("probe_cache")
 
-SEARCH = ["search", "--model", "tests.fixtures.models:Small", "--global-batch-size", "32",
-          "--devices", "2", "--measured-steps", "3", "--warmup-steps", "1", "--quiet"]
+SEARCH = [
+    "search",
+    "--model",
+    "tests.fixtures.models:Small",
+    "--global-batch-size",
+    "32",
+    "--devices",
+    "2",
+    "--measured-steps",
+    "3",
+    "--warmup-steps",
+    "1",
+    "--quiet",
+]
 
 
 def _exit_code(argv: list[str]) -> int | str | None:
@@ -82,15 +94,30 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> None:
 @pytest.mark.slow
 def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
-    argv = [sys.executable, "-m", "autotune.cli", *SEARCH, "--space", "quick", "--trials", "5",
-            "--storage", str(db), "--out", str(tmp_path / "best.yaml")]
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        *SEARCH,
+        "--space",
+        "quick",
+        "--trials",
+        "5",
+        "--storage",
+        str(db),
+        "--out",
+        str(tmp_path / "best.yaml"),
+    ]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    first = subprocess.Popen(argv, env=env, start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 240
     while time.time() < deadline and first.poll() is None:
-        if sum(r["role"] in ("baseline", "search") and r["status"] == "ok"
-               for r in _records(db)) >= 2:
+        if (
+            sum(r["role"] in ("baseline", "search") and r["status"] == "ok" for r in _records(db))
+            >= 2
+        ):
             break
         time.sleep(0.5)
     assert first.poll() is None, "the search ended before it could be killed"
@@ -98,27 +125,41 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path
     before = _records(db)
     assert len([r for r in before if r["status"] == "ok"]) >= 2
 
-    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600,
-                            check=False)
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert second.returncode == 0, second.stderr[-2000:]
     after = _records(db)
     # nothing completed is lost
-    assert all(any(a["number"] == b["number"] and a["status"] == b["status"] for a in after)
-               for b in before)
+    assert all(
+        any(a["number"] == b["number"] and a["status"] == b["status"] for a in after)
+        for b in before
+    )
     # nothing completed is measured again
-    measured = [json.dumps(r["config"], sort_keys=True) for r in after
-                if r["role"] in ("baseline", "search") and r["status"] == "ok"]
+    measured = [
+        json.dumps(r["config"], sort_keys=True)
+        for r in after
+        if r["role"] in ("baseline", "search") and r["status"] == "ok"
+    ]
     assert len(measured) == len(set(measured))
     assert load_config(tmp_path / "best.yaml").global_batch_size == 32
     assert "stored in" in second.stdout and "speed-up" in second.stdout
 
     # export and show read the stored study
-    for fmt, check in (("yaml", "global_batch_size: 32"), ("json", '"global_batch_size": 32'),
-                       ("torchrun", "--config autotune-best.yaml")):
-        out = subprocess.run([sys.executable, "-m", "autotune.cli", "export", "--storage",
-                              str(db), "--format", fmt], capture_output=True, text=True,
-                             check=True)
+    for fmt, check in (
+        ("yaml", "global_batch_size: 32"),
+        ("json", '"global_batch_size": 32'),
+        ("torchrun", "--config autotune-best.yaml"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "autotune.cli", "export", "--storage", str(db), "--format", fmt],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert check in out.stdout
-    shown = subprocess.run([sys.executable, "-m", "autotune.cli", "show", "--storage", str(db)],
-                           capture_output=True, text=True, check=True)
+    shown = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "show", "--storage", str(db)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "baseline" in shown.stdout and "verify" in shown.stdout

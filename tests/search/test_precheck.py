@@ -7,9 +7,17 @@ MiB = 1 << 20
 
 
 def _config(accum: int, ckpt: int = 0, workers: int = 0):
-    return make_config({"global_batch_size": 64, "parallel": "ddp", "world_size": 2,
-                        "grad_accum_steps": accum, "checkpoint_segments": ckpt,
-                        "num_workers": workers, "device": "cpu"})
+    return make_config(
+        {
+            "global_batch_size": 64,
+            "parallel": "ddp",
+            "world_size": 2,
+            "grad_accum_steps": accum,
+            "checkpoint_segments": ckpt,
+            "num_workers": workers,
+            "device": "cpu",
+        }
+    )
 
 
 def test_configs_hungrier_than_an_oom_are_skipped() -> None:

@@ -8,14 +8,19 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.config import load_config
 from autotune.search.recommendation import Recommendation
 from autotune.search.study import config_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster", "probe_cache")]
 
-QUICK = {"warmup_steps": 1, "measured_steps": 3, "devices": 2, "remeasure": 1, "top_k": 2,
-         "verify_factor": 2}
+QUICK = {
+    "warmup_steps": 1,
+    "measured_steps": 3,
+    "devices": 2,
+    "remeasure": 1,
+    "top_k": 2,
+    "verify_factor": 2,
+}
 
 
 def _space(tmp_path: Path, text: str) -> str:
@@ -25,16 +30,25 @@ def _space(tmp_path: Path, text: str) -> str:
 
 
 def _assert_never_measured_twice(recommendation: Recommendation) -> None:
-    measured = [config_key(t.config) for t in recommendation.trials
-                if t.config is not None and t.role in ("baseline", "search")
-                and t.status not in ("duplicate", "skipped", "invalid")]
+    measured = [
+        config_key(t.config)
+        for t in recommendation.trials
+        if t.config is not None
+        and t.role in ("baseline", "search")
+        and t.status not in ("duplicate", "skipped", "invalid")
+    ]
     assert max(Counter(measured).values()) == 1
 
 
 def test_search_returns_a_verified_feasible_recommendation(tmp_path: Path) -> None:
     recommendation = autotune.tune(
-        "tests.fixtures.models:Small", global_batch_size=32, space="quick", trials=6,
-        memory_budget="16GiB", storage=str(tmp_path / "s.db"), **QUICK,
+        "tests.fixtures.models:Small",
+        global_batch_size=32,
+        space="quick",
+        trials=6,
+        memory_budget="16GiB",
+        storage=str(tmp_path / "s.db"),
+        **QUICK,
     )
     assert recommendation.memory_used_bytes <= recommendation.memory_limit_bytes
     assert recommendation.verified and recommendation.verification is not None
@@ -42,25 +56,44 @@ def test_search_returns_a_verified_feasible_recommendation(tmp_path: Path) -> No
     assert recommendation.baseline is not None and recommendation.baseline.samples_per_s
     assert recommendation.baseline.config is not None
     assert recommendation.baseline.config.parallel == "ddp"
+    assert recommendation.baseline_samples_per_s is not None
     assert recommendation.speedup == pytest.approx(
-        recommendation.samples_per_s / recommendation.baseline.samples_per_s)
+        recommendation.samples_per_s / recommendation.baseline_samples_per_s
+    )
+    baseline_runs = [
+        t
+        for t in recommendation.trials
+        if t.status == "ok" and t.config == recommendation.baseline.config and t.role != "verify"
+    ]
+    assert len(baseline_runs) == 2  # measured as often as the winner
     assert len(recommendation.samples_per_s_runs) == 2  # re-measured once
     roles = Counter(t.role for t in recommendation.trials)
     assert roles["baseline"] == 1 and roles["verify"] >= 1 and roles["remeasure"] >= 1
     assert sum(t.status == "ok" for t in recommendation.trials if t.role == "search") >= 3
     _assert_never_measured_twice(recommendation)
-    assert any(e.knob == "comm_hook" or e.knob == "parallel" for e in recommendation.exclusions) \
+    assert (
+        any(e.knob == "comm_hook" or e.knob == "parallel" for e in recommendation.exclusions)
         or recommendation.exclusions == []
+    )
 
 
 def test_a_crash_and_a_hang_do_not_stop_the_search(tmp_path: Path) -> None:
     space = _space(tmp_path, "parallel: [ddp]\nworld_size: [2]\namp: ['off', fp16, bf16]\n")
     recommendation = autotune.tune(
-        "tests.fixtures.search_models:AmpFaults", global_batch_size=16, space=space, trials=3,
-        memory_budget="16GiB", storage=str(tmp_path / "s.db"), trial_timeout_s=20, **QUICK,
+        "tests.fixtures.search_models:AmpFaults",
+        global_batch_size=16,
+        space=space,
+        trials=3,
+        memory_budget="16GiB",
+        storage=str(tmp_path / "s.db"),
+        trial_timeout_s=20,
+        **QUICK,
     )
-    by_amp = {t.config.amp: t for t in recommendation.trials
-              if t.role == "search" and t.config is not None and t.status != "duplicate"}
+    by_amp = {
+        t.config.amp: t
+        for t in recommendation.trials
+        if t.role == "search" and t.config is not None and t.status != "duplicate"
+    }
     assert by_amp["bf16"].status == "crashed"
     assert by_amp["fp16"].status == "timed_out"
     assert "timeout_s=20" in by_amp["fp16"].message
@@ -69,11 +102,19 @@ def test_a_crash_and_a_hang_do_not_stop_the_search(tmp_path: Path) -> None:
 
 
 def test_oom_is_infeasible_and_the_recommendation_fits(tmp_path: Path) -> None:
-    space = _space(tmp_path, "parallel: [ddp]\nworld_size: [2]\ngrad_accum_steps: [1, 2, 4]\n"
-                             "checkpoint_segments: [0, 1]\n")
+    space = _space(
+        tmp_path,
+        "parallel: [ddp]\nworld_size: [2]\ngrad_accum_steps: [1, 2, 4]\n"
+        "checkpoint_segments: [0, 1]\n",
+    )
     recommendation = autotune.tune(
-        "tests.fixtures.search_models:BatchHungry", global_batch_size=32, space=space, trials=4,
-        memory_budget="4GiB", enforce_memory_budget=True, storage=str(tmp_path / "s.db"),
+        "tests.fixtures.search_models:BatchHungry",
+        global_batch_size=32,
+        space=space,
+        trials=4,
+        memory_budget="4GiB",
+        enforce_memory_budget=True,
+        storage=str(tmp_path / "s.db"),
         **QUICK,
     )
     ooms = [t for t in recommendation.trials if t.status == "oom"]
@@ -86,8 +127,9 @@ def test_oom_is_infeasible_and_the_recommendation_fits(tmp_path: Path) -> None:
 
     import optuna
 
-    study = optuna.load_study(study_name=recommendation.study_name,
-                              storage=f"sqlite:///{tmp_path / 's.db'}")
+    study = optuna.load_study(
+        study_name=recommendation.study_name, storage=f"sqlite:///{tmp_path / 's.db'}"
+    )
     told = [t for t in study.trials if t.user_attrs["autotune:record"]["status"] == "oom"]
     assert told and all(t.state == optuna.trial.TrialState.COMPLETE for t in told)
     assert all(t.system_attrs["constraints:memory"] > 0 for t in told)

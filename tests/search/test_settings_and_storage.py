@@ -12,8 +12,12 @@ from autotune.search.study import open_storage, open_study, requeue_abandoned
 
 @pytest.mark.parametrize(
     ("budget", "expected"),
-    [("lots", "'lots' is not a size"), (1.5, "neither a fraction in (0, 1] nor a number of bytes"),
-     (-1, "neither a fraction"), (True, "expected a size")],
+    [
+        ("lots", "'lots' is not a size"),
+        (1.5, "neither a fraction in (0, 1] nor a number of bytes"),
+        (-1, "neither a fraction"),
+        (True, "expected a size"),
+    ],
 )
 def test_bad_memory_budgets(budget: object, expected: str) -> None:
     with pytest.raises(ConfigError) as error:
@@ -22,12 +26,22 @@ def test_bad_memory_budgets(budget: object, expected: str) -> None:
 
 
 def test_budget_forms() -> None:
-    assert make_settings({"global_batch_size": 8, "memory_budget": "2GiB"}).memory_budget_bytes(
-        10 << 30) == 2 << 30
-    assert make_settings({"global_batch_size": 8, "memory_budget": 0.5}).memory_budget_bytes(
-        10 << 30) == 5 << 30
-    assert make_settings({"global_batch_size": 8, "memory_budget": "0.25"}).memory_budget_bytes(
-        8 << 30) == 2 << 30
+    assert (
+        make_settings({"global_batch_size": 8, "memory_budget": "2GiB"}).memory_budget_bytes(
+            10 << 30
+        )
+        == 2 << 30
+    )
+    assert (
+        make_settings({"global_batch_size": 8, "memory_budget": 0.5}).memory_budget_bytes(10 << 30)
+        == 5 << 30
+    )
+    assert (
+        make_settings({"global_batch_size": 8, "memory_budget": "0.25"}).memory_budget_bytes(
+            8 << 30
+        )
+        == 2 << 30
+    )
     with pytest.raises(ConfigError, match="give a trial budget"):
         make_settings({"global_batch_size": 8, "trials": None})
 
@@ -59,5 +73,7 @@ def test_trials_left_running_are_failed_and_requeued(tmp_path: Path) -> None:
     assert requeue_abandoned(study) == 1
     states = [t.state for t in study.get_trials()]
     assert states[0] == optuna.trial.TrialState.FAIL
-    assert study.ask().params == {} and study.get_trials()[-1].system_attrs.get(
-        "fixed_params") == params
+    assert (
+        study.ask().params == {}
+        and study.get_trials()[-1].system_attrs.get("fixed_params") == params
+    )

@@ -18,8 +18,12 @@ def test_built_in_spaces_load(name: str) -> None:
 def test_default_space_covers_every_searchable_knob() -> None:
     from autotune.config import TrainConfig
 
-    knobs = set(TrainConfig.model_fields) - {"global_batch_size", "device", "static_graph",
-                                              "powersgd_start_iter"}
+    knobs = set(TrainConfig.model_fields) - {
+        "global_batch_size",
+        "device",
+        "static_graph",
+        "powersgd_start_iter",
+    }
     assert knobs <= set(load_space("default").params)
 
 
@@ -30,8 +34,10 @@ def test_default_space_covers_every_searchable_knob() -> None:
         ({"amp": []}, "amp: empty choice list"),
         ({"grad_accum_steps": {"range": [8, 1]}}, "range [8, 1] is impossible"),
         ({"amp": {"choices": ["off"], "sometimes": True}}, "unknown key; allowed: choices"),
-        ({"comm_hook": {"choices": ["fp16"], "when": {"parallel": ["ddp"]}}},
-         "condition on 'parallel', which is not a knob listed before it"),
+        (
+            {"comm_hook": {"choices": ["fp16"], "when": {"parallel": ["ddp"]}}},
+            "condition on 'parallel', which is not a knob listed before it",
+        ),
         ({"global_batch_size": [8, 16]}, "never searched"),
         ({"amp": ["off", "off"]}, "duplicate choices"),
         (["amp"], "expected a mapping of knobs to choices"),
