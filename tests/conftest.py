@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 
 import psutil
@@ -14,13 +16,24 @@ def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
 
 
+# Every process this test session starts inherits this token; rank processes and their
+# DataLoader workers (forked: same command line) are found by it, and by nothing else, so that
+# other autotune runs on the machine do not count.
+SESSION_TOKEN = uuid.uuid4().hex
+os.environ["AUTOTUNE_TEST_SESSION"] = SESSION_TOKEN
+
+
 def _rank_processes() -> set[int]:
-    """Rank processes and their DataLoader workers (forked: same command line), system-wide."""
     found = set()
     for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = process.info["cmdline"] or []
-        if "autotune.runner.rank" in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
-            found.add(process.pid)
+        if "autotune.runner.rank" not in cmdline or process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if process.environ().get("AUTOTUNE_TEST_SESSION") == SESSION_TOKEN:
+                found.add(process.pid)
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
     return found
 
 

@@ -115,7 +115,7 @@ def test_a_dataloader_worker_lowers_the_data_wait_share() -> None:
     _assert_measured(inline)
     _assert_measured(worker)
     assert inline.data_wait_share and worker.data_wait_share is not None
-    assert inline.data_wait_share > 0.25
+    assert inline.data_wait_share > 0.15  # loading is a real share of the step
     assert worker.data_wait_share < 0.5 * inline.data_wait_share
 
 
