@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,24 @@ def as_options(options: TrialOptions | None, overrides: dict[str, Any]) -> Trial
         raise ConfigError(describe_validation_error(error, "trial options")) from None
 
 
+def _workload(
+    model: str,
+    data: str | None,
+    loss: str | None,
+    input_shape: tuple[int, ...] | None,
+    input_dtype: str,
+) -> WorkloadSpec:
+    """The workload references, importable from ranks as from the caller's directory."""
+    return WorkloadSpec(
+        model=model,
+        data=data,
+        loss=loss,
+        input_shape=input_shape,
+        input_dtype=input_dtype,
+        search_path=(os.getcwd(),),
+    )
+
+
 def run_trial(
     model: str,
     config: TrainConfig | dict[str, Any] | str | Path,
@@ -54,18 +73,9 @@ def run_trial(
     hang, an exception in the model) is returned as a ``TrialResult`` with its status.
     ``option_overrides`` are ``TrialOptions`` fields, e.g. ``measured_steps=20``.
     """
-    import os
-
     from autotune.runner.launch import run_trial as launch
 
-    workload = WorkloadSpec(
-        model=model,
-        data=data,
-        loss=loss,
-        input_shape=input_shape,
-        input_dtype=input_dtype,
-        search_path=(os.getcwd(),),
-    )
+    workload = _workload(model, data, loss, input_shape, input_dtype)
     check_workload(workload)
     return launch(as_config(config), workload, as_options(options, option_overrides))
 
@@ -89,21 +99,12 @@ def tune(
     printed unless ``progress=True``. Re-running with the same arguments resumes the study.
     Bad input raises ``AutotuneError`` with a one-line message.
     """
-    import os
-
     from autotune.search.driver import run_search
     from autotune.search.progress import LineReporter, Reporter
     from autotune.search.settings import make_settings
 
     checked = make_settings({"global_batch_size": global_batch_size, **settings})
-    workload = WorkloadSpec(
-        model=model,
-        data=data,
-        loss=loss,
-        input_shape=input_shape,
-        input_dtype=input_dtype,
-        search_path=(os.getcwd(),),
-    )
+    workload = _workload(model, data, loss, input_shape, input_dtype)
     if reporter is None:
         reporter = LineReporter(trials=checked.trials) if progress else Reporter()
     return run_search(workload, checked, reporter)

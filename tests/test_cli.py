@@ -9,6 +9,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import load_config
+from tests.helpers import exit_code
 
 
 def test_trial_prints_a_summary_and_writes_the_record(
@@ -151,19 +152,11 @@ def test_a_failing_trial_exits_1_with_its_reason(capsys: pytest.CaptureFixture[s
 def test_bad_input_is_one_line_with_exit_code_2(
     argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _exit_code(["trial", *argv]) == 2
+    assert exit_code(["trial", *argv]) == 2
     err = capsys.readouterr().err
     assert expected in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
-
-
-def _exit_code(argv: list[str]) -> int | str | None:
-    """main's return value, or the code of the SystemExit argparse raises for bad flags."""
-    try:
-        return main(argv)
-    except SystemExit as error:
-        return error.code
 
 
 def test_console_script_exit_code_and_no_traceback() -> None:

@@ -123,6 +123,12 @@ class Tuner:
             self.study.tell(trial, state=TrialState.FAIL)
         self.state.records.append(record)
 
+    def _tell_invalid(self, trial: Any, config: TrainConfig | None, reason: str) -> None:
+        record = TrialRecord(
+            number=trial.number, role="search", status="invalid", config=config, message=reason
+        )
+        self._tell(trial, record)
+
     def _add(self, record: TrialRecord) -> None:
         """Store a trial the sampler did not propose (baseline, re-measurement, verification)."""
         import optuna
@@ -224,17 +230,7 @@ class Tuner:
                 device=self.platform.device_type,
             )
         except ValueError as error:
-            reason = str(error).splitlines()[-1].strip()
-            self._tell(
-                trial,
-                TrialRecord(
-                    number=trial.number,
-                    role="search",
-                    status="invalid",
-                    config=None,
-                    message=reason,
-                ),
-            )
+            self._tell_invalid(trial, None, str(error).splitlines()[-1].strip())
             return None
         seen = self.state.measured().get(config_key(config))
         if seen is not None:  # never measured twice: the sampler hears the earlier outcome
@@ -295,17 +291,8 @@ class Tuner:
                 self.reporter.trial_started("search", config)
                 try:
                     running[self.executor.submit(request)] = trial
-                except RuntimeError as error:
-                    self._tell(
-                        trial,
-                        TrialRecord(
-                            number=trial.number,
-                            role="search",
-                            status="invalid",
-                            config=config,
-                            message=str(error),
-                        ),
-                    )
+                except RuntimeError as error:  # the cluster cannot place it
+                    self._tell_invalid(trial, config, str(error))
             if not running:
                 return
             for ticket, result in self.executor.wait():

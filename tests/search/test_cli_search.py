@@ -14,8 +14,8 @@ import optuna
 import psutil
 import pytest
 
-from autotune.cli import main
 from autotune.config import load_config
+from tests.helpers import exit_code
 
 pytestmark = pytest.mark.usefixtures("probe_cache")
 
@@ -35,13 +35,6 @@ SEARCH = [
 ]
 
 
-def _exit_code(argv: list[str]) -> int | str | None:
-    try:
-        return main(argv)
-    except SystemExit as error:
-        return error.code
-
-
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
@@ -56,7 +49,7 @@ def _exit_code(argv: list[str]) -> int | str | None:
 def test_bad_search_input_is_one_line(
     extra: list[str], expected: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert _exit_code([*SEARCH, "--storage", str(tmp_path / "s.db"), *extra]) == 2
+    assert exit_code([*SEARCH, "--storage", str(tmp_path / "s.db"), *extra]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1

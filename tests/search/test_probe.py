@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from autotune.platform import detect_platform
+from autotune.search.probe import count_repeated_blocks, restrict_space
+from autotune.search.space import load_space
+
+
+def test_cpu_platform_drops_what_cannot_work_and_says_why() -> None:
+    platform = detect_platform("cpu")
+    space, dropped = restrict_space(
+        load_space("default"), platform, devices=2, repeated_blocks=4, run_checks=False
+    )
+    reasons = {(e.knob, e.value): e.reason for e in dropped}
+    assert reasons[("parallel", "dp")] == "DataParallel needs CUDA GPUs"
+    assert "needs CUDA and NCCL" in reasons[("comm_hook", "bf16")]
+    assert reasons[("world_size", 4)] == "only 2 device(s) considered"
+    assert reasons[("checkpoint_segments", 8)] == "the model has 4 repeated blocks"
+    assert ("pin_memory", True) in reasons
+    assert space.params["world_size"].choices == (2,)
+    assert "dp" not in space.params["parallel"].choices
+    assert max(space.params["checkpoint_segments"].choices) <= 4  # type: ignore[type-var]
+
+
+def test_one_device_leaves_only_single_device_training() -> None:
+    space, dropped = restrict_space(
+        load_space("quick"),
+        detect_platform("cpu"),
+        devices=1,
+        repeated_blocks=None,
+        run_checks=False,
+    )
+    assert space.params["parallel"].choices == ("single",)
+    assert {e.value for e in dropped if e.knob == "parallel"} == {"ddp", "fsdp"}
+
+
+def test_repeated_blocks_are_counted_without_building_real_weights() -> None:
+    assert count_repeated_blocks("workloads.gpt:gpt2_124m") == 12
+    assert count_repeated_blocks("tests.fixtures.models:NeedsArguments") is None
