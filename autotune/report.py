@@ -93,10 +93,12 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     lines = ["  ".join(cell.ljust(width[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     v = r.verification
     if v is not None and v.ok and r.verification_error is not None:
-        within = "within" if r.verified else "OVER"
+        within = "within" if r.memory_confirmed else "OVER"
+        agrees = "confirms" if r.throughput_confirmed else "does NOT confirm"
         lines.append(
-            f"verified: {v.measured_steps}-step run at {v.samples_per_s:,.1f} samples/s "
-            f"({r.verification_error:+.1%} against the estimate), "
+            f"{'verified' if r.verified else 'NOT verified'}: a {v.measured_steps}-step run at "
+            f"{v.samples_per_s:,.1f} samples/s {agrees} the estimate "
+            f"({r.verification_error:+.1%}, tolerance ±{r.throughput_tolerance:.0%}) and stays "
             f"{within} the memory limit {format_bytes(r.memory_limit_bytes)}"
         )
     elif v is not None:

@@ -51,7 +51,14 @@ class Recommendation(BaseModel):
     memory_budget_bytes: int
     memory_limit_bytes: int = Field(description="Budget minus the safety margin.")
     verification: TrialResult | None = None
-    verified: bool = False
+    verified: bool = Field(
+        False, description="The longer run confirmed both the throughput and the memory."
+    )
+    memory_confirmed: bool = Field(False, description="Its peak stayed under the limit.")
+    throughput_confirmed: bool = Field(
+        False, description="Its samples/s was within throughput_tolerance of the estimate."
+    )
+    throughput_tolerance: float = 0.0
     verification_error: float | None = Field(
         None, description="(verified - estimated) / estimated samples/s."
     )

@@ -24,6 +24,7 @@ from autotune.search.study import ATTR_PREFIX, config_key, stored_records
 from autotune.workload import WorkloadSpec
 
 MAX_UNPRODUCTIVE_PROPOSALS = 200
+THROUGHPUT_TOLERANCE = 0.10  # verification confirms throughput within this, or the spread
 
 
 @dataclass
@@ -405,14 +406,17 @@ class Tuner:
             else None
         )
         samples = [r.samples_per_s or 0.0 for r in runs]
-        verified = (
+        spread = (max(samples) - min(samples)) / score if score else 0.0
+        error = None
+        if verification is not None and verification.samples_per_s:
+            error = verification.samples_per_s / score - 1
+        fits = (
             verification is not None
             and verification.ok
             and ((self.memory_used(verification) or 0) <= self.limit_bytes)
         )
-        error = None
-        if verification is not None and verification.samples_per_s:
-            error = verification.samples_per_s / score - 1
+        tolerance = max(THROUGHPUT_TOLERANCE, spread)
+        confirmed = error is not None and abs(error) <= tolerance
         used = max(r.memory_used_bytes or 0 for r in runs)
         if verification is not None and verification.ok:
             used = max(used, self.memory_used(verification) or 0)
@@ -420,12 +424,15 @@ class Tuner:
             config=config,
             samples_per_s=score,
             samples_per_s_runs=samples,
-            spread=(max(samples) - min(samples)) / score if score else 0.0,
+            spread=spread,
             memory_used_bytes=used,
             memory_budget_bytes=self.budget_bytes,
             memory_limit_bytes=self.limit_bytes,
             verification=verification,
-            verified=verified,
+            verified=fits and confirmed,
+            memory_confirmed=fits,
+            throughput_confirmed=confirmed,
+            throughput_tolerance=tolerance,
             verification_error=error,
             baseline=baseline,
             baseline_samples_per_s=baseline_speed,

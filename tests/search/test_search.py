@@ -51,7 +51,13 @@ def test_search_returns_a_verified_feasible_recommendation(tmp_path: Path) -> No
         **QUICK,
     )
     assert recommendation.memory_used_bytes <= recommendation.memory_limit_bytes
-    assert recommendation.verified and recommendation.verification is not None
+    assert recommendation.memory_confirmed and recommendation.verification is not None
+    error = recommendation.verification_error
+    assert error is not None
+    assert recommendation.throughput_confirmed == (
+        abs(error) <= recommendation.throughput_tolerance
+    )
+    assert recommendation.verified == recommendation.throughput_confirmed
     assert recommendation.verification.measured_steps == 6
     assert recommendation.baseline is not None and recommendation.baseline.samples_per_s
     assert recommendation.baseline.config is not None
@@ -98,7 +104,7 @@ def test_a_crash_and_a_hang_do_not_stop_the_search(tmp_path: Path) -> None:
     assert by_amp["fp16"].status == "timed_out"
     assert "timeout_s=20" in by_amp["fp16"].message
     assert recommendation.config.amp == "off"
-    assert recommendation.verified
+    assert recommendation.memory_confirmed
 
 
 def test_oom_is_infeasible_and_the_recommendation_fits(tmp_path: Path) -> None:
