@@ -13,8 +13,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,24 +88,6 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _epochs(loader: Any, sampler: Any, worker_pids: list[list[int]]) -> Iterator[Any]:
-    """Batches forever, epoch after epoch, recording the DataLoader workers of each epoch."""
-    from autotune.runner.memory import child_pids
-
-    epoch = 0
-    while True:
-        sampler.set_epoch(epoch)
-        first = True
-        for batch in loader:
-            if first and loader.num_workers:
-                worker_pids.append(sorted(child_pids()))
-            first = False
-            yield batch
-        if first:
-            raise RuntimeError("the DataLoader produced no batch (dataset smaller than a batch?)")
-        epoch += 1
-
-
 def run_rank(
     request: TrialRequest,
     rank: int,
@@ -140,24 +120,19 @@ def _measure(
     workloads: WorkloadCache | None,
 ) -> None:
     import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader, DistributedSampler
 
+    from autotune.apply import device_for, init_distributed, prepare
     from autotune.platform import usable_cpus
     from autotune.runner.memory import MemoryTracker
-    from autotune.runner.training import TrainStep, prepare_model
     from autotune.workload import build_workload
 
     config, options = request.config, request.options
-    device = torch.device("cpu")
-    if config.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-        torch.cuda.set_device(device)
-        if options.memory_limit_bytes is not None:
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(
-                min(1.0, options.memory_limit_bytes / total), device
-            )
+    device = device_for(config, int(os.environ.get("LOCAL_RANK", rank)))
+    if device.type == "cuda" and options.memory_limit_bytes is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, options.memory_limit_bytes / total), device
+        )
     # On CPU, compute threads and DataLoader workers share the cores: leave the workers theirs,
     # or OpenMP's spinning threads starve them.
     cores = usable_cpus() // config.processes
@@ -166,14 +141,7 @@ def _measure(
     report["torch_threads"] = threads
 
     progress("joining the process group")
-    if config.parallel in ("ddp", "fsdp") and not dist.is_initialized():
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
-            rank=rank,
-            world_size=config.world_size,
-            timeout=timedelta(seconds=max(30.0, options.timeout_s)),
-            device_id=device if device.type == "cuda" else None,
-        )
+    init_distributed(config, device, timeout_s=max(30.0, options.timeout_s))
     started = time.time()
     report["startup_s"] = started - spawned
 
@@ -181,25 +149,17 @@ def _measure(
     torch.manual_seed(options.seed)
     workload = workloads.get(request.workload) if workloads else build_workload(request.workload)
     progress("applying the configuration")
-    model, hooks, checkpointed, repeated = prepare_model(workload.model, config, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate)
-    replicas = 1 if config.parallel in ("single", "dp") else config.world_size
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        workload.dataset, num_replicas=replicas, rank=rank, seed=options.seed, drop_last=True
-    )
-    loader = DataLoader(
+    training = prepare(
+        config,
+        workload.model,
         workload.dataset,
-        batch_size=config.micro_batch_size * (config.world_size if config.parallel == "dp" else 1),
-        sampler=sampler,
-        num_workers=config.num_workers,
-        prefetch_factor=config.prefetch_factor,
-        pin_memory=config.pin_memory,
-        persistent_workers=config.persistent_workers,
-        drop_last=True,
+        workload.loss,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=options.learning_rate),
+        device=device,
+        seed=options.seed,
     )
-    worker_pids: list[list[int]] = []
-    batches = _epochs(loader, sampler, worker_pids)
-    step = TrainStep(model, optimizer, workload.loss, config, device, hooks)
+    batches = training.batches()
+    step = training.runner
     report["build_s"] = time.time() - started
 
     losses: list[float] = []
@@ -238,9 +198,9 @@ def _measure(
             micro_steps=step.micro_steps,
             comm_hook_calls_per_micro_step=hook_calls,
             output_dtype=str(step.output_dtype).removeprefix("torch."),
-            checkpointed_blocks=checkpointed,
-            repeated_blocks=repeated,
-            dataloader_worker_pids=worker_pids,
+            checkpointed_blocks=training.checkpointed_blocks,
+            repeated_blocks=training.repeated_blocks,
+            dataloader_worker_pids=training.worker_pids,
             grad_scaler_scale=step.scaler.get_scale() if step.scaler else None,
         ),
     )
