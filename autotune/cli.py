@@ -152,7 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="Write a stored recommendation.")
     export.add_argument("--storage", default="autotune.db")
     export.add_argument("--study-name")
-    export.add_argument("--format", choices=["yaml", "json", "torchrun"], default="yaml")
+    export.add_argument(
+        "--format",
+        choices=["yaml", "json", "torchrun", "hf", "lightning", "accelerate"],
+        default="yaml",
+        help="yaml/json: autotune's schema; torchrun: a launch command; hf: TrainingArguments "
+        "keyword arguments; lightning: Trainer and DataLoader arguments; accelerate: a config "
+        "file.",
+    )
     export.add_argument(
         "--script",
         default="train.py",
@@ -228,11 +235,13 @@ def _search(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from autotune.export import render
+    from autotune.export import notes_for, render
     from autotune.search.driver import load_recommendation
 
     recommendation = load_recommendation(args.storage, args.study_name)
     text = render(recommendation, args.format, script=args.script)
+    for note in notes_for(recommendation, args.format):
+        print(f"autotune: note: {note}", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.format} to {args.out}", file=sys.stderr)

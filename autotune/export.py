@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Literal
+from typing import Any, Literal
 
 from autotune.search.recommendation import Recommendation
+from autotune.trainers import accelerate, hugging_face, lightning, render_yaml
 
-Format = Literal["yaml", "json", "torchrun"]
+Format = Literal["yaml", "json", "torchrun", "hf", "lightning", "accelerate"]
+FORMATS = ("yaml", "json", "torchrun", "hf", "lightning", "accelerate")
 
 
 def render(recommendation: Recommendation, fmt: str, script: str = "train.py") -> str:
@@ -30,7 +32,32 @@ def render(recommendation: Recommendation, fmt: str, script: str = "train.py") -
         return header + yaml.safe_dump(data, sort_keys=False)
     if fmt == "torchrun":
         return torchrun_command(recommendation, script) + "\n"
-    raise ValueError(f"unknown export format {fmt!r}; use yaml, json or torchrun")
+    if fmt in ("hf", "lightning", "accelerate"):
+        data, notes = trainer_settings(recommendation, fmt)
+        titles = {
+            "hf": "transformers.TrainingArguments(output_dir=..., **yaml.safe_load(this_file))",
+            "lightning": "LightningCLI config: trainer arguments, and your DataLoader's",
+            "accelerate": "accelerate launch --config_file this_file train.py",
+        }
+        return render_yaml(data, notes, f"autotune recommendation as {titles[fmt]}")
+    raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+def trainer_settings(recommendation: Recommendation, fmt: str) -> tuple[dict[str, Any], list[str]]:
+    """The settings for a trainer (hf, lightning, accelerate) and what it cannot express."""
+    config = recommendation.config
+    if fmt == "hf":
+        return hugging_face(config)
+    if fmt == "lightning":
+        return lightning(config)
+    return accelerate(config, recommendation.block_class or None)
+
+
+def notes_for(recommendation: Recommendation, fmt: str) -> list[str]:
+    """What ``fmt`` cannot express of the recommendation (empty for yaml/json/torchrun)."""
+    if fmt in ("hf", "lightning", "accelerate"):
+        return trainer_settings(recommendation, fmt)[1]
+    return []
 
 
 def torchrun_command(recommendation: Recommendation, script: str) -> str:

@@ -16,10 +16,19 @@ from autotune.config import make_config, save_config
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 CONFIGS = {
-    "ddp-fp16-hook-accum": {"parallel": "ddp", "world_size": 2, "comm_hook": "fp16",
-                            "grad_accum_steps": 2},
-    "fsdp-bf16-ckpt-workers": {"parallel": "fsdp", "world_size": 2, "amp": "bf16",
-                               "checkpoint_segments": 2, "num_workers": 1},
+    "ddp-fp16-hook-accum": {
+        "parallel": "ddp",
+        "world_size": 2,
+        "comm_hook": "fp16",
+        "grad_accum_steps": 2,
+    },
+    "fsdp-bf16-ckpt-workers": {
+        "parallel": "fsdp",
+        "world_size": 2,
+        "amp": "bf16",
+        "checkpoint_segments": 2,
+        "num_workers": 1,
+    },
     "single-fp16-scaler": {"amp": "fp16"},
 }
 
@@ -33,10 +42,20 @@ def test_a_user_loop_trains_under_torchrun(name: str, tmp_path: Path) -> None:
     save_config(config, path)
     steps = 40
     process = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc-per-node={config.processes}", "tests/fixtures/user_loop.py", str(path),
-         str(steps)],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={config.processes}",
+            "tests/fixtures/user_loop.py",
+            str(path),
+            str(steps),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
         env={**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"},
     )
     assert process.returncode == 0, process.stderr[-3000:]

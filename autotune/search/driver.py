@@ -33,7 +33,7 @@ def run_search(
 ) -> Recommendation:
     """Search, store every trial, and return (and store) the recommendation."""
     from autotune.platform import detect_platform, resolve_device, usable_cpus
-    from autotune.search.probe import count_repeated_blocks, restrict_space
+    from autotune.search.probe import repeated_blocks, restrict_space
     from autotune.search.space import load_space
     from autotune.search.study import model_hash, open_storage, open_study
     from autotune.search.tuner import Tuner
@@ -63,8 +63,8 @@ def run_search(
     name = settings.study_name or default_study_name(workload, settings)
     study, name, requeued = open_study(storage, name, fingerprint, settings.new_study)
 
-    blocks = count_repeated_blocks(workload.model)
-    space, exclusions = restrict_space(space, platform, devices, blocks)
+    blocks = repeated_blocks(workload.model)
+    space, exclusions = restrict_space(space, platform, devices, blocks[0] if blocks else None)
     reporter.start(
         study=f"{name} in {settings.storage}"
         + (f" ({requeued} interrupted trial(s) re-queued)" if requeued else ""),
@@ -106,6 +106,9 @@ def run_search(
         )
         outcome = tuner.run()
         recommendation = tuner.recommendation(settings.storage, name, exclusions, outcome)
+        recommendation = recommendation.model_copy(
+            update={"model": workload.model, "block_class": blocks[1] if blocks else None}
+        )
     finally:
         executor.shutdown()
         reporter.close()

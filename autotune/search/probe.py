@@ -127,8 +127,9 @@ def restrict_space(
     return space, dropped
 
 
-def count_repeated_blocks(model_reference: str) -> int | None:
-    """Repeated blocks of the user's model, built on the meta device (no memory, no init)."""
+def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
+    """(number, class name) of the user's model's repeated blocks, from a build on the meta
+    device (no memory, no initialisation); None if it cannot be built there."""
     import torch
 
     from autotune.runner.checkpointing import find_repeated_blocks
@@ -139,4 +140,5 @@ def count_repeated_blocks(model_reference: str) -> int | None:
             _, model = load_model(model_reference)
     except Exception:  # a model that cannot be built on meta: trials will report it
         return None
-    return len(find_repeated_blocks(model))
+    blocks = find_repeated_blocks(model)
+    return len(blocks), type(blocks[0]).__name__ if blocks else ""

@@ -70,6 +70,8 @@ class Recommendation(BaseModel):
     exclusions: list[Exclusion] = Field(default_factory=list)
     trials: list[TrialRecord] = Field(default_factory=list)
     platform: Platform
+    model: str = Field("", description="The model reference the search tuned.")
+    block_class: str | None = Field(None, description="Class of the model's repeated blocks.")
     storage: str
     study_name: str
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from autotune.platform import detect_platform
-from autotune.search.probe import count_repeated_blocks, restrict_space
+from autotune.search.probe import repeated_blocks, restrict_space
 from autotune.search.space import load_space
 
 
@@ -34,5 +34,5 @@ def test_one_device_leaves_only_single_device_training() -> None:
 
 
 def test_repeated_blocks_are_counted_without_building_real_weights() -> None:
-    assert count_repeated_blocks("workloads.gpt:gpt2_124m") == 12
-    assert count_repeated_blocks("tests.fixtures.models:NeedsArguments") is None
+    assert repeated_blocks("workloads.gpt:gpt2_124m") == (12, "Block")
+    assert repeated_blocks("tests.fixtures.models:NeedsArguments") is None

@@ -1,0 +1,196 @@
+"""The recommendation in the forms trainers read: HF TrainingArguments, Lightning, Accelerate.
+
+Each export is YAML: settings the target reads, with comments (``# note:``) for every knob the
+target cannot express and what comes closest. ``notes_for`` returns the same notes, for the
+terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from autotune.config import TrainConfig
+
+_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks"
+_HOOK_FUNCTIONS = {
+    "fp16": f"{_HOOKS}.default_hooks.fp16_compress_hook",
+    "bf16": f"{_HOOKS}.default_hooks.bf16_compress_hook",
+    "powersgd": f"{_HOOKS}.powerSGD_hook.powerSGD_hook",
+}
+
+
+def _dataloader(config: TrainConfig) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "batch_size": config.micro_batch_size,
+        "num_workers": config.num_workers,
+        "pin_memory": config.pin_memory,
+    }
+    if config.num_workers:
+        values["prefetch_factor"] = config.prefetch_factor or 2
+        values["persistent_workers"] = config.persistent_workers
+    return values
+
+
+def _hook_note(config: TrainConfig, where: str) -> str:
+    return (
+        f"comm_hook={config.comm_hook} cannot be set in {where}; closest equivalent: after the "
+        f"model is wrapped in DDP, call ddp_model.register_comm_hook(None, "
+        f"{_HOOK_FUNCTIONS[config.comm_hook]})"
+        + (" with a PowerSGDState as state" if config.comm_hook == "powersgd" else "")
+    )
+
+
+def _checkpoint_note(config: TrainConfig, where: str) -> str | None:
+    if not config.checkpoint_segments:
+        return None
+    return (
+        f"checkpoint_segments={config.checkpoint_segments} checkpoints only the first "
+        f"{config.checkpoint_segments} repeated blocks; {where} checkpoints every layer "
+        "(closest equivalent: more memory saved, a little slower than measured)"
+    )
+
+
+def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
+    """Keyword arguments for ``transformers.TrainingArguments`` and the notes on them."""
+    kwargs: dict[str, Any] = {
+        "per_device_train_batch_size": config.micro_batch_size,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+        "bf16": config.amp == "bf16",
+        "fp16": config.amp == "fp16",
+        "gradient_checkpointing": config.checkpoint_segments > 0,
+        "dataloader_num_workers": config.num_workers,
+        "dataloader_pin_memory": config.pin_memory,
+        "dataloader_persistent_workers": config.persistent_workers,
+    }
+    if config.num_workers:
+        kwargs["dataloader_prefetch_factor"] = config.prefetch_factor or 2
+    if config.device == "cpu":
+        kwargs["use_cpu"] = True
+    notes = []
+    if config.parallel == "fsdp":
+        kwargs["fsdp"] = "full_shard auto_wrap"
+        notes.append("parallel=fsdp maps to the Trainer's FSDP full_shard with auto-wrap")
+    if config.parallel in ("ddp", "fsdp"):
+        notes.append(f"launch with torchrun --nproc-per-node={config.world_size}")
+    if config.parallel == "dp":
+        notes.append(
+            f"run in one process on {config.world_size} GPUs: the Trainer then uses "
+            "DataParallel, as measured"
+        )
+    if config.comm_hook != "none":
+        notes.append(_hook_note(config, "TrainingArguments"))
+    if config.static_graph:
+        notes.append(
+            "static_graph=true cannot be set in TrainingArguments; closest: "
+            "ddp_find_unused_parameters=False"
+        )
+        kwargs["ddp_find_unused_parameters"] = False
+    note = _checkpoint_note(config, "gradient_checkpointing")
+    if note:
+        notes.append(note)
+    return kwargs, notes
+
+
+def _lightning_strategy(config: TrainConfig) -> Any:
+    if config.parallel == "fsdp":
+        return "fsdp"
+    if config.parallel != "ddp":
+        return "auto"
+    init: dict[str, Any] = {}
+    if config.comm_hook != "none":
+        init["ddp_comm_hook"] = _HOOK_FUNCTIONS[config.comm_hook]
+    if config.comm_hook == "powersgd":
+        init["ddp_comm_state"] = {
+            "class_path": f"{_HOOKS}.powerSGD_hook.PowerSGDState",
+            "init_args": {
+                "process_group": None,
+                "matrix_approximation_rank": config.powersgd_rank,
+                "start_powerSGD_iter": config.powersgd_start_iter,
+            },
+        }
+    if config.static_graph:
+        init["static_graph"] = True
+    if not init:
+        return "ddp"
+    return {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": init}
+
+
+def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
+    """``trainer`` arguments (LightningCLI form) and ``dataloader`` arguments, with notes."""
+    precision = {"off": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}[config.amp]
+    trainer: dict[str, Any] = {
+        "accelerator": "cpu" if config.device == "cpu" else "gpu",
+        "devices": config.world_size,
+        "strategy": _lightning_strategy(config),
+        "precision": precision,
+        "accumulate_grad_batches": config.grad_accum_steps,
+    }
+    notes = []
+    if config.parallel == "dp":
+        notes.append("Lightning has no DataParallel strategy any more; closest: strategy ddp")
+        trainer["strategy"] = "ddp"
+    if config.parallel == "fsdp" and config.device == "cpu":
+        notes.append(
+            "Lightning runs FSDP on GPUs only; closest on CPU: strategy ddp (no "
+            "sharding: more memory per rank than measured)"
+        )
+        trainer["strategy"] = "ddp"
+    if config.checkpoint_segments:
+        notes.append(
+            f"checkpoint_segments={config.checkpoint_segments}: Lightning has no Trainer flag "
+            "for activation checkpointing; closest: call autotune.runner.checkpointing."
+            f"apply_checkpointing(model, {config.checkpoint_segments}) in configure_model()"
+        )
+    return {"trainer": trainer, "dataloader": _dataloader(config)}, notes
+
+
+def accelerate(
+    config: TrainConfig, block_class: str | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """An ``accelerate launch --config_file`` configuration and the notes on it."""
+    distributed = {"single": "NO", "dp": "NO", "ddp": "MULTI_GPU", "fsdp": "FSDP"}[config.parallel]
+    if config.device == "cpu" and config.parallel == "ddp":
+        distributed = "MULTI_CPU"
+    values: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": distributed,
+        "num_machines": 1,
+        "machine_rank": 0,
+        "num_processes": config.processes,
+        "mixed_precision": {"off": "no", "fp16": "fp16", "bf16": "bf16"}[config.amp],
+        "use_cpu": config.device == "cpu",
+        "main_training_function": "main",
+    }
+    notes = [
+        f"gradient accumulation is set in code: Accelerator(gradient_accumulation_steps="
+        f"{config.grad_accum_steps}), batch size {config.micro_batch_size} per process",
+        "DataLoader settings are yours to pass: "
+        + ", ".join(f"{k}={v}" for k, v in _dataloader(config).items()),
+    ]
+    if config.parallel == "fsdp":
+        values["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": True,
+            "fsdp_activation_checkpointing": config.checkpoint_segments > 0,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            **({"fsdp_transformer_layer_cls_to_wrap": block_class} if block_class else {}),
+        }
+    elif config.checkpoint_segments:
+        notes.append(
+            f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."
+            f"runner.checkpointing.apply_checkpointing(model, {config.checkpoint_segments})"
+        )
+    if config.comm_hook != "none":
+        notes.append(
+            f"comm_hook={config.comm_hook} is set in code: Accelerator(kwargs_handlers="
+            f"[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType."
+            f"{config.comm_hook.upper()})])"
+        )
+    return values, notes
+
+
+def render_yaml(data: dict[str, Any], notes: list[str], title: str) -> str:
+    lines = [f"# {title}"] + [f"# note: {n}" for n in notes]
+    return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False)
