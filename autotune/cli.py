@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--out", help="Write the recommended config here (YAML, or .json).")
     shown.add_argument("--json", action="store_true", help="Print the Recommendation as JSON.")
     shown.add_argument("--quiet", action="store_true", help="No progress display.")
+    shown.add_argument("--report", help="Also write the HTML report to this file.")
+    _cost_flags(search)
 
     export = commands.add_parser("export", help="Write a stored recommendation.")
     export.add_argument("--storage", default="autotune.db")
@@ -167,13 +169,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--out", help="Write to this file instead of standard output.")
 
+    report = commands.add_parser("report", help="Write a stored study's HTML report.")
+    report.add_argument("--storage", default="autotune.db")
+    report.add_argument("--study-name")
+    report.add_argument("--out", default="autotune-report.html", help="autotune-report.html")
+    _cost_flags(report)
+
     show = commands.add_parser("show", help="List the trials of a stored study.")
     show.add_argument("--storage", default="autotune.db")
     show.add_argument("--study-name")
 
-    for sub in (trial, search, export, show):
+    for sub in (trial, search, export, report, show):
         sub.add_argument("--debug", action="store_true", help="Show tracebacks.")
     return parser
+
+
+def _cost_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("time and cost to train")
+    group.add_argument(
+        "--train-samples",
+        type=int,
+        help="Samples the real training run will process (epochs x dataset length).",
+    )
+    group.add_argument(
+        "--price-per-device-hour", type=float, help="Price of one device-hour, for a cost."
+    )
+
+
+def _check_cost_flags(args: argparse.Namespace) -> None:
+    """Checked before any work starts, so a typo never costs a finished search."""
+    if args.train_samples is None and args.price_per_device_hour is not None:
+        raise AutotuneError("--price-per-device-hour needs --train-samples")
+    if args.train_samples is not None and args.train_samples < 1:
+        raise AutotuneError(f"--train-samples {args.train_samples} must be at least 1")
+    if args.price_per_device_hour is not None and args.price_per_device_hour < 0:
+        raise AutotuneError(f"--price-per-device-hour {args.price_per_device_hour} is negative")
+
+
+def _costs(args: argparse.Namespace, recommendation: Any) -> str | None:
+    from autotune.report import format_costs
+
+    if args.train_samples is None:
+        return None
+    return format_costs(recommendation, args.train_samples, args.price_per_device_hour)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from autotune.html_report import write_report
+    from autotune.search.driver import load_recommendation
+
+    _check_cost_flags(args)
+    costs = _costs(args, load_recommendation(args.storage, args.study_name))
+    print(f"wrote {write_report(args.storage, args.study_name, args.out, costs)}")
+    return EXIT_OK
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -184,6 +232,7 @@ def _search(args: argparse.Namespace) -> int:
     from autotune.search.settings import make_settings
     from autotune.units import parse_duration
 
+    _check_cost_flags(args)
     settings: dict[str, Any] = {"memory_budget": args.memory_budget}
     if args.time_budget is not None:
         try:
@@ -226,9 +275,19 @@ def _search(args: argparse.Namespace) -> int:
     )
     if args.out:
         save_config(recommendation.config, args.out)
-    print(
-        recommendation.to_json() if args.json else format_recommendation(recommendation, args.out)
-    )
+    costs = _costs(args, recommendation)
+    if args.report:
+        from autotune.html_report import write_report
+
+        write_report(checked.storage, recommendation.study_name, args.report, costs)
+    if args.json:
+        print(recommendation.to_json())
+        return EXIT_OK
+    print(format_recommendation(recommendation, args.out))
+    if costs:
+        print(costs)
+    if args.report:
+        print(f"report written to {args.report}")
     return EXIT_OK
 
 
@@ -302,7 +361,13 @@ def _trial(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"trial": _trial, "search": _search, "export": _export, "show": _show}
+    handlers = {
+        "trial": _trial,
+        "search": _search,
+        "export": _export,
+        "report": _report,
+        "show": _show,
+    }
     try:
         return handlers[args.command](args)
     except AutotuneError as error:

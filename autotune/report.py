@@ -115,6 +115,18 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     return "\n".join(lines)
 
 
+def format_costs(recommendation: Recommendation, train_samples: int, price: float | None) -> str:
+    """Time (and cost) to train ``train_samples`` samples: recommended against baseline."""
+    lines = [f"to train {train_samples:,} samples:"]
+    for name, entry in recommendation.training_cost(train_samples, price).items():
+        cost = f", cost {entry['cost']:,.2f}" if "cost" in entry else ""
+        lines.append(
+            f"  {name:12} {entry['hours']:,.2f} h on the devices "
+            f"({entry['device_hours']:,.2f} device-hours{cost})"
+        )
+    return "\n".join(lines)
+
+
 def format_study(storage: str, study_name: str | None) -> str:
     """Every trial of a stored study, one line each."""
     import optuna

@@ -81,3 +81,19 @@ class Recommendation(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
+
+    def training_cost(
+        self, train_samples: int, price_per_device_hour: float | None = None
+    ) -> dict[str, dict[str, float]]:
+        """Hours (and cost) to train on ``train_samples`` samples, recommended vs baseline."""
+        rows = {"recommended": (self.samples_per_s, self.config.world_size)}
+        if self.baseline_samples_per_s and self.baseline and self.baseline.config:
+            rows["baseline"] = (self.baseline_samples_per_s, self.baseline.config.world_size)
+        out = {}
+        for name, (speed, devices) in rows.items():
+            hours = train_samples / speed / 3600
+            entry = {"hours": hours, "device_hours": hours * devices}
+            if price_per_device_hour is not None:
+                entry["cost"] = hours * devices * price_per_device_hour
+            out[name] = entry
+        return out

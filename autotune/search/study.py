@@ -95,6 +95,7 @@ def open_study(
         ),
     )
     study.set_user_attr(ATTR_PREFIX + "fingerprint", fingerprint)
+    study.set_metric_names(["samples_per_s"])  # what optuna-dashboard labels the value
     return study, name, requeue_abandoned(study)
 
 

@@ -27,6 +27,21 @@ MAX_UNPRODUCTIVE_PROPOSALS = 200
 THROUGHPUT_TOLERANCE = 0.10  # verification confirms throughput within this, or the spread
 
 
+def _readable(record: TrialRecord) -> dict[str, Any]:
+    """User attributes of a trial: the full record, plus flat fields a dashboard shows well."""
+    attrs: dict[str, Any] = {
+        ATTR_PREFIX + "record": record.model_dump(mode="json"),
+        "role": record.role,
+        "status": record.status,
+        "config": record.config.summary() if record.config else "",
+    }
+    if record.memory_used_bytes is not None:
+        attrs["peak_memory_MiB"] = round(record.memory_used_bytes / 2**20, 1)
+    if record.message:
+        attrs["reason"] = record.message
+    return attrs
+
+
 @dataclass
 class SearchState:
     """What the search knows so far: every record, and which configs were measured."""
@@ -111,7 +126,8 @@ class Tuner:
         """Store ``record`` on an asked trial and tell Optuna the outcome."""
         from optuna.trial import TrialState
 
-        trial.set_user_attr(ATTR_PREFIX + "record", record.model_dump(mode="json"))
+        for key, value in _readable(record).items():
+            trial.set_user_attr(key, value)
         violation = self._violation(record)
         if record.status in ("ok", "oom") or (
             record.status in ("skipped", "duplicate") and violation is not None
@@ -140,7 +156,7 @@ class Tuner:
         frozen = optuna.trial.create_trial(
             state=TrialState.COMPLETE if measured else TrialState.FAIL,
             value=(record.samples_per_s or 0.0) if measured else None,
-            user_attrs={ATTR_PREFIX + "record": record.model_dump(mode="json")},
+            user_attrs=_readable(record),
             constraints={"memory": violation if violation is not None else 1.0}
             if measured
             else None,

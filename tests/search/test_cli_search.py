@@ -156,3 +156,27 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path
         check=True,
     )
     assert "baseline" in shown.stdout and "verify" in shown.stdout
+
+    page_path = tmp_path / "report.html"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "report",
+            "--storage",
+            str(db),
+            "--out",
+            str(page_path),
+            "--train-samples",
+            "1000000",
+            "--price-per-device-hour",
+            "2.5",
+        ],
+        capture_output=True,
+        check=True,
+    )
+    page = page_path.read_text()
+    assert page.count("<svg") == 2 and '<tr class="winner">' in page
+    assert "Time and cost to train" in page and "device-hours" in page
+    assert "Which knobs mattered" in page

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from autotune.config import make_config
+from autotune.search.progress import LineReporter, Reporter, RichReporter, make_reporter
+from autotune.search.recommendation import TrialRecord
+
+CONFIG = make_config({"global_batch_size": 8, "device": "cpu"})
+
+
+def _record(number: int, speed: float | None, status: str = "ok") -> TrialRecord:
+    return TrialRecord(
+        number=number,
+        role="search",
+        status=status,
+        config=CONFIG,  # type: ignore[arg-type]
+        samples_per_s=speed,
+        memory_used_bytes=300 << 20,
+        feasible=True,
+        message="" if status == "ok" else "rank 1: killed by SIGABRT",
+    )
+
+
+def test_plain_lines_say_done_budget_best_and_outcome() -> None:
+    stream = io.StringIO()
+    reporter = LineReporter(stream, trials=10)
+    reporter.trial_started("search", CONFIG)
+    reporter.trial_finished(_record(3, 120.0), _record(3, 120.0))
+    reporter.trial_finished(_record(4, None, "crashed"), _record(3, 120.0))
+    lines = stream.getvalue().splitlines()
+    assert "search trial: singlex1" in lines[0]
+    assert "#3 120.0 samples/s, 300 MiB (fits)  [search 1/10, best 120.0 samples/s]" in lines[1]
+    assert "#4 crashed: rank 1: killed by SIGABRT  [search 2/10" in lines[2]
+
+
+def test_quiet_is_silent_and_pipes_get_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert type(make_reporter(quiet=True, trials=5)) is Reporter
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert type(make_reporter(quiet=False, trials=5)) is LineReporter
+
+
+def test_the_live_display_shows_progress_best_and_current_trial() -> None:
+    reporter = RichReporter(trials=5)
+    reporter.trial_finished(_record(1, 99.5), _record(1, 99.5))
+    reporter.trial_started("search", CONFIG)
+    status = str(
+        reporter.status.renderable.text
+        if hasattr(reporter.status.renderable, "text")
+        else reporter.status.status
+    )
+    reporter.close()
+    assert "search 1/5" in status and "best 99.5 samples/s" in status
+    assert "running search: singlex1" in status
