@@ -131,6 +131,12 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
     if config.parallel == "dp":
         notes.append("Lightning has no DataParallel strategy any more; closest: strategy ddp")
         trainer["strategy"] = "ddp"
+    if config.amp == "fp16" and config.device == "cpu":
+        notes.append(
+            "Lightning does not run fp16 AMP on CPU (it would switch silently); "
+            "closest: precision bf16-mixed"
+        )
+        trainer["precision"] = "bf16-mixed"
     if config.parallel == "fsdp" and config.device == "cpu":
         notes.append(
             "Lightning runs FSDP on GPUs only; closest on CPU: strategy ddp (no "

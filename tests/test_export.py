@@ -101,6 +101,9 @@ def test_lightning_arguments(values: dict) -> None:
     assert trainer["accumulate_grad_batches"] == config.grad_accum_steps
     assert trainer["devices"] == 2
     assert loader["batch_size"] == config.micro_batch_size
+    if config.amp == "fp16":  # Lightning swaps fp16 for bf16 on CPU: the export says so
+        assert trainer["precision"] == "bf16-mixed"
+        assert any("fp16 AMP on CPU" in n for n in notes_for(recommendation, "lightning"))
     if config.parallel == "fsdp":
         assert trainer["strategy"] == "ddp"  # Lightning's FSDP needs GPUs; this is on CPU
         assert any("FSDP on GPUs only" in n for n in notes_for(recommendation, "lightning"))
