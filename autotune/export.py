@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any, Literal
+from typing import Any
 
 from autotune.search.recommendation import Recommendation
 from autotune.trainers import accelerate, hugging_face, lightning, render_yaml
 
-Format = Literal["yaml", "json", "torchrun", "hf", "lightning", "accelerate"]
 FORMATS = ("yaml", "json", "torchrun", "hf", "lightning", "accelerate")
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from autotune.config import TrainConfig
@@ -212,7 +211,3 @@ def prepare_model(
     hooks = HookCounter()
     wrapped = wrap_model(model, config, device, hooks)
     return wrapped, hooks, len(checkpointed), repeated
-
-
-def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()

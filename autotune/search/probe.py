@@ -34,7 +34,7 @@ def _cache_path(platform: Platform) -> Path:
     return root / f"probe-{platform.fingerprint()}.json"
 
 
-def _runtime_checks(platform: Platform, devices: int, hooks: list[str]) -> dict[str, str]:
+def _runtime_checks(platform: Platform, hooks: list[str]) -> dict[str, str]:
     """Try each comm hook in a tiny 2-rank DDP trial; return {hook: failure reason}."""
     from autotune.config import make_config
     from autotune.runner.launch import run_trial
@@ -122,7 +122,7 @@ def restrict_space(
         if "comm_hook" in space.params and h in space.params["comm_hook"].choices
     ]
     if run_checks and hooks and devices >= 2 and "ddp" in space.params["parallel"].choices:
-        for hook, reason in _runtime_checks(platform, devices, hooks).items():
+        for hook, reason in _runtime_checks(platform, hooks).items():
             drop("comm_hook", hook, f"failed a probe trial on {platform.backend}: {reason}")
     return space, dropped
 

@@ -189,13 +189,6 @@ class RayExecutor:
         self._running: dict[int, _Running] = {}
         self._next_ticket = 0
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._running)
-
-    def cluster_cpus(self) -> float:
-        return float(ray.cluster_resources().get("CPU", 0))
-
     def _gang(self, shape: GangShape) -> _Gang:
         for gang in self._idle:
             if gang.shape == shape:
