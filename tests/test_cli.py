@@ -9,7 +9,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import load_config
-from tests.helpers import exit_code
+from tests.helpers import exit_code, run_cli
 
 
 def test_trial_prints_a_summary_and_writes_the_record(
@@ -160,21 +160,7 @@ def test_bad_input_is_one_line_with_exit_code_2(
 
 
 def test_console_script_exit_code_and_no_traceback() -> None:
-    process = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune.cli",
-            "trial",
-            "--model",
-            "nowhere:Net",
-            "--global-batch-size",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    process = run_cli("trial", "--model", "nowhere:Net", "--global-batch-size", "8")
     assert process.returncode == 2
     assert process.stderr.strip() == (
         "autotune: error: --model: no module named 'nowhere' (is it installed or on PYTHONPATH?)"
@@ -182,22 +168,7 @@ def test_console_script_exit_code_and_no_traceback() -> None:
 
 
 def test_debug_shows_the_traceback() -> None:
-    process = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune.cli",
-            "trial",
-            "--model",
-            "nowhere:Net",
-            "--global-batch-size",
-            "8",
-            "--debug",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    process = run_cli("trial", "--model", "nowhere:Net", "--global-batch-size", "8", "--debug")
     assert process.returncode != 0
     assert "Traceback" in process.stderr
 

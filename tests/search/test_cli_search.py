@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from autotune.config import load_config
-from tests.helpers import exit_code
+from tests.helpers import exit_code, run_cli
 
 pytestmark = pytest.mark.usefixtures("probe_cache")
 
@@ -142,38 +142,22 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path
         ("json", '"global_batch_size": 32'),
         ("torchrun", "--config autotune-best.yaml"),
     ):
-        out = subprocess.run(
-            [sys.executable, "-m", "autotune.cli", "export", "--storage", str(db), "--format", fmt],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        out = run_cli("export", "--storage", str(db), "--format", fmt, check=True)
         assert check in out.stdout
-    shown = subprocess.run(
-        [sys.executable, "-m", "autotune.cli", "show", "--storage", str(db)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    shown = run_cli("show", "--storage", str(db), check=True)
     assert "baseline" in shown.stdout and "verify" in shown.stdout
 
     page_path = tmp_path / "report.html"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune.cli",
-            "report",
-            "--storage",
-            str(db),
-            "--out",
-            str(page_path),
-            "--train-samples",
-            "1000000",
-            "--price-per-device-hour",
-            "2.5",
-        ],
-        capture_output=True,
+    run_cli(
+        "report",
+        "--storage",
+        str(db),
+        "--out",
+        str(page_path),
+        "--train-samples",
+        "1000000",
+        "--price-per-device-hour",
+        "2.5",
         check=True,
     )
     page = page_path.read_text()
