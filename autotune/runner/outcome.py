@@ -44,7 +44,7 @@ def assemble_result(
         "config": config,
         "platform": platform,
         "workload": request.workload.model_dump(include={"model", "data", "loss"}),
-        "warmup_steps": options.warmup_steps,
+        "warmup_steps": options.warmup_for(request.config),
         "measured_steps": options.measured_steps,
         "launch_s": launch_s,
         "total_s": total_s,

@@ -123,7 +123,7 @@ def _measure(
 
     from autotune.apply import device_for, init_distributed, prepare
     from autotune.platform import usable_cpus
-    from autotune.runner.memory import MemoryTracker
+    from autotune.runner.memory import MemoryTracker, release_free_heap
     from autotune.workload import build_workload
 
     config, options = request.config, request.options
@@ -146,6 +146,7 @@ def _measure(
     report["startup_s"] = started - spawned
 
     progress("building the workload")
+    release_free_heap()  # earlier trials' freed memory must not count in this one's peak
     torch.manual_seed(options.seed)
     workload = workloads.get(request.workload) if workloads else build_workload(request.workload)
     progress("applying the configuration")
@@ -165,7 +166,7 @@ def _measure(
     losses: list[float] = []
     hook_calls: list[int] = []
     warm_start = time.perf_counter()
-    for i in range(options.warmup_steps):
+    for i in range(options.warmup_for(config)):
         progress(f"warm-up step {i + 1}")
         stats = step.run(batches)
         losses.append(stats.loss)

@@ -28,6 +28,14 @@ class TrialOptions(BaseModel):
         3.0, ge=0, description="After one rank fails, how long the others may take to report."
     )
 
+    def warmup_for(self, config: TrainConfig) -> int:
+        """Warm-up optimizer steps for ``config``: the asked ones, plus enough to consume the
+        batches DataLoader workers prefetch meanwhile. Measured steps then see the loader's
+        steady state, not a full queue: a short trial of a loading-bound model otherwise
+        overestimates its throughput by the queue's worth of free batches."""
+        queued = config.num_workers * (config.prefetch_factor or 2)  # 2: torch's default
+        return self.warmup_steps + -(-queued // config.grad_accum_steps)
+
 
 class TrialRequest(BaseModel):
     """Everything a rank needs, serialised to JSON for the rank process."""

@@ -119,6 +119,20 @@ def test_a_dataloader_worker_lowers_the_data_wait_share() -> None:
     assert worker.data_wait_share < 0.5 * inline.data_wait_share
 
 
+def test_warm_up_consumes_the_batches_workers_prefetched() -> None:
+    # 2 workers x prefetch 4 = 8 queued micro-batches = 4 optimizer steps at accumulation 2:
+    # measured steps must not be served from that queue, or loading looks free.
+    options = TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=120)
+    config = {"num_workers": 2, "prefetch_factor": 4, "grad_accum_steps": 2}
+    result = _trial("tests.fixtures.models:Small", options, **config)
+    assert result.status == "ok", result.message
+    assert result.warmup_steps == 1 + 4 and result.measured_steps == 2
+    diagnostics = result.ranks[0].diagnostics
+    assert diagnostics is not None and diagnostics.optimizer_steps == 1 + 4 + 2
+    inline = _trial("tests.fixtures.models:Small", options, grad_accum_steps=2)
+    assert inline.warmup_steps == 1
+
+
 def test_persistent_workers_survive_epochs() -> None:
     # 256 samples / 16 per step = 16 steps an epoch; 40 steps cross two epoch boundaries.
     options = TrialOptions(warmup_steps=1, measured_steps=39, timeout_s=120)
