@@ -141,3 +141,30 @@ def load_space(name_or_path: str) -> SearchSpace:
         first = str(error).splitlines()[0]
         raise ConfigError(f"search space {str(path)!r} is not valid YAML: {first}") from None
     return parse_space(data, repr(str(path)))
+
+
+def enumerate_configs(space: SearchSpace, fixed: dict[str, Any]) -> list[TrainConfig]:
+    """Every valid configuration of ``space`` (with ``fixed`` fields such as the global batch),
+    in the order the knobs are listed; combinations TrainConfig refuses are left out."""
+    from autotune.search.study import config_key
+
+    names = list(space.params)
+    found: dict[str, TrainConfig] = {}
+
+    def walk(i: int, values: dict[str, Any]) -> None:
+        if i == len(names):
+            try:
+                config = TrainConfig(**values, **fixed)
+            except ValueError:
+                return
+            found.setdefault(config_key(config), config)
+            return
+        param = space.params[names[i]]
+        if not param.active(values):
+            walk(i + 1, values)
+            return
+        for choice in param.choices:
+            walk(i + 1, {**values, names[i]: choice})
+
+    walk(0, {})
+    return list(found.values())

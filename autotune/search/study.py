@@ -86,17 +86,21 @@ def open_study(
         study_name=name,
         direction="maximize",
         load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(
-            seed=fingerprint.get("seed"),
-            n_startup_trials=5,
-            multivariate=True,
-            group=True,
-            constant_liar=True,
-        ),
+        sampler=make_sampler(fingerprint.get("seed")),
     )
     study.set_user_attr(ATTR_PREFIX + "fingerprint", fingerprint)
     study.set_metric_names(["samples_per_s"])  # what optuna-dashboard labels the value
     return study, name, requeue_abandoned(study)
+
+
+def make_sampler(seed: int | None) -> Any:
+    """The search's sampler: TPE over the joint space (knobs that only exist together are
+    modelled together), a few random start-up trials, and lies for trials still running."""
+    import optuna
+
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=5, multivariate=True, group=True, constant_liar=True
+    )
 
 
 def requeue_abandoned(study: Any) -> int:

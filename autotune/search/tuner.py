@@ -42,6 +42,15 @@ def _readable(record: TrialRecord) -> dict[str, Any]:
     return attrs
 
 
+def memory_used(result: TrialResult, device_type: str) -> int | None:
+    """The memory a trial is judged by: the per-device peak on CUDA, all ranks' peaks together
+    on CPU (the ranks share the host); None when the trial did not finish."""
+    peaks = [r.peak_memory_bytes for r in result.ranks if r.status == "ok"]
+    if not result.ok or not peaks:
+        return None
+    return max(peaks) if device_type == "cuda" else sum(peaks)
+
+
 @dataclass
 class SearchState:
     """What the search knows so far: every record, and which configs were measured."""
@@ -91,10 +100,7 @@ class Tuner:
     # -- recording ------------------------------------------------------------------------
 
     def memory_used(self, result: TrialResult) -> int | None:
-        peaks = [r.peak_memory_bytes for r in result.ranks if r.status == "ok"]
-        if not result.ok or not peaks:
-            return None
-        return max(peaks) if self.platform.device_type == "cuda" else sum(peaks)
+        return memory_used(result, self.platform.device_type)
 
     def _record(self, number: int, role: Role, result: TrialResult) -> TrialRecord:
         used = self.memory_used(result)

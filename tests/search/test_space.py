@@ -9,7 +9,7 @@ from autotune.errors import ConfigError
 from autotune.search.space import SPACES_DIR, load_space, parse_space
 
 
-@pytest.mark.parametrize("name", ["default", "quick"])
+@pytest.mark.parametrize("name", ["default", "quick", "bench"])
 def test_built_in_spaces_load(name: str) -> None:
     space = load_space(name)
     assert "parallel" in space.params
@@ -51,7 +51,7 @@ def test_bad_spaces_are_one_line(data: object, expected: str) -> None:
 
 
 def test_unknown_space_name_lists_the_built_in_ones(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="built-in: default, quick"):
+    with pytest.raises(ConfigError, match="built-in: bench, default, quick"):
         load_space("nope")
     broken = tmp_path / "s.yaml"
     broken.write_text("amp: [off\n")
@@ -89,3 +89,23 @@ def test_removing_the_last_choice_removes_the_knob() -> None:
     space = parse_space({"amp": ["off", "bf16"]}, "test")
     assert space.without("amp", "bf16").params["amp"].choices == ("off",)
     assert "amp" not in space.without("amp", "bf16").without("amp", "off").params
+
+
+def test_enumerating_the_benchmark_space_gives_every_valid_configuration_once() -> None:
+    from autotune.search.space import enumerate_configs
+    from autotune.search.study import config_key
+
+    configs = enumerate_configs(load_space("bench"), {"global_batch_size": 32, "device": "cpu"})
+    # parallel: single + ddp x 2 hooks + fsdp = 4; amp 2; ckpt 2; accum 2; loader 1 + 1 x 2.
+    assert len(configs) == 4 * 2 * 2 * 2 * 3
+    assert len({config_key(c) for c in configs}) == len(configs)
+    assert all((c.prefetch_factor is None) == (c.num_workers == 0) for c in configs)
+    assert all(c.comm_hook == "none" for c in configs if c.parallel != "ddp")
+
+
+def test_enumeration_leaves_out_what_the_config_refuses() -> None:
+    from autotune.search.space import enumerate_configs
+
+    space = parse_space({"grad_accum_steps": [1, 2, 3]}, "test")
+    configs = enumerate_configs(space, {"global_batch_size": 4})
+    assert [c.grad_accum_steps for c in configs] == [1, 2]  # 4 is not divisible by 3
