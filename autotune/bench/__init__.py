@@ -1,0 +1,1 @@
+"""Benchmarks of search quality: recorded landscapes, replay, and today's heuristics."""

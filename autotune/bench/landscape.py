@@ -1,0 +1,151 @@
+"""A recorded landscape: every configuration of a space measured, so that search strategies can
+be judged against the true optimum, live or by replaying the measurements.
+
+A landscape is JSON (``Landscape.save``/``load``). Each point keeps every run of its
+configuration; its value is the median samples/s of the runs that finished, and it is feasible
+when it finished and its peak memory stays under the landscape's memory limit.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.config import TrainConfig
+from autotune.result import Platform, TrialResult, TrialStatus
+from autotune.search.space import SearchSpace
+from autotune.search.study import config_key
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measurement made by a strategy: what it ran, what came out, when it ended."""
+
+    config: TrainConfig
+    status: str
+    samples_per_s: float | None
+    memory_used_bytes: int | None
+    feasible: bool
+    measured_s: float = 0.0
+    elapsed_s: float = 0.0  # since the strategy started, when this measurement ended
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "ok" and self.feasible
+
+
+Measure = Callable[[TrainConfig], Measured]
+
+
+class Run(BaseModel):
+    """One trial of one configuration, as much of it as strategies and replay need."""
+
+    model_config = _FROZEN
+
+    status: TrialStatus
+    samples_per_s: float | None = None
+    memory_used_bytes: int | None = None
+    step_time_spread: float | None = None
+    measured_steps: int = 0
+    total_s: float = 0.0
+    measured_s: float = 0.0
+    message: str = ""
+
+    @classmethod
+    def of(cls, result: TrialResult, memory_used_bytes: int | None) -> Run:
+        return cls(
+            status=result.status,
+            samples_per_s=result.samples_per_s,
+            memory_used_bytes=memory_used_bytes,
+            step_time_spread=result.step_time_spread,
+            measured_steps=result.measured_steps,
+            total_s=result.total_s,
+            measured_s=result.measured_s,
+            message=result.message[:200],
+        )
+
+
+class Point(BaseModel):
+    """A configuration and all its runs."""
+
+    model_config = _FROZEN
+
+    config: TrainConfig
+    runs: list[Run] = Field(min_length=1)
+
+    @property
+    def ok_runs(self) -> list[Run]:
+        return [r for r in self.runs if r.status == "ok" and r.samples_per_s is not None]
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.ok_runs else self.runs[0].status
+
+    @property
+    def value(self) -> float | None:
+        """Median samples/s over the runs that finished."""
+        runs = self.ok_runs
+        return statistics.median(r.samples_per_s or 0.0 for r in runs) if runs else None
+
+    @property
+    def memory_used_bytes(self) -> int | None:
+        """The largest peak seen over its runs."""
+        peaks = [r.memory_used_bytes for r in self.ok_runs if r.memory_used_bytes is not None]
+        return max(peaks) if peaks else None
+
+    @property
+    def spread(self) -> float:
+        spreads = [r.step_time_spread for r in self.ok_runs if r.step_time_spread is not None]
+        return statistics.median(spreads) if spreads else 0.0
+
+
+class Landscape(BaseModel):
+    """Every configuration of ``space`` for one workload on one platform, measured."""
+
+    model_config = _FROZEN
+
+    workload: str
+    platform: Platform
+    devices: int
+    space: SearchSpace
+    global_batch_size: int
+    warmup_steps: int
+    measured_steps: int
+    memory_limit_bytes: int = Field(description="Feasible: peak memory at most this.")
+    points: list[Point]
+
+    def lookup(self, config: TrainConfig) -> Point | None:
+        key = config_key(config)
+        return next((p for p in self.points if config_key(p.config) == key), None)
+
+    def feasible(self, point: Point) -> bool:
+        used = point.memory_used_bytes
+        return point.status == "ok" and used is not None and used <= self.memory_limit_bytes
+
+    def optimum(self) -> Point:
+        feasible = [p for p in self.points if self.feasible(p)]
+        if not feasible:
+            raise ValueError(f"no configuration of {self.workload} fits the memory limit")
+        return max(feasible, key=lambda p: p.value or 0.0)
+
+    def ratio(self, config: TrainConfig | None) -> float:
+        """The true value of ``config`` as a share of the optimum; 0 if it does not fit."""
+        point = self.lookup(config) if config is not None else None
+        if point is None or not self.feasible(point):
+            return 0.0
+        return (point.value or 0.0) / (self.optimum().value or 1.0)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.model_dump_json(indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Landscape:
+        return cls.model_validate_json(Path(path).read_text())

@@ -1,0 +1,163 @@
+"""Replay search strategies on a recorded landscape: nothing runs, each trial is looked up.
+
+A replayed measurement is the point's median samples/s with Gaussian noise of the size its
+recorded step-time spread implies for a mean over the trial's steps (spread = (p90 - p10) /
+median of one step, and p90 - p10 is 2.56 standard deviations of a normal distribution), so
+strategies meet the noise the live search met. The tuner is the real ``Tuner`` (its sampler,
+baseline, duplicate and memory pre-checks) with a ``ReplayExecutor`` in place of Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.bench.landscape import Landscape, Measure, Measured, Point
+from autotune.config import TrainConfig
+from autotune.result import RankReport, TrialResult
+from autotune.runner.request import TrialRequest
+
+P10_P90_SIGMAS = 2.56
+
+
+def noisy_value(point: Point, rng: random.Random) -> float:
+    value = point.value or 0.0
+    steps = max(1, point.runs[0].measured_steps)
+    sigma = point.spread / P10_P90_SIGMAS / math.sqrt(steps)
+    return max(0.0, value * (1 + rng.gauss(0.0, sigma)))
+
+
+class ReplayExecutor:
+    """Answers trial requests from a landscape, with the executor interface the Tuner uses."""
+
+    def __init__(self, landscape: Landscape, rng: random.Random) -> None:
+        self.landscape, self.rng = landscape, rng
+        self._done: list[tuple[int, TrialResult]] = []
+        self._next = 0
+
+    def result(self, config: TrainConfig) -> TrialResult:
+        point = self.landscape.lookup(config)
+        if point is None:
+            return TrialResult(config=config, status="invalid", message="not in the landscape")
+        if point.status != "ok":
+            return TrialResult(config=config, status=point.runs[0].status)
+        # One report carrying the judged memory: the sum on CPU and the max on CUDA agree.
+        report = RankReport(rank=0, status="ok", peak_memory_bytes=point.memory_used_bytes or 0)
+        return TrialResult(
+            config=config,
+            status="ok",
+            samples_per_s=noisy_value(point, self.rng),
+            measured_steps=point.runs[0].measured_steps,
+            ranks=[report],
+        )
+
+    def fits_now(self, request: TrialRequest) -> bool:
+        return True
+
+    def submit(self, request: TrialRequest) -> int:
+        self._next += 1
+        self._done.append((self._next, self.result(request.config)))
+        return self._next
+
+    def wait(self, timeout_s: float | None = None) -> list[tuple[int, TrialResult]]:
+        done, self._done = self._done, []
+        return done
+
+    def shutdown(self) -> None:
+        pass
+
+
+def replay_measure(landscape: Landscape, rng: random.Random) -> Measure:
+    executor = ReplayExecutor(landscape, rng)
+
+    def measure(config: TrainConfig) -> Measured:
+        result = executor.result(config)
+        point = landscape.lookup(config)
+        fits = point is not None and landscape.feasible(point)
+        used = point.memory_used_bytes if point is not None else None
+        return Measured(config, result.status, result.samples_per_s, used, fits)
+
+    return measure
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What one strategy did on a landscape: its measurements in order, and its pick."""
+
+    measured: list[TrainConfig]
+    pick: TrainConfig | None
+
+
+def replay_tuner(landscape: Landscape, seed: int, trials: int, *, finish: bool = True) -> Replay:
+    """The tuner's search (baseline first) with ``trials`` measured trials; with ``finish``
+    its re-measurement and verification pick the winner, as in a live search."""
+    import optuna
+
+    from autotune.search.progress import Reporter
+    from autotune.search.settings import SearchSettings
+    from autotune.search.study import make_sampler
+    from autotune.search.tuner import Tuner
+    from autotune.workload import WorkloadSpec
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(seed))
+    settings = SearchSettings(
+        global_batch_size=landscape.global_batch_size,
+        memory_budget=landscape.memory_limit_bytes,
+        safety_margin=0.0,
+        trials=trials,
+        seed=seed,
+        warmup_steps=landscape.warmup_steps,
+        measured_steps=landscape.measured_steps,
+    )
+    tuner = Tuner(
+        study=study,
+        executor=ReplayExecutor(landscape, random.Random(seed)),
+        workload=WorkloadSpec(model=landscape.workload),
+        settings=settings,
+        space=landscape.space,
+        platform=landscape.platform,
+        devices=landscape.devices,
+        reporter=Reporter(),
+    )
+    tuner.baseline()
+    tuner.search()
+    measured = [
+        r.config
+        for r in tuner.state.records
+        if r.role in ("baseline", "search")
+        and r.config is not None
+        and r.status not in ("skipped", "duplicate", "invalid")
+    ]
+    pick = None
+    if finish:
+        tuner.remeasure()
+        pick = tuner.verify()[0]
+    return Replay(measured, pick)
+
+
+def replay_random(landscape: Landscape, seed: int, trials: int) -> Replay:
+    """Random search without repeats: configurations drawn uniformly from the grid."""
+    rng = random.Random(seed)
+    configs = [p.config for p in landscape.points]
+    chosen = rng.sample(configs, min(trials, len(configs)))
+    measure = replay_measure(landscape, rng)
+    runs = [measure(c) for c in chosen]
+    fitting = [m for m in runs if m.fits]
+    pick = max(fitting, key=lambda m: m.samples_per_s or 0.0).config if fitting else None
+    return Replay(chosen, pick)
+
+
+def trials_to_reach(
+    landscape: Landscape, measured: Sequence[TrainConfig], share: float
+) -> int | None:
+    """How many measurements until one of a configuration within ``share`` of the optimum
+    (that fits); None if none of them is."""
+    for i, config in enumerate(measured, start=1):
+        if landscape.ratio(config) >= share:
+            return i
+    return None

@@ -1,0 +1,581 @@
+"""Search quality: does autotune find the true optimum, cheaply, ahead of today's heuristics?
+
+    python scripts/bench_search_quality.py                       # live: every workload
+    python scripts/bench_search_quality.py --workloads gpt       # live: one workload
+    python scripts/bench_search_quality.py --replay results/landscapes/*.json --seeds 20
+
+Live, per workload, every method on its own fresh Ray instance, timed from its start:
+  grid       every valid configuration of the space measured once (the oracle); the top few
+             feasible ones are then measured twice more so the optimum is not a lucky draw;
+  autotune   the real search (probe, baseline, TPE proposals, re-measurement, verification)
+             with at most a quarter of the grid's trials, all its runs counted;
+  random     the same number of trials, drawn uniformly without repeats from the grid;
+  bs-finder  largest micro-batch that fits, AMP on (Lightning / Accelerate finders);
+  deepspeed  stages in order (DDP, then FSDP), largest micro-batch per stage by binary search,
+             next stage only for a >= 5% gain (DeepSpeed's autotuner, fast mode).
+Each pick is judged by the grid's measurement of the same configuration (its median over
+runs), so one lucky measurement neither helps nor hurts a method. The memory limit is the
+given quantile of the grid's peak memory, so it binds on any machine; every method is judged
+against it. Then the recommendation runs --fidelity-factor times longer than a trial.
+
+Writes the table to stdout, results/search_quality.json, results/search_quality.png (needs
+matplotlib: pip install -e ".[bench]") and each grid as a landscape under results/landscapes/.
+Replay mode reads landscapes and reports, over --seeds seeds, how many trials the tuner's
+search and random search need to reach 98% of the optimum (results/search_replay.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autotune.bench.landscape import Landscape, Measured, Point, Run
+from autotune.config import TrainConfig
+from autotune.result import Platform
+from autotune.search.progress import Reporter
+from autotune.search.recommendation import TrialRecord
+from autotune.workload import WorkloadSpec
+
+# name: (model reference, global batch size); sized for 2 ranks on a 2-core CPU, or for a GPU.
+WORKLOADS = {
+    "cpu": {
+        "mlp": ("workloads.mlp:mlp_loading_bound", 32),
+        "convnet": ("workloads.convnet:resnet_tiny", 32),
+        "gpt": ("workloads.gpt:gpt_tiny", 32),
+    },
+    "cuda": {
+        "mlp": ("workloads.mlp:mlp_large", 512),
+        "convnet": ("workloads.convnet:resnet18", 256),
+        "gpt": ("workloads.gpt:gpt2_124m", 32),
+    },
+}
+TARGET_RATIO, TARGET_SHARE, TARGET_ERROR = 0.97, 0.25, 0.05
+ORACLE_TOP, ORACLE_REPEATS = 5, 2
+TOP_K, REMEASURE, VERIFY_FACTOR = 2, 1, 2  # the tuner's finishing runs in this benchmark
+
+
+@dataclass
+class Method:
+    """One method's run on one workload."""
+
+    name: str
+    trials: list[Measured] = field(default_factory=list)
+    pick: TrainConfig | None = None
+    pick_samples_per_s: float | None = None  # the method's own measurement of its pick
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Live:
+    """Runs trials on a fresh executor; every time is measured from its creation."""
+
+    def __init__(self, platform: Platform, spec: WorkloadSpec, args: Any, limit: int | None):
+        from autotune.search.ray_executor import RayExecutor
+
+        self.started = time.perf_counter()
+        self.platform, self.spec, self.args, self.limit = platform, spec, args, limit
+        self.executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=max(8, os.cpu_count() or 1))
+        self.trials: list[Measured] = []
+
+    def run(self, config: TrainConfig, longer: int = 1) -> tuple[Measured, Run]:
+        from autotune.runner.request import TrialOptions, TrialRequest
+        from autotune.search.tuner import memory_used
+
+        options = TrialOptions(
+            warmup_steps=self.args.warmup_steps,
+            measured_steps=self.args.measured_steps * longer,
+            timeout_s=120.0 * longer,
+            seed=self.args.seed,
+        )
+        self.executor.submit(TrialRequest(config=config, workload=self.spec, options=options))
+        ((_, result),) = self.executor.wait()
+        used = memory_used(result, self.platform.device_type)
+        fits = result.ok and used is not None and (self.limit is None or used <= self.limit)
+        measured = Measured(
+            config,
+            result.status,
+            result.samples_per_s,
+            used,
+            fits,
+            measured_s=result.measured_s,
+            elapsed_s=time.perf_counter() - self.started,
+        )
+        self.trials.append(measured)
+        return measured, Run.of(result, used)
+
+    def measure(self, config: TrainConfig) -> Measured:
+        return self.run(config)[0]
+
+    def close(self) -> float:
+        self.executor.shutdown()
+        return time.perf_counter() - self.started
+
+
+class Recording(Reporter):
+    """Keeps every finished trial of the tuner with the time it ended."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.records: list[tuple[float, TrialRecord]] = []
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        self.records.append((time.perf_counter() - self.started, record))
+
+
+# -- the methods -----------------------------------------------------------------------------
+
+
+def run_grid(
+    platform: Platform, spec: WorkloadSpec, args: Any, space: Any, configs: list[TrainConfig]
+) -> tuple[Landscape, Method]:
+    live = Live(platform, spec, args, None)
+    runs: dict[int, list[Run]] = {}
+    for i, config in enumerate(configs):
+        runs[i] = [live.run(config)[1]]
+        progress(f"grid {i + 1}/{len(configs)} {config.summary()}: {runs[i][0].status}")
+    method = Method("grid", trials=list(live.trials), wall_s=time.perf_counter() - live.started)
+    peaks = sorted(r[0].memory_used_bytes for r in runs.values() if r[0].memory_used_bytes)
+    limit = int(peaks[min(len(peaks) - 1, int(args.memory_quantile * len(peaks)))])
+    # The optimum is decided on repeated measurements of the best few, as the tuner's is.
+    fitting = [i for i, r in runs.items() if r[0].status == "ok"]
+    fitting = [i for i in fitting if (runs[i][0].memory_used_bytes or 0) <= limit]
+    ranked = sorted(fitting, key=lambda i: runs[i][0].samples_per_s or 0.0, reverse=True)
+    for i in ranked[:ORACLE_TOP]:
+        for _ in range(ORACLE_REPEATS):
+            runs[i].append(live.run(configs[i])[1])
+    method.extra["oracle_remeasure_s"] = live.close() - method.wall_s
+    landscape = Landscape(
+        workload=spec.model,
+        platform=platform,
+        devices=args.devices_used,
+        space=space,
+        global_batch_size=configs[0].global_batch_size,
+        warmup_steps=args.warmup_steps,
+        measured_steps=args.measured_steps,
+        memory_limit_bytes=limit,
+        points=[Point(config=c, runs=runs[i]) for i, c in enumerate(configs)],
+    )
+    best = landscape.optimum()
+    method.pick, method.pick_samples_per_s = best.config, best.value
+    method.trials = [
+        Measured(m.config, m.status, m.samples_per_s, m.memory_used_bytes,
+                 m.status == "ok" and (m.memory_used_bytes or 0) <= limit,
+                 m.measured_s, m.elapsed_s)
+        for m in method.trials
+    ]  # fmt: skip
+    return landscape, method
+
+
+def run_autotune(spec: WorkloadSpec, args: Any, landscape: Landscape, budget: int) -> Method:
+    from autotune.search.driver import run_search
+    from autotune.search.settings import SearchSettings
+
+    trials = min(args.tuner_trials, budget - (TOP_K + 1) * REMEASURE - VERIFY_FACTOR)
+    workdir = Path(tempfile.mkdtemp(prefix="autotune-bench-"))
+    settings = SearchSettings(
+        global_batch_size=landscape.global_batch_size,
+        memory_budget=landscape.memory_limit_bytes,
+        safety_margin=0.0,  # the limit is the landscape's, for every method alike
+        trials=trials,
+        space=args.space,
+        devices=args.devices_used,
+        device=landscape.platform.device_type,
+        storage=str(workdir / "study.db"),
+        warmup_steps=args.warmup_steps,
+        measured_steps=args.measured_steps,
+        top_k=TOP_K,
+        remeasure=REMEASURE,
+        verify_factor=VERIFY_FACTOR,
+        seed=args.seed,
+    )
+    reporter = Recording()
+    recommendation = run_search(spec, settings, reporter)
+    method = Method("autotune", wall_s=time.perf_counter() - reporter.started)
+    limit = landscape.memory_limit_bytes
+    for elapsed, r in reporter.records:
+        if r.config is None or r.status in ("skipped", "duplicate", "invalid"):
+            continue
+        used = r.memory_used_bytes
+        fits = r.status == "ok" and used is not None and used <= limit
+        method.trials.append(
+            Measured(r.config, r.status, r.samples_per_s, used, fits, r.measured_s, elapsed)
+        )
+    method.pick, method.pick_samples_per_s = recommendation.config, recommendation.samples_per_s
+    verification = recommendation.verification
+    method.extra = {
+        "search_trials": trials,
+        "skipped_by_precheck": sum(r.status == "skipped" for _, r in reporter.records),
+        "verified": recommendation.verified,
+        "verification_error": recommendation.verification_error,
+        "verification_status": verification.status if verification else None,
+        "speedup_vs_baseline": recommendation.speedup,
+    }
+    return method
+
+
+def run_random(platform: Platform, spec: WorkloadSpec, args: Any, landscape: Landscape,
+               budget: int) -> Method:  # fmt: skip
+    live = Live(platform, spec, args, landscape.memory_limit_bytes)
+    configs = [p.config for p in landscape.points]
+    for config in random.Random(args.seed).sample(configs, min(budget, len(configs))):
+        live.measure(config)
+    return _finish(Method("random"), live)
+
+
+def run_heuristic(name: str, platform: Platform, spec: WorkloadSpec, args: Any,
+                  landscape: Landscape) -> Method:  # fmt: skip
+    from autotune.bench.heuristics import amp_where_available, batch_size_finder, deepspeed_rule
+
+    space = landscape.space.params
+    base = {
+        "global_batch_size": landscape.global_batch_size,
+        "world_size": args.devices_used,
+        "device": platform.device_type,
+    }
+    accum = [c for c in space["grad_accum_steps"].choices if isinstance(c, int)]
+    amp = amp_where_available(space["amp"].choices)
+    live = Live(platform, spec, args, landscape.memory_limit_bytes)
+    rule = batch_size_finder if name == "bs-finder" else deepspeed_rule
+    chosen, _ = rule(live.measure, base, accum, amp)
+    return _finish(Method(name), live, chosen)
+
+
+def _finish(method: Method, live: Live, chosen: Measured | None = None) -> Method:
+    """Close the method's executor; its pick is ``chosen``, else its fastest fitting trial."""
+    method.wall_s = live.close()
+    method.trials = live.trials
+    if chosen is None:
+        fitting = [m for m in live.trials if m.fits]
+        chosen = max(fitting, key=lambda m: m.samples_per_s or 0.0, default=None)
+    if chosen is not None:
+        method.pick, method.pick_samples_per_s = chosen.config, chosen.samples_per_s
+    return method
+
+
+def run_fidelity(platform: Platform, spec: WorkloadSpec, args: Any, landscape: Landscape,
+                 autotune: Method) -> dict[str, Any]:  # fmt: skip
+    assert autotune.pick is not None
+    live = Live(platform, spec, args, landscape.memory_limit_bytes)
+    long, _ = live.run(autotune.pick, longer=args.fidelity_factor)
+    live.close()
+    estimate = autotune.pick_samples_per_s or 0.0
+    error = estimate / long.samples_per_s - 1 if long.samples_per_s else None
+    return {
+        "config": autotune.pick.summary(),
+        "steps": args.measured_steps * args.fidelity_factor,
+        "trial_steps": args.measured_steps,
+        "estimate_samples_per_s": estimate,
+        "long_run_samples_per_s": long.samples_per_s,
+        "status": long.status,
+        "error": error,
+        "peak_memory_bytes": long.memory_used_bytes,
+        "memory_limit_bytes": landscape.memory_limit_bytes,
+        "fits": long.fits,
+    }
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def progress(text: str) -> None:
+    print(f"  {text}", file=sys.stderr, flush=True)
+
+
+def summarise(method: Method, landscape: Landscape, grid: Method) -> dict[str, Any]:
+    measured = sum(m.measured_s for m in method.trials)
+    point = landscape.lookup(method.pick) if method.pick else None
+    return {
+        "pick": method.pick.summary() if method.pick else None,
+        "pick_config": method.pick.model_dump(mode="json") if method.pick else None,
+        "own_samples_per_s": method.pick_samples_per_s,
+        "grid_samples_per_s": point.value if point else None,
+        "ratio_to_optimum": landscape.ratio(method.pick),
+        "fits_budget": bool(point and landscape.feasible(point)),
+        "trials": len(method.trials),
+        "trial_share": len(method.trials) / len(grid.trials),
+        "wall_s": method.wall_s,
+        "wall_share": method.wall_s / grid.wall_s,
+        "measured_share": measured / method.wall_s if method.wall_s else 0.0,
+        "best_so_far": best_so_far(method.trials),
+        **method.extra,
+    }
+
+
+def best_so_far(trials: list[Measured]) -> list[tuple[float, float]]:
+    curve, best = [], 0.0
+    for m in sorted(trials, key=lambda m: m.elapsed_s):
+        if m.fits and (m.samples_per_s or 0.0) > best:
+            best = m.samples_per_s or 0.0
+            curve.append((round(m.elapsed_s, 2), best))
+    return curve
+
+
+def targets(rows: dict[str, dict[str, Any]], fidelity: dict[str, Any]) -> dict[str, bool]:
+    tuned = rows["autotune"]
+    heuristic = max(rows["bs-finder"]["ratio_to_optimum"], rows["deepspeed"]["ratio_to_optimum"])
+    return {
+        "ratio_at_least_0.97_and_fits": tuned["ratio_to_optimum"] >= TARGET_RATIO
+        and tuned["fits_budget"],
+        "trials_at_most_25pct": tuned["trial_share"] <= TARGET_SHARE,
+        "wall_at_most_25pct": tuned["wall_share"] <= TARGET_SHARE,
+        "at_least_best_heuristic": tuned["ratio_to_optimum"] >= heuristic,
+        "estimate_within_5pct": fidelity["error"] is not None
+        and abs(fidelity["error"]) <= TARGET_ERROR,
+        "no_oom_in_verification": tuned.get("verification_status") != "oom"
+        and fidelity["status"] != "oom"
+        and bool(fidelity["fits"]),
+    }
+
+
+def print_table(name: str, result: dict[str, Any]) -> None:
+    grid = result["grid"]
+    print(
+        f"\n{name}: {result['model']}, {grid['configs']} configs, optimum "
+        f"{grid['optimum_samples_per_s']:.1f} samples/s ({grid['optimum']}), memory limit "
+        f"{grid['memory_limit_bytes'] / 2**20:.0f} MiB ({grid['infeasible']} configs over it)"
+    )
+    print(
+        f"  {'method':<10} {'samples/s':>9} {'of opt':>7} {'fits':>5} {'trials':>6} "
+        f"{'wall s':>7} {'of grid':>7} {'in steps':>8}  pick"
+    )
+    for method, row in result["methods"].items():
+        own = row["own_samples_per_s"]
+        print(
+            f"  {method:<10} {own if own is not None else float('nan'):>9.1f} "
+            f"{row['ratio_to_optimum']:>7.3f} {'yes' if row['fits_budget'] else 'NO':>5} "
+            f"{row['trials']:>6} {row['wall_s']:>7.1f} {row['wall_share']:>7.0%} "
+            f"{row['measured_share']:>8.0%}  {row['pick']}"
+        )
+    f = result["fidelity"]
+    error = f"{f['error']:+.1%}" if f["error"] is not None else "n/a"
+    print(
+        f"  fidelity: {f['steps']}-step run {f['long_run_samples_per_s'] or 0:.1f} samples/s vs "
+        f"estimate {f['estimate_samples_per_s']:.1f} ({error}); peak "
+        f"{(f['peak_memory_bytes'] or 0) / 2**20:.0f} MiB of {f['memory_limit_bytes'] / 2**20:.0f}"
+    )
+    missed = [k for k, ok in result["targets"].items() if not ok]
+    print(f"  targets: {'all met' if not missed else 'MISSED ' + ', '.join(missed)}")
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('matplotlib is missing: no plot (pip install -e ".[bench]")', file=sys.stderr)
+        return False
+    names = list(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        result = results[name]
+        for method, row in result["methods"].items():
+            curve = row["best_so_far"]
+            if not curve:
+                continue
+            xs = [x for x, _ in curve] + [row["wall_s"]]
+            ys = [y for _, y in curve] + [curve[-1][1]]
+            ax.step(xs, ys, where="post", label=method, linewidth=2 if method == "autotune" else 1)
+        ax.axhline(result["grid"]["optimum_samples_per_s"], color="grey", linestyle=":", lw=1)
+        ax.set_xscale("log")
+        ax.set_title(f"{name} ({result['model'].split(':')[-1]})")
+        ax.set_xlabel("wall time (s, log)")
+        ax.set_ylabel("best feasible samples/s so far")
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Best-so-far against wall time on {results[names[0]]['machine']}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return True
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def live(args: argparse.Namespace) -> None:
+    from autotune.platform import detect_platform, resolve_device
+    from autotune.search.probe import repeated_blocks, restrict_space
+    from autotune.search.space import enumerate_configs, load_space
+
+    device = resolve_device(args.device)
+    platform = detect_platform(device)
+    args.devices_used = args.devices or (platform.device_count if device == "cuda" else 2)
+    hardware = (
+        f"{platform.device_name} x{platform.device_count}"
+        if device == "cuda"
+        else f"{platform.device_name}, {platform.cpu_count} cores"
+    )
+    machine = (
+        f"{hardware}, torch {platform.torch_version}, {platform.backend}, {args.devices_used} ranks"
+    )
+    out_path, results = Path(args.out), {}
+    if out_path.exists() and args.keep:
+        results = json.loads(out_path.read_text()).get("workloads", {})
+    for name in args.workloads:
+        model, gbs = WORKLOADS[device][name]
+        print(f"[{name}] {model} on {machine}", file=sys.stderr, flush=True)
+        spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
+        blocks = repeated_blocks(model)
+        started = time.perf_counter()  # the probe's hook checks: once per machine, then cached
+        space, _ = restrict_space(
+            load_space(args.space), platform, args.devices_used, blocks[0] if blocks else None
+        )
+        probe_s = time.perf_counter() - started
+        configs = enumerate_configs(space, {"global_batch_size": gbs, "device": device})
+        budget = len(configs) // 4
+        landscape, grid = run_grid(platform, spec, args, space, configs)
+        landscape.save(Path(args.landscapes) / f"{name}.json")
+        optimum = landscape.optimum()
+        progress(f"grid done in {grid.wall_s:.0f} s; optimum {optimum.config.summary()}")
+        methods = {"grid": grid}
+        methods["autotune"] = run_autotune(spec, args, landscape, budget)
+        progress(f"autotune done in {methods['autotune'].wall_s:.0f} s")
+        methods["random"] = run_random(platform, spec, args, landscape, budget)
+        for heuristic in ("bs-finder", "deepspeed"):
+            methods[heuristic] = run_heuristic(heuristic, platform, spec, args, landscape)
+        fidelity = run_fidelity(platform, spec, args, landscape, methods["autotune"])
+        rows = {k: summarise(m, landscape, grid) for k, m in methods.items()}
+        results[name] = {
+            "model": model,
+            "machine": machine,
+            "global_batch_size": gbs,
+            "grid": {
+                "configs": len(configs),
+                "trial_budget": budget,
+                "optimum": optimum.config.summary(),
+                "optimum_samples_per_s": optimum.value,
+                "memory_limit_bytes": landscape.memory_limit_bytes,
+                "memory_quantile": args.memory_quantile,
+                "infeasible": sum(not landscape.feasible(p) for p in landscape.points),
+                "oracle_remeasure_s": grid.extra["oracle_remeasure_s"],
+            },
+            "probe_s": probe_s,
+            "methods": rows,
+            "fidelity": fidelity,
+            "targets": targets(rows, fidelity),
+        }
+        print_table(name, results[name])
+        write(out_path, args, machine, results)
+    if plot(results, Path(args.plot)):
+        print(f"\nplot: {args.plot}")
+    print(f"results: {args.out}; landscapes: {args.landscapes}/")
+
+
+def write(path: Path, args: argparse.Namespace, machine: str, results: dict[str, Any]) -> None:
+    settings = {
+        k: v for k, v in vars(args).items() if k in ("space", "warmup_steps", "measured_steps",
+        "memory_quantile", "fidelity_factor", "tuner_trials", "seed")
+    }  # fmt: skip
+    data = {
+        "machine": machine,
+        "command": "python " + " ".join(sys.argv),
+        "settings": {**settings, "top_k": TOP_K, "remeasure": REMEASURE,
+                     "verify_factor": VERIFY_FACTOR},
+        "workloads": results,
+    }  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def replay(args: argparse.Namespace) -> None:
+    from autotune.bench.replay import replay_random, replay_tuner, trials_to_reach
+
+    out: dict[str, Any] = {"share": args.share, "seeds": args.seeds, "landscapes": {}}
+    print(
+        f"trials to reach {args.share:.0%} of the optimum over {args.seeds} seeds "
+        "(median / worst; '-': not reached by some seed within half the grid for autotune, the "
+        "whole grid for random)"
+    )
+    print(f"  {'landscape':<28} {'configs':>7} {'autotune':>12} {'random':>12} {'tuner pick':>10}")
+    for path in args.replay:
+        landscape = Landscape.load(path)
+        n = len(landscape.points)
+        counts: dict[str, list[int | None]] = {"autotune": [], "random": []}
+        picks = []
+        cap = n // 2  # the sampler's cost grows with its history; half the grid is plenty
+        for seed in range(args.seeds):
+            tuned = replay_tuner(landscape, seed, cap, finish=False)
+            counts["autotune"].append(trials_to_reach(landscape, tuned.measured, args.share))
+            randomly = replay_random(landscape, seed, n)
+            counts["random"].append(trials_to_reach(landscape, randomly.measured, args.share))
+            budgeted = replay_tuner(landscape, seed, args.tuner_trials)
+            picks.append(landscape.ratio(budgeted.pick))
+        stats = {"autotune": _stats(counts["autotune"], cap), "random": _stats(counts["random"], n)}
+        stats["autotune_pick_ratio"] = {
+            "median": statistics.median(picks),
+            "worst": min(picks),
+            "at_least_0.97": sum(p >= TARGET_RATIO for p in picks),
+        }
+        out["landscapes"][str(path)] = {"configs": n, "tuner_cap": cap, **stats, "raw": counts}
+        print(
+            f"  {Path(path).name:<28} {n:>7} {_cell(stats['autotune']):>12} "
+            f"{_cell(stats['random']):>12} {statistics.median(picks):>10.3f}"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"results: {args.out}")
+
+
+def _stats(values: list[int | None], n: int) -> dict[str, Any]:
+    reached = [v for v in values if v is not None]
+    worst = max(reached) if len(reached) == len(values) else None
+    filled = [v if v is not None else n + 1 for v in values]
+    missed = len(values) - len(reached)
+    return {"median": statistics.median(filled), "worst": worst, "not_reached": missed}
+
+
+def _cell(stats: dict[str, Any]) -> str:
+    median = stats["median"]
+    worst = stats["worst"] if stats["worst"] is not None else "-"
+    return f"{median:g} / {worst}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=["mlp", "convnet", "gpt"],
+                        choices=["mlp", "convnet", "gpt"])  # fmt: skip
+    parser.add_argument("--space", default="bench")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--devices", type=int, default=None)
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--measured-steps", type=int, default=20)
+    parser.add_argument("--memory-quantile", type=float, default=0.75)
+    parser.add_argument("--fidelity-factor", type=int, default=20)
+    parser.add_argument(
+        "--tuner-trials",
+        type=int,
+        default=14,
+        help="The tuner's search trials; with its re-measurement and verification its runs stay "
+        "under a quarter of the grid.",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", action="store_true", help="Keep other workloads in --out.")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", default="results/search_quality.png")
+    parser.add_argument("--landscapes", default="results/landscapes")
+    parser.add_argument("--replay", nargs="+", default=None, help="Landscape files to replay.")
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--share", type=float, default=0.98)
+    args = parser.parse_args()
+    if args.replay:
+        args.out = args.out or "results/search_replay.json"
+        replay(args)
+    else:
+        args.out = args.out or "results/search_quality.json"
+        live(args)
+
+
+if __name__ == "__main__":
+    main()

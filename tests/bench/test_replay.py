@@ -1,0 +1,133 @@
+"""Search strategies replayed on a recorded landscape: nothing runs, results are looked up.
+
+``tests/data/landscape.json`` is a grid ``scripts/bench_search_quality.py`` recorded on 2 CPU
+ranks (every configuration of ``search_spaces/bench.yaml``; run messages dropped), with the
+script's memory limit (the 75th percentile of the grid's peaks). Everything here is seeded.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autotune.bench.heuristics import batch_size_finder, deepspeed_rule
+from autotune.bench.landscape import Landscape
+from autotune.bench.replay import (
+    ReplayExecutor,
+    replay_measure,
+    replay_random,
+    replay_tuner,
+    trials_to_reach,
+)
+from autotune.config import TrainConfig
+
+LANDSCAPE = Path(__file__).resolve().parent.parent / "data" / "landscape.json"
+SEEDS = range(5)
+
+
+@pytest.fixture(scope="module")
+def landscape() -> Landscape:
+    return Landscape.load(LANDSCAPE)
+
+
+def test_the_optimum_is_the_fastest_configuration_that_fits(landscape: Landscape) -> None:
+    assert len(landscape.points) == 96
+    best = landscape.optimum()
+    assert landscape.ratio(best.config) == 1.0
+    infeasible = [p for p in landscape.points if not landscape.feasible(p)]
+    assert infeasible, "the limit must rule some configurations out"
+    assert all(landscape.ratio(p.config) == 0.0 for p in infeasible)
+    feasible = [p for p in landscape.points if landscape.feasible(p)]
+    assert all((p.value or 0) <= (best.value or 0) for p in feasible)
+
+
+def test_the_tuner_reaches_98_percent_of_the_optimum_in_fewer_trials_than_random(
+    landscape: Landscape,
+) -> None:
+    cap = len(landscape.points) // 2
+    tuner, randomly = [], []
+    for seed in SEEDS:
+        measured = replay_tuner(landscape, seed, cap, finish=False).measured
+        tuner.append(trials_to_reach(landscape, measured, 0.98) or cap + 1)
+        measured = replay_random(landscape, seed, len(landscape.points)).measured
+        randomly.append(trials_to_reach(landscape, measured, 0.98) or len(landscape.points) + 1)
+    assert statistics.median(tuner) < statistics.median(randomly), (tuner, randomly)
+    assert max(tuner) <= cap, f"the tuner missed 98% of the optimum in {cap} trials: {tuner}"
+
+
+def test_the_budgeted_tuner_picks_better_than_random_search_with_as_many_runs(
+    landscape: Landscape,
+) -> None:
+    # 14 search trials + 3 re-measurements + 1 verification = 18 runs, as in the live benchmark.
+    tuned = [landscape.ratio(replay_tuner(landscape, seed, 14).pick) for seed in SEEDS]
+    randomly = [landscape.ratio(replay_random(landscape, seed, 18).pick) for seed in SEEDS]
+    assert min(tuned) > 0, "a pick that does not fit the memory limit"
+    assert statistics.median(tuned) > statistics.median(randomly), (tuned, randomly)
+
+
+def test_replay_is_deterministic_and_never_measures_a_configuration_twice(
+    landscape: Landscape,
+) -> None:
+    first = replay_tuner(landscape, 3, 20, finish=False).measured
+    assert first == replay_tuner(landscape, 3, 20, finish=False).measured
+    keys = [c.model_dump_json() for c in first]
+    assert len(keys) == len(set(keys)) == 20
+
+
+def test_replayed_noise_follows_the_recorded_spread(landscape: Landscape) -> None:
+    point = max(landscape.points, key=lambda p: p.spread)
+    executor = ReplayExecutor(landscape, random.Random(0))
+    draws = [executor.result(point.config).samples_per_s or 0.0 for _ in range(400)]
+    assert len(set(draws)) > 1
+    assert statistics.mean(draws) == pytest.approx(point.value, rel=0.02)
+    steps = point.runs[0].measured_steps
+    expected = (point.value or 0) * point.spread / 2.56 / steps**0.5
+    assert statistics.stdev(draws) == pytest.approx(expected, rel=0.25)
+
+
+def _base(landscape: Landscape) -> dict[str, object]:
+    return {
+        "global_batch_size": landscape.global_batch_size,
+        "world_size": 2,
+        "device": "cpu",
+    }
+
+
+def test_the_batch_size_finder_takes_the_largest_micro_batch_that_fits(
+    landscape: Landscape,
+) -> None:
+    measure = replay_measure(landscape, random.Random(0))
+    pick, trials = batch_size_finder(measure, _base(landscape), [1, 2], "bf16")
+    assert pick is not None
+    assert [t.config.grad_accum_steps for t in trials] == [2, 1][: len(trials)]
+    assert all(t.config.parallel == "ddp" and t.config.amp == "bf16" for t in trials)
+    fitting = [t for t in trials if t.fits]
+    assert pick.config.micro_batch_size == max(t.config.micro_batch_size for t in fitting)
+
+
+def test_the_deepspeed_rule_tries_stages_in_order_and_keeps_the_fastest(
+    landscape: Landscape,
+) -> None:
+    measure = replay_measure(landscape, random.Random(0))
+    pick, trials = deepspeed_rule(measure, _base(landscape), [1, 2], "bf16")
+    assert pick is not None and pick.fits
+    stages = [t.config.parallel for t in trials]
+    assert stages == sorted(stages, key=["ddp", "fsdp"].index)  # DDP first, then FSDP
+    assert all(t.config.num_workers == 0 and t.config.checkpoint_segments == 0 for t in trials)
+    ddp_best = max((t for t in trials if t.config.parallel == "ddp" and t.fits),
+                   key=lambda t: t.samples_per_s or 0.0)  # fmt: skip
+    if pick.config.parallel == "fsdp":
+        assert (pick.samples_per_s or 0) >= 1.05 * (ddp_best.samples_per_s or 0)
+    else:
+        assert pick == ddp_best
+
+
+def test_a_configuration_outside_the_landscape_is_invalid_not_invented(
+    landscape: Landscape,
+) -> None:
+    config = TrainConfig(global_batch_size=landscape.global_batch_size, num_workers=4)
+    result = ReplayExecutor(landscape, random.Random(0)).result(config)
+    assert result.status == "invalid" and result.samples_per_s is None
