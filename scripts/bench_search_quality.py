@@ -27,6 +27,7 @@ search and random search need to reach 98% of the optimum (results/search_replay
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -40,7 +41,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.bench.landscape import Landscape, Measured, Point, Run
+from autotune.bench.landscape import (
+    Landscape,
+    Measured,
+    Point,
+    Run,
+    fastest_fitting,
+    within_limit,
+)
 from autotune.config import TrainConfig
 from autotune.result import Platform
 from autotune.search.progress import Reporter
@@ -101,7 +109,7 @@ class Live:
         self.executor.submit(TrialRequest(config=config, workload=self.spec, options=options))
         ((_, result),) = self.executor.wait()
         used = memory_used(result, self.platform.device_type)
-        fits = result.ok and used is not None and (self.limit is None or used <= self.limit)
+        fits = within_limit(result.status, used, self.limit)
         measured = Measured(
             config,
             result.status,
@@ -148,8 +156,9 @@ def run_grid(
     peaks = sorted(r[0].memory_used_bytes for r in runs.values() if r[0].memory_used_bytes)
     limit = int(peaks[min(len(peaks) - 1, int(args.memory_quantile * len(peaks)))])
     # The optimum is decided on repeated measurements of the best few, as the tuner's is.
-    fitting = [i for i, r in runs.items() if r[0].status == "ok"]
-    fitting = [i for i in fitting if (runs[i][0].memory_used_bytes or 0) <= limit]
+    fitting = [
+        i for i, r in runs.items() if within_limit(r[0].status, r[0].memory_used_bytes, limit)
+    ]
     ranked = sorted(fitting, key=lambda i: runs[i][0].samples_per_s or 0.0, reverse=True)
     for i in ranked[:ORACLE_TOP]:
         for _ in range(ORACLE_REPEATS):
@@ -168,12 +177,10 @@ def run_grid(
     )
     best = landscape.optimum()
     method.pick, method.pick_samples_per_s = best.config, best.value
-    method.trials = [
-        Measured(m.config, m.status, m.samples_per_s, m.memory_used_bytes,
-                 m.status == "ok" and (m.memory_used_bytes or 0) <= limit,
-                 m.measured_s, m.elapsed_s)
+    method.trials = [  # judged now that the limit is known
+        dataclasses.replace(m, feasible=within_limit(m.status, m.memory_used_bytes, limit))
         for m in method.trials
-    ]  # fmt: skip
+    ]
     return landscape, method
 
 
@@ -207,7 +214,7 @@ def run_autotune(spec: WorkloadSpec, args: Any, landscape: Landscape, budget: in
         if r.config is None or r.status in ("skipped", "duplicate", "invalid"):
             continue
         used = r.memory_used_bytes
-        fits = r.status == "ok" and used is not None and used <= limit
+        fits = within_limit(r.status, used, limit)
         method.trials.append(
             Measured(r.config, r.status, r.samples_per_s, used, fits, r.measured_s, elapsed)
         )
@@ -256,8 +263,7 @@ def _finish(method: Method, live: Live, chosen: Measured | None = None) -> Metho
     method.wall_s = live.close()
     method.trials = live.trials
     if chosen is None:
-        fitting = [m for m in live.trials if m.fits]
-        chosen = max(fitting, key=lambda m: m.samples_per_s or 0.0, default=None)
+        chosen = fastest_fitting(live.trials)
     if chosen is not None:
         method.pick, method.pick_samples_per_s = chosen.config, chosen.samples_per_s
     return method

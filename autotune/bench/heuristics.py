@@ -37,15 +37,16 @@ class _Memo:
     """Measure each configuration once; later asks get the same measurement."""
 
     def __init__(self, measure: Measure) -> None:
-        self.measure, self.seen, self.trials = measure, {}, []  # type: ignore[var-annotated]
+        self.measure = measure
+        self.seen: dict[str, Measured] = {}
+        self.trials: list[Measured] = []
 
     def __call__(self, config: TrainConfig) -> Measured:
         key = config_key(config)
         if key not in self.seen:
             self.seen[key] = self.measure(config)
             self.trials.append(self.seen[key])
-        result: Measured = self.seen[key]
-        return result
+        return self.seen[key]
 
 
 def _configs(

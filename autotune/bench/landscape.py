@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +42,17 @@ class Measured:
 
 
 Measure = Callable[[TrainConfig], Measured]
+
+
+def within_limit(status: str, used: int | None, limit: int | None) -> bool:
+    """Whether a trial finished with a known peak at most ``limit`` (None: no limit yet)."""
+    return status == "ok" and used is not None and (limit is None or used <= limit)
+
+
+def fastest_fitting(measurements: list[Measured]) -> Measured | None:
+    """The fastest measurement that finished within the limit, if any."""
+    fitting = [m for m in measurements if m.fits]
+    return max(fitting, key=lambda m: m.samples_per_s or 0.0, default=None)
 
 
 class Run(BaseModel):
@@ -120,19 +132,25 @@ class Landscape(BaseModel):
     memory_limit_bytes: int = Field(description="Feasible: peak memory at most this.")
     points: list[Point]
 
+    @cached_property
+    def _by_key(self) -> dict[str, Point]:
+        return {config_key(p.config): p for p in self.points}
+
     def lookup(self, config: TrainConfig) -> Point | None:
-        key = config_key(config)
-        return next((p for p in self.points if config_key(p.config) == key), None)
+        return self._by_key.get(config_key(config))
 
     def feasible(self, point: Point) -> bool:
-        used = point.memory_used_bytes
-        return point.status == "ok" and used is not None and used <= self.memory_limit_bytes
+        return within_limit(point.status, point.memory_used_bytes, self.memory_limit_bytes)
+
+    @cached_property
+    def _optimum(self) -> Point | None:
+        feasible = [p for p in self.points if self.feasible(p)]
+        return max(feasible, key=lambda p: p.value or 0.0, default=None)
 
     def optimum(self) -> Point:
-        feasible = [p for p in self.points if self.feasible(p)]
-        if not feasible:
+        if self._optimum is None:
             raise ValueError(f"no configuration of {self.workload} fits the memory limit")
-        return max(feasible, key=lambda p: p.value or 0.0)
+        return self._optimum
 
     def ratio(self, config: TrainConfig | None) -> float:
         """The true value of ``config`` as a share of the optimum; 0 if it does not fit."""

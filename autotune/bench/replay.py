@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotune.bench.landscape import Landscape, Measure, Measured, Point
+from autotune.bench.landscape import Landscape, Measure, Measured, Point, fastest_fitting
 from autotune.config import TrainConfig
 from autotune.result import RankReport, TrialResult
 from autotune.runner.request import TrialRequest
@@ -126,13 +126,8 @@ def replay_tuner(landscape: Landscape, seed: int, trials: int, *, finish: bool =
     )
     tuner.baseline()
     tuner.search()
-    measured = [
-        r.config
-        for r in tuner.state.records
-        if r.role in ("baseline", "search")
-        and r.config is not None
-        and r.status not in ("skipped", "duplicate", "invalid")
-    ]
+    # Each configuration is measured at most once, so this is in the order they were run.
+    measured = [r.config for r in tuner.state.measured().values() if r.config is not None]
     pick = None
     if finish:
         tuner.remeasure()
@@ -146,10 +141,8 @@ def replay_random(landscape: Landscape, seed: int, trials: int) -> Replay:
     configs = [p.config for p in landscape.points]
     chosen = rng.sample(configs, min(trials, len(configs)))
     measure = replay_measure(landscape, rng)
-    runs = [measure(c) for c in chosen]
-    fitting = [m for m in runs if m.fits]
-    pick = max(fitting, key=lambda m: m.samples_per_s or 0.0).config if fitting else None
-    return Replay(chosen, pick)
+    best = fastest_fitting([measure(c) for c in chosen])
+    return Replay(chosen, best.config if best else None)
 
 
 def trials_to_reach(
