@@ -250,8 +250,10 @@ def run_heuristic(name: str, platform: Platform, spec: WorkloadSpec, args: Any,
         "world_size": args.devices_used,
         "device": platform.device_type,
     }
-    accum = [c for c in space["grad_accum_steps"].choices if isinstance(c, int)]
-    amp = amp_where_available(space["amp"].choices)
+    # A knob the space does not list keeps its TrainConfig default.
+    accum_choices = space["grad_accum_steps"].choices if "grad_accum_steps" in space else (1,)
+    accum = [c for c in accum_choices if isinstance(c, int)]
+    amp = amp_where_available(space["amp"].choices if "amp" in space else ())
     live = Live(platform, spec, args, landscape.memory_limit_bytes)
     rule = batch_size_finder if name == "bs-finder" else deepspeed_rule
     chosen, _ = rule(live.measure, base, accum, amp)
