@@ -8,6 +8,7 @@
     batches = training.batches()
     for step in range(num_steps):
         stats = training.step(batches)   # grad_accum_steps micro-batches, one optimizer step
+    training.close()                     # leave the process group before the process exits
 
 ``prepare`` applies the knobs in the order the trials measured them (checkpointing, device,
 parallel wrap, comm hook), builds the DataLoader with the tuned settings and a
@@ -108,6 +109,7 @@ class Training:
     checkpointed_blocks: int
     repeated_blocks: int
     worker_pids: list[list[int]] = field(default_factory=list)
+    owns_process_group: bool = False  # prepare() joined it, so close() leaves it
 
     def batches(self) -> Iterator[Any]:
         """Batches forever, epoch after epoch (``set_epoch`` each time), for ``step``."""
@@ -133,6 +135,14 @@ class Training:
         """One optimizer step: ``grad_accum_steps`` micro-batches from ``batches``."""
         return self.runner.run(batches)
 
+    def close(self) -> None:
+        """Leave the process group ``prepare`` joined (one it found is left alone). Call it at
+        the end of training: a gloo group torn down by interpreter exit can abort a rank
+        ("terminate called without an active exception") after training succeeded."""
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_process_group = False
+
 
 def prepare(
     config: TrainConfig,
@@ -152,6 +162,7 @@ def prepare(
     """
     device = device or device_for(config)
     config = config.resolved(device.type)  # type: ignore[arg-type]
+    joined = not dist.is_initialized()
     rank = init_distributed(config, device)
     wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)
     make_optimizer = optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-4))
@@ -159,5 +170,16 @@ def prepare(
     loader, sampler = make_loader(config, dataset, rank, seed)
     runner = TrainStep(wrapped, opt, loss or default_loss, config, device, hooks)
     return Training(
-        config, device, rank, wrapped, opt, loader, sampler, runner, hooks, checkpointed, repeated
+        config,
+        device,
+        rank,
+        wrapped,
+        opt,
+        loader,
+        sampler,
+        runner,
+        hooks,
+        checkpointed,
+        repeated,
+        owns_process_group=joined and dist.is_initialized(),
     )
