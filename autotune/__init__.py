@@ -12,20 +12,20 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from autotune.api import run_trial, tune
     from autotune.config import TrainConfig, load_config
+    from autotune.recommendation import Recommendation
     from autotune.result import TrialResult
     from autotune.runner.request import TrialOptions
-    from autotune.search.recommendation import Recommendation
-    from autotune.workload import WorkloadSpec
+    from autotune.runner.workload import WorkloadSpec
 
 _LAZY = {
     "TrainConfig": "autotune.config",
     "load_config": "autotune.config",
     "TrialResult": "autotune.result",
     "TrialOptions": "autotune.runner.request",
-    "WorkloadSpec": "autotune.workload",
+    "WorkloadSpec": "autotune.runner.workload",
     "run_trial": "autotune.api",
     "tune": "autotune.api",
-    "Recommendation": "autotune.search.recommendation",
+    "Recommendation": "autotune.recommendation",
 }
 
 __all__ = [

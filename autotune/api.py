@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.config import TrainConfig, load_config, make_config
-from autotune.errors import ConfigError
+from autotune.errors import validated
+from autotune.recommendation import Recommendation
 from autotune.result import TrialResult
+from autotune.runner.launch import run_trial as launch
 from autotune.runner.request import TrialOptions
-from autotune.workload import WorkloadSpec, check_workload
-
-if TYPE_CHECKING:
-    from autotune.search.progress import Reporter
-    from autotune.search.recommendation import Recommendation
+from autotune.runner.workload import WorkloadSpec, check_workload
+from autotune.search.driver import run_search
+from autotune.search.progress import LineReporter, Reporter
+from autotune.search.settings import make_settings
 
 
 def as_config(config: TrainConfig | dict[str, Any] | str | Path) -> TrainConfig:
@@ -27,15 +28,8 @@ def as_config(config: TrainConfig | dict[str, Any] | str | Path) -> TrainConfig:
 
 
 def as_options(options: TrialOptions | None, overrides: dict[str, Any]) -> TrialOptions:
-    from pydantic import ValidationError
-
     base = options.model_dump() if options else {}
-    try:
-        return TrialOptions.model_validate({**base, **overrides})
-    except ValidationError as error:
-        from autotune.config import describe_validation_error
-
-        raise ConfigError(describe_validation_error(error, "trial options")) from None
+    return validated(TrialOptions, {**base, **overrides}, "trial options")
 
 
 def _workload(
@@ -73,8 +67,6 @@ def run_trial(
     hang, an exception in the model) is returned as a ``TrialResult`` with its status.
     ``option_overrides`` are ``TrialOptions`` fields, e.g. ``measured_steps=20``.
     """
-    from autotune.runner.launch import run_trial as launch
-
     workload = _workload(model, data, loss, input_shape, input_dtype)
     check_workload(workload)
     return launch(as_config(config), workload, as_options(options, option_overrides))
@@ -99,10 +91,6 @@ def tune(
     printed unless ``progress=True``. Re-running with the same arguments resumes the study.
     Bad input raises ``AutotuneError`` with a one-line message.
     """
-    from autotune.search.driver import run_search
-    from autotune.search.progress import LineReporter, Reporter
-    from autotune.search.settings import make_settings
-
     checked = make_settings({"global_batch_size": global_batch_size, **settings})
     workload = _workload(model, data, loss, input_shape, input_dtype)
     if reporter is None:

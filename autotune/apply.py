@@ -10,181 +10,30 @@
         stats = training.step(batches)   # grad_accum_steps micro-batches, one optimizer step
     training.close()                     # leave the process group before the process exits
 
-``prepare`` applies the knobs in the order the trials measured them (checkpointing, device,
-parallel wrap, comm hook), builds the DataLoader with the tuned settings and a
-``DistributedSampler``, and ``step`` runs autocast, the gradient scaler and accumulation with no
-gradient sync on all but the last micro-batch. The trial runner uses this same code.
+This module re-exports the trial runner's own session code (``autotune.runner.session``) and
+loss rules: a user loop runs exactly the code the trials measured.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from autotune.runner.loss import default_loss
+from autotune.runner.session import (
+    OptimizerFactory,
+    Training,
+    device_for,
+    init_distributed,
+    make_loader,
+    prepare,
+)
+from autotune.runner.training import StepStats
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
-
-from autotune.config import TrainConfig
-from autotune.runner.training import HookCounter, StepStats, TrainStep, prepare_model
-from autotune.workload import default_loss
-
-OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
-
-
-def device_for(config: TrainConfig, local_rank: int | None = None) -> torch.device:
-    """This process's device: ``cuda:LOCAL_RANK`` for CUDA configs (made current), else CPU."""
-    if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    index = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
-    device = torch.device("cuda", index)
-    torch.cuda.set_device(device)
-    return device
-
-
-def init_distributed(config: TrainConfig, device: torch.device, timeout_s: float = 600.0) -> int:
-    """Join the default process group if the config needs one; return this process's rank.
-
-    The rank, world size and rendezvous come from the environment torchrun sets (RANK,
-    WORLD_SIZE, MASTER_ADDR, MASTER_PORT). An existing process group is reused.
-    """
-    if config.parallel not in ("ddp", "fsdp"):
-        return 0
-    if not dist.is_initialized():
-        world = int(os.environ.get("WORLD_SIZE", config.world_size))
-        if world != config.world_size:
-            raise RuntimeError(
-                f"the config asks for world_size={config.world_size} but this job has "
-                f"WORLD_SIZE={world}; launch it with --nproc-per-node={config.world_size}"
-            )
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
-            rank=int(os.environ.get("RANK", 0)),
-            world_size=world,
-            timeout=timedelta(seconds=timeout_s),
-            device_id=device if device.type == "cuda" else None,
-        )
-    return dist.get_rank()
-
-
-def make_loader(
-    config: TrainConfig, dataset: Dataset[Any], rank: int, seed: int = 0
-) -> tuple[DataLoader[Any], DistributedSampler[Any]]:
-    """A DataLoader with the config's worker settings, over this rank's share of ``dataset``."""
-    replicas = config.world_size if config.parallel in ("ddp", "fsdp") else 1
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        dataset, num_replicas=replicas, rank=rank, seed=seed, drop_last=True
-    )
-    per_process = config.micro_batch_size * (config.world_size if config.parallel == "dp" else 1)
-    loader = DataLoader(
-        dataset,
-        batch_size=per_process,
-        sampler=sampler,
-        num_workers=config.num_workers,
-        prefetch_factor=config.prefetch_factor,
-        pin_memory=config.pin_memory,
-        persistent_workers=config.persistent_workers,
-        drop_last=True,
-    )
-    return loader, sampler
-
-
-@dataclass
-class Training:
-    """A model, optimizer and DataLoader set up for one configuration, and its step."""
-
-    config: TrainConfig
-    device: torch.device
-    rank: int
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    loader: DataLoader[Any]
-    sampler: DistributedSampler[Any]
-    runner: TrainStep
-    hooks: HookCounter
-    checkpointed_blocks: int
-    repeated_blocks: int
-    worker_pids: list[list[int]] = field(default_factory=list)
-    owns_process_group: bool = False  # prepare() joined it, so close() leaves it
-
-    def batches(self) -> Iterator[Any]:
-        """Batches forever, epoch after epoch (``set_epoch`` each time), for ``step``."""
-        from autotune.runner.memory import child_pids
-
-        epoch = 0
-        while True:
-            self.sampler.set_epoch(epoch)
-            first = True
-            for batch in self.loader:
-                if first and self.loader.num_workers:
-                    self.worker_pids.append(sorted(child_pids()))
-                first = False
-                yield batch
-            if first:
-                raise RuntimeError(
-                    "the DataLoader produced no batch: the dataset is smaller than one batch "
-                    f"({self.loader.batch_size} samples) per rank"
-                )
-            epoch += 1
-
-    def step(self, batches: Iterator[Any]) -> StepStats:
-        """One optimizer step: ``grad_accum_steps`` micro-batches from ``batches``."""
-        return self.runner.run(batches)
-
-    def close(self) -> None:
-        """Leave the process group ``prepare`` joined (one it found is left alone). Call it at
-        the end of training: a gloo group torn down by interpreter exit can abort a rank
-        ("terminate called without an active exception") after training succeeded. Cyclic
-        garbage still holding collective work (comm-hook futures) is collected first; without
-        that, destroying the group aborted a rank about one run in four."""
-        import gc
-
-        if self.owns_process_group and dist.is_initialized():
-            gc.collect()
-            dist.destroy_process_group()
-            self.owns_process_group = False
-
-
-def prepare(
-    config: TrainConfig,
-    model: nn.Module,
-    dataset: Dataset[Any],
-    loss: Callable[[Any, Any], Any] | None = None,
-    *,
-    optimizer: OptimizerFactory | None = None,
-    device: torch.device | None = None,
-    seed: int = 0,
-) -> Training:
-    """Apply ``config`` to ``model`` and ``dataset`` in this process (one rank of the job).
-
-    ``loss(output, target)`` defaults to the model's own loss or the rules of
-    ``autotune.workload.default_loss``; ``optimizer`` is a factory taking the parameters of the
-    wrapped model (AdamW with lr=1e-4 when omitted).
-    """
-    device = device or device_for(config)
-    config = config.resolved(device.type)  # type: ignore[arg-type]
-    joined = not dist.is_initialized()
-    rank = init_distributed(config, device)
-    wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)
-    make_optimizer = optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-4))
-    opt = make_optimizer(wrapped.parameters())
-    loader, sampler = make_loader(config, dataset, rank, seed)
-    runner = TrainStep(wrapped, opt, loss or default_loss, config, device, hooks)
-    return Training(
-        config,
-        device,
-        rank,
-        wrapped,
-        opt,
-        loader,
-        sampler,
-        runner,
-        hooks,
-        checkpointed,
-        repeated,
-        owns_process_group=joined and dist.is_initialized(),
-    )
+__all__ = [
+    "OptimizerFactory",
+    "StepStats",
+    "Training",
+    "default_loss",
+    "device_for",
+    "init_distributed",
+    "make_loader",
+    "prepare",
+]

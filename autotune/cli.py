@@ -15,7 +15,17 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from autotune import __version__
+from autotune.api import as_config, run_trial, tune
+from autotune.config import TrainConfig, make_config, read_config_file, save_config
 from autotune.errors import AutotuneError
+from autotune.export import notes_for, render
+from autotune.html_report import write_report
+from autotune.report import format_costs, format_recommendation, format_study, format_trial
+from autotune.search.driver import load_recommendation
+from autotune.search.progress import make_reporter
+from autotune.search.settings import make_settings
+from autotune.units import parse_bytes, parse_duration
 
 EXIT_OK, EXIT_TRIAL_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -29,7 +39,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, its help taken from the field's description."""
-    from autotune.config import TrainConfig
 
     group = parser.add_argument_group("training configuration (override --config)")
     for name, field in TrainConfig.model_fields.items():
@@ -57,7 +66,6 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def _byte_size(text: str) -> int:
-    from autotune.units import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -75,7 +83,6 @@ def _workload_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autotune import __version__
 
     parser = _Parser(prog="autotune", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
@@ -207,7 +214,6 @@ def _check_cost_flags(args: argparse.Namespace) -> None:
 
 
 def _costs(args: argparse.Namespace, recommendation: Any) -> str | None:
-    from autotune.report import format_costs
 
     if args.train_samples is None:
         return None
@@ -215,8 +221,6 @@ def _costs(args: argparse.Namespace, recommendation: Any) -> str | None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from autotune.html_report import write_report
-    from autotune.search.driver import load_recommendation
 
     _check_cost_flags(args)
     costs = _costs(args, load_recommendation(args.storage, args.study_name))
@@ -225,12 +229,6 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from autotune.api import tune
-    from autotune.config import save_config
-    from autotune.report import format_recommendation
-    from autotune.search.progress import make_reporter
-    from autotune.search.settings import make_settings
-    from autotune.units import parse_duration
 
     _check_cost_flags(args)
     settings: dict[str, Any] = {"memory_budget": args.memory_budget}
@@ -277,8 +275,6 @@ def _search(args: argparse.Namespace) -> int:
         save_config(recommendation.config, args.out)
     costs = _costs(args, recommendation)
     if args.report:
-        from autotune.html_report import write_report
-
         write_report(checked.storage, recommendation.study_name, args.report, costs)
     if args.json:
         print(recommendation.to_json())
@@ -294,9 +290,6 @@ def _search(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from autotune.export import notes_for, render
-    from autotune.search.driver import load_recommendation
-
     recommendation = load_recommendation(args.storage, args.study_name)
     text = render(recommendation, args.format, script=args.script)
     for note in notes_for(recommendation, args.format):
@@ -310,7 +303,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from autotune.report import format_study
 
     print(format_study(args.storage, args.study_name))
     return EXIT_OK
@@ -319,10 +311,6 @@ def _show(args: argparse.Namespace) -> int:
 def _trial(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from autotune.api import as_config, run_trial
-    from autotune.config import read_config_file
-    from autotune.report import format_trial
-
     values = read_config_file(args.config) if args.config else {}
     for key, value in vars(args).items():
         if key.startswith("cfg_") and value is not None:
@@ -330,7 +318,6 @@ def _trial(args: argparse.Namespace) -> int:
     source = f"config {args.config!r} with flags" if args.config else "flags"
     if "global_batch_size" not in values:
         raise AutotuneError("--global-batch-size is required (or global_batch_size in --config)")
-    from autotune.config import make_config
 
     config = as_config(make_config(values, source=source))
     options = {

@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, validated
 
 Parallel = Literal["single", "dp", "ddp", "fsdp"]
 CommHook = Literal["none", "fp16", "bf16", "powersgd"]
@@ -141,6 +142,11 @@ class TrainConfig(BaseModel):
             return self
         return make_config({**self.model_dump(), "device": device})
 
+    def key(self) -> str:
+        """This configuration's identity: equal keys, the same configuration (stable across
+        processes and storage, unlike ``hash``)."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
     def summary(self) -> str:
         """A short human-readable description, e.g. for progress lines."""
         parts = [f"{self.parallel}x{self.world_size}", f"amp={self.amp}"]
@@ -156,29 +162,9 @@ class TrainConfig(BaseModel):
         return " ".join(parts)
 
 
-def describe_validation_error(error: ValidationError, source: str = "config") -> str:
-    """One line naming each offending field, its value and what would be accepted."""
-    messages = []
-    for item in error.errors():
-        field = ".".join(str(p) for p in item["loc"])
-        msg = str(item["msg"]).removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            known = ", ".join(TrainConfig.model_fields)
-            msg = f"unknown field {field!r}; known fields: {known}"
-        elif item["type"] == "missing":
-            msg = f"missing required field {field!r}"
-        elif field:
-            msg = f"{field}={item.get('input')!r}: {msg}"
-        messages.append(msg)
-    return f"invalid {source}: " + "; ".join(messages)
-
-
 def make_config(values: dict[str, Any], source: str = "config") -> TrainConfig:
     """Validate ``values`` into a ``TrainConfig``, raising ``ConfigError`` with one clear line."""
-    try:
-        return TrainConfig.model_validate(values)
-    except ValidationError as error:
-        raise ConfigError(describe_validation_error(error, source)) from None
+    return validated(TrainConfig, values, source)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -188,7 +174,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as error:
         raise ConfigError(f"cannot read config file {str(path)!r}: {error.strerror}") from None
-    import yaml
 
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -219,6 +204,4 @@ def save_config(config: TrainConfig, path: str | Path) -> None:
     if path.suffix == ".json":
         path.write_text(json.dumps(data, indent=2) + "\n")
     else:
-        import yaml
-
         path.write_text(yaml.safe_dump(data, sort_keys=False))

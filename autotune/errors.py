@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
 
 class AutotuneError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
@@ -13,3 +17,34 @@ class ConfigError(AutotuneError):
 
 class WorkloadError(AutotuneError):
     """The user's model, data or loss could not be loaded or used."""
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def describe_validation_error(error: ValidationError, source: str, model: type[BaseModel]) -> str:
+    """One line naming each offending field of ``model``, its value and what would be accepted.
+
+    The one place that turns pydantic's errors into the sentence users see, for every model:
+    an unknown field lists ``model``'s own fields."""
+    messages = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"])
+        msg = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            known = ", ".join(model.model_fields)
+            msg = f"unknown field {field!r}; known fields: {known}"
+        elif item["type"] == "missing":
+            msg = f"missing required field {field!r}"
+        elif field:
+            msg = f"{field}={item.get('input')!r}: {msg}"
+        messages.append(msg)
+    return f"invalid {source}: " + "; ".join(messages)
+
+
+def validated(model: type[Model], values: dict[str, Any], source: str) -> Model:
+    """``values`` as a ``model``, or a ``ConfigError`` with one clear line."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, source, model)) from None

@@ -6,7 +6,7 @@ import json
 import shlex
 from typing import Any
 
-from autotune.search.recommendation import Recommendation
+from autotune.recommendation import Recommendation
 from autotune.trainers import accelerate, hugging_face, lightning, render_yaml
 
 FORMATS = ("yaml", "json", "torchrun", "hf", "lightning", "accelerate")

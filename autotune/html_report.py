@@ -10,7 +10,10 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.search.recommendation import Recommendation, TrialRecord
+from autotune.recommendation import Recommendation
+from autotune.records import TrialRecord
+from autotune.search.driver import load_recommendation
+from autotune.search.study import open_storage
 from autotune.units import format_bytes
 
 _W, _H, _PAD = 640, 320, 48
@@ -199,9 +202,6 @@ def write_report(storage: str, study_name: str | None, path: str, costs: str | N
     from pathlib import Path
 
     import optuna
-
-    from autotune.search.driver import load_recommendation
-    from autotune.search.study import open_storage
 
     recommendation = load_recommendation(storage, study_name)
     study = optuna.load_study(study_name=recommendation.study_name, storage=open_storage(storage))

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from autotune.errors import ConfigError
+from autotune.recommendation import Recommendation
 from autotune.result import TrialResult
+from autotune.search.study import open_storage, stored_records
 from autotune.units import format_bytes
-
-if TYPE_CHECKING:
-    from autotune.search.recommendation import Recommendation
 
 
 def format_trial(result: TrialResult) -> str:
@@ -131,8 +129,6 @@ def format_study(storage: str, study_name: str | None) -> str:
     """Every trial of a stored study, one line each."""
     import optuna
 
-    from autotune.search.study import open_storage, stored_records
-
     backend = open_storage(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
     if study_name is None:
@@ -140,8 +136,6 @@ def format_study(storage: str, study_name: str | None) -> str:
             return f"studies in {storage}:\n" + "\n".join(f"  {n}" for n in names)
         study_name = names[0]
     if study_name not in names:
-        from autotune.errors import ConfigError
-
         raise ConfigError(
             f"no study {study_name!r} in {storage!r}; it holds: " + (", ".join(names) or "none")
         )

@@ -50,10 +50,10 @@ from autotune.bench.landscape import (
     within_limit,
 )
 from autotune.config import TrainConfig
+from autotune.records import TrialRecord
 from autotune.result import Platform
+from autotune.runner.workload import WorkloadSpec
 from autotune.search.progress import Reporter
-from autotune.search.recommendation import TrialRecord
-from autotune.workload import WorkloadSpec
 
 # name: (model reference, global batch size); sized for 2 ranks on a 2-core CPU, or for a GPU.
 WORKLOADS = {
@@ -89,7 +89,7 @@ class Live:
     """Runs trials on a fresh executor; every time is measured from its creation."""
 
     def __init__(self, platform: Platform, spec: WorkloadSpec, args: Any, limit: int | None):
-        from autotune.search.ray_executor import RayExecutor
+        from autotune.runner.ray_executor import RayExecutor
 
         self.started = time.perf_counter()
         self.platform, self.spec, self.args, self.limit = platform, spec, args, limit
@@ -413,7 +413,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
 
 
 def live(args: argparse.Namespace) -> None:
-    from autotune.platform import detect_platform, resolve_device
+    from autotune.runner.platform import detect_platform, resolve_device
     from autotune.search.probe import repeated_blocks, restrict_space
     from autotune.search.space import enumerate_configs, load_space
 

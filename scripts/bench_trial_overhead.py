@@ -34,10 +34,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from autotune.config import make_config
-    from autotune.platform import detect_platform
+    from autotune.runner.platform import detect_platform
+    from autotune.runner.ray_executor import RayExecutor
     from autotune.runner.request import TrialOptions, TrialRequest
-    from autotune.search.ray_executor import RayExecutor
-    from autotune.workload import WorkloadSpec
+    from autotune.runner.workload import WorkloadSpec
 
     platform = detect_platform("cpu")
     executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=8)

@@ -13,8 +13,8 @@ import yaml
 
 from autotune.config import TrainConfig, load_config, make_config
 from autotune.export import notes_for, render
-from autotune.platform import detect_platform
-from autotune.search.recommendation import Recommendation
+from autotune.recommendation import Recommendation
+from autotune.runner.platform import detect_platform
 
 HOOKED = {
     "parallel": "ddp",

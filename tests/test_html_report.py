@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from autotune.config import make_config
 from autotune.html_report import render_html
-from autotune.platform import detect_platform
+from autotune.recommendation import Recommendation
+from autotune.records import TrialRecord
 from autotune.report import format_costs
-from autotune.search.recommendation import Recommendation, TrialRecord
+from autotune.runner.platform import detect_platform
 
 
 def _recommendation() -> Recommendation:

@@ -22,7 +22,6 @@ from typing import Any
 
 from autotune.bench.landscape import Measure, Measured
 from autotune.config import TrainConfig
-from autotune.search.study import config_key
 
 STAGE_GAIN = 0.05  # DeepSpeed moves on to the next stage only for at least this gain
 TUNED_MICRO_BATCHES = 3  # micro-batch sizes DeepSpeed measures per stage, largest first
@@ -42,7 +41,7 @@ class _Memo:
         self.trials: list[Measured] = []
 
     def __call__(self, config: TrainConfig) -> Measured:
-        key = config_key(config)
+        key = config.key()
         if key not in self.seen:
             self.seen[key] = self.measure(config)
             self.trials.append(self.seen[key])

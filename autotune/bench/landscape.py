@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from autotune.config import TrainConfig
 from autotune.result import Platform, TrialResult, TrialStatus
 from autotune.search.space import SearchSpace
-from autotune.search.study import config_key
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -134,10 +133,10 @@ class Landscape(BaseModel):
 
     @cached_property
     def _by_key(self) -> dict[str, Point]:
-        return {config_key(p.config): p for p in self.points}
+        return {p.config.key(): p for p in self.points}
 
     def lookup(self, config: TrainConfig) -> Point | None:
-        return self._by_key.get(config_key(config))
+        return self._by_key.get(config.key())
 
     def feasible(self, point: Point) -> bool:
         return within_limit(point.status, point.memory_used_bytes, self.memory_limit_bytes)

@@ -19,6 +19,11 @@ from autotune.bench.landscape import Landscape, Measure, Measured, Point, fastes
 from autotune.config import TrainConfig
 from autotune.result import RankReport, TrialResult
 from autotune.runner.request import TrialRequest
+from autotune.runner.workload import WorkloadSpec
+from autotune.search.progress import Reporter
+from autotune.search.settings import SearchSettings
+from autotune.search.study import make_sampler
+from autotune.search.tuner import Tuner
 
 P10_P90_SIGMAS = 2.56
 
@@ -95,12 +100,6 @@ def replay_tuner(landscape: Landscape, seed: int, trials: int, *, finish: bool =
     """The tuner's search (baseline first) with ``trials`` measured trials; with ``finish``
     its re-measurement and verification pick the winner, as in a live search."""
     import optuna
-
-    from autotune.search.progress import Reporter
-    from autotune.search.settings import SearchSettings
-    from autotune.search.study import make_sampler
-    from autotune.search.tuner import Tuner
-    from autotune.workload import WorkloadSpec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

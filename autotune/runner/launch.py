@@ -23,8 +23,9 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.result import Platform, RankReport, TrialResult
 from autotune.runner.outcome import assemble_result
+from autotune.runner.platform import detect_platform, resolve_device
 from autotune.runner.request import TrialOptions, TrialRequest
-from autotune.workload import WorkloadSpec
+from autotune.runner.workload import WorkloadSpec
 
 POLL_S = 0.05
 
@@ -159,8 +160,6 @@ def run_trial(
     config: TrainConfig, workload: WorkloadSpec, options: TrialOptions | None = None
 ) -> TrialResult:
     """Measure ``config`` on ``workload`` with real rank processes; never raises for a bad trial."""
-    from autotune.platform import detect_platform, resolve_device
-
     options = options or TrialOptions()
     started = time.perf_counter()
     device = resolve_device(config.device)

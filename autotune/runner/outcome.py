@@ -5,6 +5,8 @@ from __future__ import annotations
 from autotune.result import Platform, RankReport, TrialResult, TrialStatus, summarise_steps
 from autotune.runner.request import TrialRequest
 
+_PEER_FAILURE_HINTS = ("connection closed by peer", "connection reset", "broken pipe", "timed out")
+
 # Which failure explains a trial best when several ranks failed: the root cause first.
 _PRIORITY: dict[TrialStatus, int] = {
     "invalid": 0,
@@ -16,10 +18,13 @@ _PRIORITY: dict[TrialStatus, int] = {
 }
 
 
+def is_peer_failure(message: str) -> bool:
+    """Whether an error only echoes another rank's failure (a broken collective)."""
+    return any(hint in message.lower() for hint in _PEER_FAILURE_HINTS)
+
+
 def _is_echo(report: RankReport) -> bool:
     """A rank that only waited for, or broke on, another rank's failure."""
-    from autotune.runner.rank import is_peer_failure
-
     return report.status == "timed_out" or (
         report.status == "error" and is_peer_failure(report.message)
     )

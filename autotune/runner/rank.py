@@ -1,7 +1,7 @@
 """One rank of a trial: join the process group, build, warm up, measure, report.
 
 ``run_rank`` never raises: whatever happens becomes a ``RankReport`` with a status. It is the
-same function whoever starts the rank (the local launcher's subprocess here, a Ray actor later).
+same function whoever starts the rank (the local launcher's subprocess, or a Ray actor).
 
 Run as a process: ``python -m autotune.runner.rank REQUEST.json RANK OUT_DIR``, with
 MASTER_ADDR, MASTER_PORT and WORLD_SIZE set; it writes ``OUT_DIR/rank-RANK.json``.
@@ -14,15 +14,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from autotune.errors import ConfigError, WorkloadError
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
+from autotune.runner.memory import MemoryTracker, release_free_heap
+from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
-
-if TYPE_CHECKING:
-    from autotune.workload import WorkloadCache
-
-_PEER_FAILURE_HINTS = ("connection closed by peer", "connection reset", "broken pipe", "timed out")
+from autotune.runner.session import device_for, init_distributed, prepare
+from autotune.runner.workload import WorkloadCache, build_workload
 
 
 class Progress:
@@ -39,10 +41,6 @@ class Progress:
 
 def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
     """Map an exception raised inside a rank to a trial status and a one-line reason."""
-    import torch
-
-    from autotune.errors import ConfigError, WorkloadError
-
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if isinstance(error, ConfigError):
         return "invalid", text
@@ -55,11 +53,6 @@ def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
     ):
         return "oom", f"{type(error).__name__}: {text}"[:500]
     return "error", f"{type(error).__name__}: {text}"[:500]
-
-
-def is_peer_failure(message: str) -> bool:
-    """Whether an error only echoes another rank's failure (a broken collective)."""
-    return any(hint in message.lower() for hint in _PEER_FAILURE_HINTS)
 
 
 def apply_memory_limit(limit: int | None) -> None:
@@ -119,13 +112,6 @@ def _measure(
     spawned: float,
     workloads: WorkloadCache | None,
 ) -> None:
-    import torch
-
-    from autotune.apply import device_for, init_distributed, prepare
-    from autotune.platform import usable_cpus
-    from autotune.runner.memory import MemoryTracker, release_free_heap
-    from autotune.workload import build_workload
-
     config, options = request.config, request.options
     device = device_for(config, int(os.environ.get("LOCAL_RANK", rank)))
     if device.type == "cuda" and options.memory_limit_bytes is not None:

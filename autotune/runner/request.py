@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.config import TrainConfig
-from autotune.workload import WorkloadSpec
+from autotune.runner.workload import WorkloadSpec
 
 
 class TrialOptions(BaseModel):

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from autotune.config import TrainConfig
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
+from autotune.runner.loss import first_tensor
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -196,8 +197,6 @@ class TrainStep:
 
 
 def _output_dtype(output: Any) -> torch.dtype | None:
-    from autotune.workload import first_tensor
-
     tensor = first_tensor(output)
     return tensor.dtype if isinstance(tensor, torch.Tensor) else None
 

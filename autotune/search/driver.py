@@ -5,10 +5,15 @@ from __future__ import annotations
 import re
 
 from autotune.errors import ConfigError
+from autotune.recommendation import Recommendation
+from autotune.runner.platform import detect_platform, resolve_device, usable_cpus
+from autotune.runner.workload import WorkloadSpec, check_workload
+from autotune.search.probe import repeated_blocks, restrict_space
 from autotune.search.progress import Reporter
-from autotune.search.recommendation import Recommendation
 from autotune.search.settings import SearchSettings
-from autotune.workload import WorkloadSpec
+from autotune.search.space import load_space
+from autotune.search.study import model_hash, open_storage, open_study
+from autotune.search.tuner import Tuner
 
 RECOMMENDATION_ATTR = "autotune:recommendation"
 
@@ -32,13 +37,6 @@ def run_search(
     workload: WorkloadSpec, settings: SearchSettings, reporter: Reporter
 ) -> Recommendation:
     """Search, store every trial, and return (and store) the recommendation."""
-    from autotune.platform import detect_platform, resolve_device, usable_cpus
-    from autotune.search.probe import repeated_blocks, restrict_space
-    from autotune.search.space import load_space
-    from autotune.search.study import model_hash, open_storage, open_study
-    from autotune.search.tuner import Tuner
-    from autotune.workload import check_workload
-
     check_workload(workload)
     space = load_space(settings.space)
     storage = open_storage(settings.storage)
@@ -77,7 +75,7 @@ def run_search(
         ),
     )
 
-    from autotune.search.ray_executor import RayExecutor
+    from autotune.runner.ray_executor import RayExecutor  # imports Ray: only when searching
 
     max_workers = (
         max((c for c in space.params["num_workers"].choices if isinstance(c, int)), default=0)
@@ -119,8 +117,6 @@ def run_search(
 def load_recommendation(storage: str, study_name: str | None) -> Recommendation:
     """The recommendation stored by a finished search."""
     import optuna
-
-    from autotune.search.study import open_storage
 
     backend = open_storage(storage)
     summaries = optuna.get_all_study_summaries(backend)

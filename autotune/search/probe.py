@@ -11,22 +11,15 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
+from autotune.config import make_config
+from autotune.records import Exclusion, Value
 from autotune.result import Platform
-from autotune.search.space import SearchSpace, Value
+from autotune.runner.launch import run_trial
+from autotune.runner.request import TrialOptions
+from autotune.runner.workload import WorkloadSpec, load_model
+from autotune.search.space import SearchSpace
 
 PROBE_MODEL = "workloads.mlp:mlp_tiny"
-
-
-class Exclusion(BaseModel):
-    """A choice removed from the space before the search, and why."""
-
-    model_config = ConfigDict(frozen=True)
-
-    knob: str
-    value: Value
-    reason: str
 
 
 def _cache_path(platform: Platform) -> Path:
@@ -36,11 +29,6 @@ def _cache_path(platform: Platform) -> Path:
 
 def _runtime_checks(platform: Platform, hooks: list[str]) -> dict[str, str]:
     """Try each comm hook in a tiny 2-rank DDP trial; return {hook: failure reason}."""
-    from autotune.config import make_config
-    from autotune.runner.launch import run_trial
-    from autotune.runner.request import TrialOptions
-    from autotune.workload import WorkloadSpec
-
     path = _cache_path(platform)
     try:
         cached: dict[str, str | None] = json.loads(path.read_text())
@@ -132,8 +120,7 @@ def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
     device (no memory, no initialisation); None if it cannot be built there."""
     import torch
 
-    from autotune.runner.checkpointing import find_repeated_blocks
-    from autotune.workload import load_model
+    from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
 
     try:
         with torch.device("meta"):

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from autotune.config import TrainConfig
-
-if TYPE_CHECKING:
-    from autotune.search.recommendation import TrialRecord
+from autotune.records import TrialRecord
 
 
 class Reporter:

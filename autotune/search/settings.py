@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from autotune.errors import ConfigError
+from autotune.errors import validated
+from autotune.units import parse_bytes
 
 
 class SearchSettings(BaseModel):
@@ -49,8 +50,6 @@ class SearchSettings(BaseModel):
     @field_validator("memory_budget", mode="before")
     @classmethod
     def _check_budget(cls, value: object) -> str | int | float:
-        from autotune.units import parse_bytes
-
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError("expected a size such as 20GiB or a fraction such as 0.9")
         if isinstance(value, str):
@@ -77,8 +76,6 @@ class SearchSettings(BaseModel):
 
     def memory_budget_bytes(self, device_memory_bytes: int) -> int:
         """The budget in bytes, given one device's memory."""
-        from autotune.units import parse_bytes
-
         value = self.memory_budget
         if isinstance(value, float):
             return int(value * device_memory_bytes)
@@ -86,12 +83,4 @@ class SearchSettings(BaseModel):
 
 
 def make_settings(values: dict[str, object]) -> SearchSettings:
-    try:
-        return SearchSettings.model_validate(values)
-    except ValidationError as error:
-        problems = []
-        for item in error.errors():
-            field = ".".join(str(p) for p in item["loc"])
-            message = str(item["msg"]).removeprefix("Value error, ")
-            problems.append(f"{field}={item.get('input')!r}: {message}" if field else message)
-        raise ConfigError("invalid search settings: " + "; ".join(problems)) from None
+    return validated(SearchSettings, values, "search settings")

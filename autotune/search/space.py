@@ -25,9 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
+from autotune.records import Value
 
 SPACES_DIR = Path(__file__).resolve().parent.parent.parent / "search_spaces"
-Value = str | int | bool | None
 
 
 class Param(BaseModel):
@@ -146,7 +146,6 @@ def load_space(name_or_path: str) -> SearchSpace:
 def enumerate_configs(space: SearchSpace, fixed: dict[str, Any]) -> list[TrainConfig]:
     """Every valid configuration of ``space`` (with ``fixed`` fields such as the global batch),
     in the order the knobs are listed; combinations TrainConfig refuses are left out."""
-    from autotune.search.study import config_key
 
     names = list(space.params)
     found: dict[str, TrainConfig] = {}
@@ -157,7 +156,7 @@ def enumerate_configs(space: SearchSpace, fixed: dict[str, Any]) -> list[TrainCo
                 config = TrainConfig(**values, **fixed)
             except ValueError:
                 return
-            found.setdefault(config_key(config), config)
+            found.setdefault(config.key(), config)
             return
         param = space.params[names[i]]
         if not param.active(values):

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import warnings
 from pathlib import Path
 from typing import Any
 
-from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.search.recommendation import TrialRecord
+from autotune.records import TrialRecord
+from autotune.runner.workload import resolve_reference
 
 ATTR_PREFIX = "autotune:"
 
@@ -44,8 +43,6 @@ def open_storage(storage: str) -> Any:
 
 def model_hash(model_reference: str) -> str:
     """A hash of the model's source file, so a changed model is a different study."""
-    from autotune.workload import resolve_reference
-
     module, _ = resolve_reference(model_reference, "--model")
     try:
         source = Path(inspect.getsourcefile(module) or "").read_bytes()
@@ -113,10 +110,6 @@ def requeue_abandoned(study: Any) -> int:
         if trial.params:
             study.enqueue_trial(trial.params, skip_if_exists=False)
     return len(abandoned)
-
-
-def config_key(config: TrainConfig) -> str:
-    return json.dumps(config.model_dump(mode="json"), sort_keys=True)
 
 
 def record_of(trial: Any) -> TrialRecord | None:

@@ -13,15 +13,16 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
+from autotune.recommendation import Recommendation
+from autotune.records import Role, TrialRecord
 from autotune.result import Platform, TrialResult
 from autotune.runner.request import TrialOptions, TrialRequest
+from autotune.runner.workload import WorkloadSpec
 from autotune.search.precheck import Observation, precheck
 from autotune.search.progress import Reporter
-from autotune.search.recommendation import Recommendation, Role, TrialRecord
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
-from autotune.search.study import ATTR_PREFIX, config_key, stored_records
-from autotune.workload import WorkloadSpec
+from autotune.search.study import ATTR_PREFIX, stored_records
 
 MAX_UNPRODUCTIVE_PROPOSALS = 200
 THROUGHPUT_TOLERANCE = 0.10  # verification confirms throughput within this, or the spread
@@ -59,7 +60,7 @@ class SearchState:
 
     def measured(self) -> dict[str, TrialRecord]:
         return {
-            config_key(r.config): r
+            r.config.key(): r
             for r in self.records
             if r.config is not None
             and r.role in ("baseline", "search")
@@ -255,7 +256,7 @@ class Tuner:
         except ValueError as error:
             self._tell_invalid(trial, None, str(error).splitlines()[-1].strip())
             return None
-        seen = self.state.measured().get(config_key(config))
+        seen = self.state.measured().get(config.key())
         if seen is not None:  # never measured twice: the sampler hears the earlier outcome
             self._tell(
                 trial,
@@ -333,12 +334,12 @@ class Tuner:
         return max(feasible, key=lambda r: r.samples_per_s or 0.0, default=None)
 
     def _runs_of(self, config: TrainConfig) -> list[TrialRecord]:
-        key = config_key(config)
+        key = config.key()
         return [
             r
             for r in self.state.records
             if r.config is not None
-            and config_key(r.config) == key
+            and r.config.key() == key
             and r.role in ("baseline", "search", "remeasure")
             and r.status == "ok"
         ]

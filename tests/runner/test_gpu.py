@@ -9,7 +9,7 @@ from autotune.config import make_config
 from autotune.result import TrialResult
 from autotune.runner.launch import run_trial
 from autotune.runner.request import TrialOptions
-from autotune.workload import WorkloadSpec
+from autotune.runner.workload import WorkloadSpec
 
 pytestmark = [
     pytest.mark.gpu,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from autotune.config import make_config
+from autotune.runner.loss import default_loss
 from autotune.runner.training import TrainStep, prepare_model, split_batch
-from autotune.workload import default_loss
 from workloads.mlp import autotune_dataset, mlp_tiny
 
 

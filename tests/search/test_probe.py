@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from autotune.platform import detect_platform
+from autotune.runner.platform import detect_platform
 from autotune.search.probe import repeated_blocks, restrict_space
 from autotune.search.space import load_space
 

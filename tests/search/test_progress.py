@@ -5,8 +5,8 @@ import io
 import pytest
 
 from autotune.config import make_config
+from autotune.records import TrialRecord
 from autotune.search.progress import LineReporter, Reporter, RichReporter, make_reporter
-from autotune.search.recommendation import TrialRecord
 
 CONFIG = make_config({"global_batch_size": 8, "device": "cpu"})
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.search.recommendation import Recommendation
-from autotune.search.study import config_key
+from autotune.recommendation import Recommendation
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster", "probe_cache")]
 
@@ -31,7 +30,7 @@ def _space(tmp_path: Path, text: str) -> str:
 
 def _assert_never_measured_twice(recommendation: Recommendation) -> None:
     measured = [
-        config_key(t.config)
+        t.config.key()
         for t in recommendation.trials
         if t.config is not None
         and t.role in ("baseline", "search")

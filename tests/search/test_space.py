@@ -93,12 +93,11 @@ def test_removing_the_last_choice_removes_the_knob() -> None:
 
 def test_enumerating_the_benchmark_space_gives_every_valid_configuration_once() -> None:
     from autotune.search.space import enumerate_configs
-    from autotune.search.study import config_key
 
     configs = enumerate_configs(load_space("bench"), {"global_batch_size": 32, "device": "cpu"})
     # parallel: single + ddp x 2 hooks + fsdp = 4; amp 2; ckpt 2; accum 2; loader 1 + 1 x 2.
     assert len(configs) == 4 * 2 * 2 * 2 * 3
-    assert len({config_key(c) for c in configs}) == len(configs)
+    assert len({c.key() for c in configs}) == len(configs)
     assert all((c.prefetch_factor is None) == (c.num_workers == 0) for c in configs)
     assert all(c.comm_hook == "none" for c in configs if c.parallel != "ddp")
 

@@ -2,40 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.config import TrainConfig
+from autotune.records import Exclusion, TrialRecord
 from autotune.result import Platform, TrialResult
-from autotune.search.probe import Exclusion
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-Role = Literal["baseline", "search", "remeasure", "verify"]
-RecordStatus = Literal[
-    "ok", "oom", "crashed", "timed_out", "error", "invalid", "skipped", "duplicate"
-]
-
-
-class TrialRecord(BaseModel):
-    """One trial of a study, as stored: measured, failed, skipped or a duplicate."""
-
-    model_config = _FROZEN
-
-    number: int
-    role: Role
-    status: RecordStatus
-    config: TrainConfig | None
-    samples_per_s: float | None = None
-    memory_used_bytes: int | None = Field(
-        None, description="Per-device peak on CUDA; all ranks' peaks together on CPU."
-    )
-    feasible: bool | None = None
-    message: str = ""
-    overhead_s: float = 0.0
-    warmup_s: float = 0.0
-    measured_s: float = 0.0
 
 
 class Recommendation(BaseModel):

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import WorkloadError
+from autotune.runner.loss import default_loss
 
 DATASET_ATTRIBUTE = "autotune_dataset"
 """Name of the dataset (or factory) a model's module may expose when no --data is given."""
@@ -226,7 +227,7 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
         reference = f"{model_module.__name__}:{DATASET_ATTRIBUTE}"
         source = getattr(model_module, DATASET_ATTRIBUTE)
         return _instantiate_dataset(source, model, reference, "dataset"), reference
-    from autotune.synthetic import SyntheticDataset
+    from autotune.runner.synthetic import SyntheticDataset  # imports torch: when data is needed
 
     example = getattr(model, EXAMPLE_INPUT_ATTRIBUTE, None)
     if example is not None:
@@ -252,54 +253,6 @@ def load_loss(spec: WorkloadSpec) -> tuple[Callable[[Any, Any], Any], str]:
             "loss(output, target) returning a scalar tensor"
         )
     return function, f"--loss {spec.loss}"
-
-
-def default_loss(output: Any, target: Any) -> Any:
-    """The model's own loss when its output carries one; otherwise a loss from the target.
-
-    Order: a scalar tensor output; an output object with a tensor ``.loss`` (Hugging Face); a
-    dict with ``"loss"``. Else, with a target: cross-entropy for integer targets (class indices,
-    logits in the last dimension), mean squared error for floating targets. With no target at all
-    (synthetic data) the mean square of the output stands in, for measuring speed only.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    loss = getattr(output, "loss", None)
-    if loss is None and isinstance(output, dict):
-        loss = output.get("loss")
-    if loss is None and isinstance(output, torch.Tensor) and output.dim() == 0:
-        loss = output
-    if isinstance(loss, torch.Tensor):
-        return loss
-    logits = first_tensor(output)
-    if logits is None:
-        raise WorkloadError(
-            f"the model returned {type(output).__name__} with no tensor in it; return a tensor "
-            "or an object with a .loss, or pass --loss"
-        )
-    if isinstance(target, torch.Tensor):
-        if not target.is_floating_point():
-            return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
-        return F.mse_loss(logits.float(), target.float())
-    return logits.float().square().mean()
-
-
-def first_tensor(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, dict):
-        value = list(value.values())
-    if hasattr(value, "logits"):
-        return value.logits
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            found = first_tensor(item)
-            if found is not None:
-                return found
-    return None
 
 
 def build_workload(spec: WorkloadSpec) -> Workload:

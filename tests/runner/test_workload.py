@@ -4,13 +4,8 @@ import pytest
 import torch
 
 from autotune.errors import WorkloadError
-from autotune.workload import (
-    WorkloadSpec,
-    build_workload,
-    check_workload,
-    default_loss,
-    load_model,
-)
+from autotune.runner.loss import default_loss
+from autotune.runner.workload import WorkloadSpec, build_workload, check_workload, load_model
 
 
 @pytest.mark.parametrize(

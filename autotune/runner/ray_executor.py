@@ -22,8 +22,11 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.result import Platform, RankReport, TrialResult
+from autotune.runner.launch import free_port
 from autotune.runner.outcome import assemble_result
+from autotune.runner.rank import Progress, apply_memory_limit, run_rank
 from autotune.runner.request import TrialRequest
+from autotune.runner.workload import WorkloadCache
 
 PLACEMENT_TIMEOUT_S = 30.0
 POLL_S = 0.05
@@ -58,16 +61,11 @@ class _RankActor:
     """One rank: keeps its process group, workload cache and phase between trials."""
 
     def __init__(self) -> None:
-        from autotune.runner.rank import Progress
-        from autotune.workload import WorkloadCache
-
         os.environ["LOCAL_RANK"] = "0"  # Ray exposes exactly this rank's GPU(s)
         self.progress = Progress(None)
         self.workloads = WorkloadCache()
 
     def address(self) -> tuple[str, int]:
-        from autotune.runner.launch import free_port
-
         return ray.util.get_node_ip_address(), free_port()
 
     def join(self, master_addr: str, master_port: int, world_size: int, rank: int) -> int:
@@ -81,8 +79,6 @@ class _RankActor:
 
     def run(self, request_json: str, rank: int, submitted_at: float) -> str:
         import gc
-
-        from autotune.runner.rank import apply_memory_limit, run_rank
 
         os.environ["AUTOTUNE_SPAWNED_AT"] = repr(submitted_at)
         request = TrialRequest.model_validate_json(request_json)

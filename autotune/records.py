@@ -1,0 +1,83 @@
+"""What a search stores about each trial, and what it removed before searching: immutable values.
+
+A ``TrialRecord`` is one trial of a study: measured (it ran, whatever its outcome) or not run at
+all (skipped by the memory pre-check, a duplicate of an earlier trial, or invalid). A number
+that was predicted rather than measured has its own field and is never shown as a measurement.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.config import TrainConfig
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+Value = str | int | bool | None
+"""One choice of a knob in a search space."""
+
+Role = Literal["baseline", "search", "remeasure", "verify"]
+RecordStatus = Literal[
+    "ok", "oom", "crashed", "timed_out", "error", "invalid", "skipped", "duplicate"
+]
+NOT_RUN: tuple[RecordStatus, ...] = ("skipped", "duplicate", "invalid")
+"""Statuses of trials that never ran: they cost no measurement and count toward no budget."""
+
+SEARCH_ROLES: tuple[Role, ...] = ("baseline", "search")
+"""Roles whose measurements the trial budget counts (re-measurement and verification come
+after the budget is spent)."""
+
+
+class Exclusion(BaseModel):
+    """A choice removed from the space before the search, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    knob: str
+    value: Value
+    reason: str
+
+
+class TrialRecord(BaseModel):
+    """One trial of a study, as stored: measured, failed, skipped or a duplicate."""
+
+    model_config = _FROZEN
+
+    number: int
+    role: Role
+    status: RecordStatus
+    config: TrainConfig | None
+    samples_per_s: float | None = None
+    memory_used_bytes: int | None = Field(
+        None,
+        description="Measured: per-device peak on CUDA; all ranks' peaks together on CPU. "
+        "None when nothing was measured.",
+    )
+    predicted_memory_bytes: int | None = Field(
+        None, description="A prediction (the memory pre-check's), for trials that did not run."
+    )
+    feasible: bool | None = None
+    message: str = ""
+    overhead_s: float = 0.0
+    warmup_s: float = 0.0
+    measured_s: float = 0.0
+
+    @property
+    def is_measurement(self) -> bool:
+        """The trial ran and so cost time, whatever its outcome (ok, oom, crash, hang, error).
+
+        The one definition used by the tuner's budget and de-duplication, the progress display
+        and the benchmarks."""
+        return self.config is not None and self.status not in NOT_RUN
+
+    @property
+    def counts_toward_budget(self) -> bool:
+        """A measurement the trial budget counts: the baseline's and the search's."""
+        return self.is_measurement and self.role in SEARCH_ROLES
+
+    @property
+    def fits(self) -> bool:
+        """Measured ok with a peak under the memory limit."""
+        return self.status == "ok" and bool(self.feasible)
