@@ -12,11 +12,14 @@ from typing import Any
 
 from autotune.recommendation import Recommendation
 from autotune.records import TrialRecord
+from autotune.report import baseline_cells, memory_cell, verification_line
 from autotune.search.driver import load_recommendation
 from autotune.search.study import open_storage
 from autotune.units import format_bytes
 
 _W, _H, _PAD = 640, 320, 48
+IMPORTANCE_METHOD = "PED-ANOVA, Optuna's PedAnovaImportanceEvaluator"
+"""What ``parameter_importances`` uses; the report's table names it."""
 _COLOURS = {"ok": "#2b6cb0", "over": "#dd6b20", "winner": "#c53030", "line": "#718096"}
 
 
@@ -104,12 +107,13 @@ def importance_table(importances: dict[str, float]) -> str:
         f"</div> {v:.2f}</td></tr>"
         for k, v in importances.items()
     )
-    return f"<table><tr><th>knob</th><th>importance (fANOVA)</th></tr>{rows}</table>"
+    header = f"importance ({IMPORTANCE_METHOD})"
+    return f"<table><tr><th>knob</th><th>{header}</th></tr>{rows}</table>"
 
 
 def _trial_row(t: TrialRecord, winner: bool) -> str:
     speed = f"{t.samples_per_s:,.1f}" if t.samples_per_s else ""
-    memory = format_bytes(t.memory_used_bytes) if t.memory_used_bytes else ""
+    memory = memory_cell(t)
     fits = "" if t.feasible is None else ("yes" if t.feasible else "no")
     cells = [
         str(t.number),
@@ -137,9 +141,9 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
         (
             "samples/s",
             f"{r.samples_per_s:,.1f} (spread {r.spread:.0%})",
-            f"{r.baseline_samples_per_s:,.1f}" if r.baseline_samples_per_s else "-",
+            baseline_cells(r)[0],
         ),
-        ("speed-up", f"{r.speedup:.2f}x" if r.speedup else "-", "1.00x"),
+        ("speed-up", f"{r.speedup:.2f}x" if r.speedup else "-", baseline_cells(r)[1]),
         (
             "peak memory",
             format_bytes(r.memory_used_bytes),
@@ -150,8 +154,10 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
             f"{format_bytes(r.memory_limit_bytes)} (budget {format_bytes(r.memory_budget_bytes)})",
             "",
         ),
-        ("verified", "yes" if r.verified else "no", ""),
+        ("verification", verification_line(r), ""),
     ]
+    if base is not None and r.baseline_failed:
+        summary.append(("baseline", "", f"{base.status}: {base.message}"))
     summary_rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in summary
     )
@@ -188,11 +194,12 @@ stored in {html.escape(r.storage)}.</p>
 
 
 def parameter_importances(study: Any) -> dict[str, float]:
-    """Optuna's fANOVA importance of each knob over the completed search trials."""
+    """Each knob's importance over the completed trials, by ``IMPORTANCE_METHOD``."""
     import optuna
 
+    evaluator = optuna.importance.PedAnovaImportanceEvaluator()
     try:
-        return dict(optuna.importance.get_param_importances(study))
+        return dict(optuna.importance.get_param_importances(study, evaluator=evaluator))
     except (ValueError, RuntimeError, ZeroDivisionError):  # too few or uniform trials
         return {}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.config import TrainConfig
@@ -9,6 +11,8 @@ from autotune.records import Exclusion, TrialRecord
 from autotune.result import Platform, TrialResult
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+ThroughputVerdict = Literal["confirmed", "not confirmed", "too noisy", "not measured"]
 
 
 class Recommendation(BaseModel):
@@ -31,11 +35,19 @@ class Recommendation(BaseModel):
     throughput_confirmed: bool = Field(
         False, description="Its samples/s was within throughput_tolerance of the estimate."
     )
-    throughput_tolerance: float = 0.0
+    throughput_verdict: ThroughputVerdict = Field(
+        "not measured",
+        description="confirmed: the longer run agreed within throughput_tolerance; too noisy: "
+        "the repeated measurements spread wider than that tolerance, so agreement would prove "
+        "nothing; not confirmed: it disagreed; not measured: it did not finish.",
+    )
+    throughput_tolerance: float = Field(0.0, description="A fixed share, never the noise.")
     verification_error: float | None = Field(
         None, description="(verified - estimated) / estimated samples/s."
     )
-    baseline: TrialRecord | None = None
+    baseline: TrialRecord | None = Field(
+        None, description="The baseline as measured last: ok, or failed with its reason."
+    )
     baseline_samples_per_s: float | None = Field(
         None, description="Median over the baseline's runs, measured as often as the winner."
     )
@@ -47,6 +59,10 @@ class Recommendation(BaseModel):
     block_class: str | None = Field(None, description="Class of the model's repeated blocks.")
     storage: str
     study_name: str
+
+    @property
+    def baseline_failed(self) -> bool:
+        return self.baseline is not None and self.baseline.status != "ok"
 
     @property
     def headroom_bytes(self) -> int:

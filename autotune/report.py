@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from autotune.errors import ConfigError
 from autotune.recommendation import Recommendation
+from autotune.records import TrialRecord
 from autotune.result import TrialResult
-from autotune.search.study import open_storage, stored_records
+from autotune.search.log import stored_records
+from autotune.search.study import open_storage
 from autotune.units import format_bytes
 
 
@@ -57,10 +59,44 @@ def _loss_trend(result: TrialResult) -> str:
     return f"first {losses[0]:.4g}, last {losses[-1]:.4g}"
 
 
+def baseline_cells(r: Recommendation) -> tuple[str, str]:
+    """(samples/s, speed-up) of the recommendation's baseline column."""
+    if r.baseline is None:
+        return "-", "-"
+    if r.baseline_failed:
+        return f"{r.baseline.status}", "-"
+    speed = f"{r.baseline_samples_per_s:,.1f}" if r.baseline_samples_per_s else "-"
+    return speed, "1.00x" if r.baseline_samples_per_s else "-"
+
+
+def verification_line(r: Recommendation) -> str:
+    """What the longer run showed, in one sentence that never calls a coin toss a confirmation."""
+    v = r.verification
+    if v is None:
+        return "not verified: no verification run"
+    if not v.ok or r.verification_error is None:
+        return f"NOT verified: the verification run ended {v.status}: {v.message}"
+    within = "within" if r.memory_confirmed else "OVER"
+    memory = f"{within} the memory limit {format_bytes(r.memory_limit_bytes)}"
+    run = f"a {v.measured_steps}-step run at {v.samples_per_s:,.1f} samples/s"
+    tolerance = f"tolerance ±{r.throughput_tolerance:.0%}"
+    if r.throughput_verdict == "too noisy":
+        return (
+            f"NOT verified: too noisy to confirm the throughput (its runs spread {r.spread:.0%}, "
+            f"more than the {tolerance}); {run} ({r.verification_error:+.1%}) stays {memory}"
+        )
+    agrees = "confirms" if r.throughput_confirmed else "does NOT confirm"
+    return (
+        f"{'verified' if r.verified else 'NOT verified'}: {run} {agrees} the estimate "
+        f"({r.verification_error:+.1%}, {tolerance}) and stays {memory}"
+    )
+
+
 def format_recommendation(recommendation: Recommendation, out: str | None = None) -> str:
     """The recommendation against the baseline, what was excluded, and where things are."""
     r = recommendation
     base = r.baseline
+    base_speed, base_speedup = baseline_cells(r)
     rows = [("", "recommended", "baseline")]
     rows.append(
         ("config", r.config.summary(), base.config.summary() if base and base.config else "-")
@@ -69,10 +105,10 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
         (
             "samples/s",
             f"{r.samples_per_s:,.1f} (spread {r.spread:.0%}, {len(r.samples_per_s_runs)} runs)",
-            f"{r.baseline_samples_per_s:,.1f}" if r.baseline_samples_per_s else "-",
+            base_speed,
         )
     )
-    rows.append(("speed-up", f"{r.speedup:.2f}x" if r.speedup else "-", "1.00x"))
+    rows.append(("speed-up", f"{r.speedup:.2f}x" if r.speedup else "-", base_speedup))
     rows.append(
         (
             "peak memory",
@@ -89,18 +125,9 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     )
     width = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["  ".join(cell.ljust(width[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    v = r.verification
-    if v is not None and v.ok and r.verification_error is not None:
-        within = "within" if r.memory_confirmed else "OVER"
-        agrees = "confirms" if r.throughput_confirmed else "does NOT confirm"
-        lines.append(
-            f"{'verified' if r.verified else 'NOT verified'}: a {v.measured_steps}-step run at "
-            f"{v.samples_per_s:,.1f} samples/s {agrees} the estimate "
-            f"({r.verification_error:+.1%}, tolerance ±{r.throughput_tolerance:.0%}) and stays "
-            f"{within} the memory limit {format_bytes(r.memory_limit_bytes)}"
-        )
-    elif v is not None:
-        lines.append(f"verification failed: {v.status}: {v.message}")
+    if base is not None and r.baseline_failed:
+        lines.append(f"baseline {base.status}: {base.message} (no speed-up can be given)")
+    lines.append(verification_line(r))
     counts: dict[str, int] = {}
     for t in r.trials:
         counts[t.status] = counts.get(t.status, 0) + 1
@@ -125,6 +152,15 @@ def format_costs(recommendation: Recommendation, train_samples: int, price: floa
     return "\n".join(lines)
 
 
+def memory_cell(record: TrialRecord) -> str:
+    """A record's peak memory: measured, or marked as the prediction it is ('' if neither)."""
+    if record.memory_used_bytes:
+        return format_bytes(record.memory_used_bytes)
+    if record.predicted_memory_bytes:
+        return f"~{format_bytes(record.predicted_memory_bytes)} predicted"
+    return ""
+
+
 def format_study(storage: str, study_name: str | None) -> str:
     """Every trial of a stored study, one line each."""
     import optuna
@@ -142,14 +178,14 @@ def format_study(storage: str, study_name: str | None) -> str:
     study = optuna.load_study(study_name=study_name, storage=backend)
     lines = [
         f"study {study_name} ({storage})",
-        f"{'#':>4}  {'role':9}  {'status':9}  {'samples/s':>10}  {'memory':>10}  config",
+        f"{'#':>4}  {'role':9}  {'status':9}  {'samples/s':>10}  {'memory':>18}  config",
     ]
     for t in stored_records(study):
         speed = f"{t.samples_per_s:,.1f}" if t.samples_per_s else "-"
-        memory = format_bytes(t.memory_used_bytes) if t.memory_used_bytes else "-"
+        memory = memory_cell(t) or "-"
         fits = "" if t.feasible is None else (" fits" if t.feasible else " over")
         what = t.config.summary() if t.config else t.message
         lines.append(
-            f"{t.number:>4}  {t.role:9}  {t.status:9}  {speed:>10}  {memory:>10}{fits}  {what}"
+            f"{t.number:>4}  {t.role:9}  {t.status:9}  {speed:>10}  {memory:>18}{fits}  {what}"
         )
     return "\n".join(lines)

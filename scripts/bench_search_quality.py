@@ -9,7 +9,9 @@ Live, per workload, every method on its own fresh Ray instance, timed from its s
              feasible ones are then measured twice more so the optimum is not a lucky draw;
   autotune   the real search (probe, baseline, TPE proposals, re-measurement, verification)
              with at most a quarter of the grid's trials, all its runs counted;
-  random     the same number of trials, drawn uniformly without repeats from the grid;
+  random     the whole budget of a quarter of the grid's trials (24 of 96: more runs than
+             autotune's 17-18, whose budget also pays re-measurement and verification), drawn
+             uniformly without repeats from the grid;
   bs-finder  largest micro-batch that fits, AMP on (Lightning / Accelerate finders);
   deepspeed  stages in order (DDP, then FSDP), largest micro-batch per stage by binary search,
              next stage only for a >= 5% gain (DeepSpeed's autotuner, fast mode).
@@ -98,7 +100,7 @@ class Live:
 
     def run(self, config: TrainConfig, longer: int = 1) -> tuple[Measured, Run]:
         from autotune.runner.request import TrialOptions, TrialRequest
-        from autotune.search.tuner import memory_used
+        from autotune.search.log import memory_used
 
         options = TrialOptions(
             warmup_steps=self.args.warmup_steps,
@@ -211,7 +213,7 @@ def run_autotune(spec: WorkloadSpec, args: Any, landscape: Landscape, budget: in
     method = Method("autotune", wall_s=time.perf_counter() - reporter.started)
     limit = landscape.memory_limit_bytes
     for elapsed, r in reporter.records:
-        if r.config is None or r.status in ("skipped", "duplicate", "invalid"):
+        if not r.is_measurement or r.config is None:
             continue
         used = r.memory_used_bytes
         fits = within_limit(r.status, used, limit)

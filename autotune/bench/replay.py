@@ -36,7 +36,7 @@ def noisy_value(point: Point, rng: random.Random) -> float:
 
 
 class ReplayExecutor:
-    """Answers trial requests from a landscape, with the executor interface the Tuner uses."""
+    """Answers trial requests from a landscape: the ``Executor`` where nothing runs."""
 
     def __init__(self, landscape: Landscape, rng: random.Random) -> None:
         self.landscape, self.rng = landscape, rng
@@ -47,14 +47,16 @@ class ReplayExecutor:
         point = self.landscape.lookup(config)
         if point is None:
             return TrialResult(config=config, status="invalid", message="not in the landscape")
-        if point.status != "ok":
-            return TrialResult(config=config, status=point.runs[0].status)
+        if point.status != "ok":  # replayed as recorded, reason included
+            run = point.runs[0]
+            return TrialResult(config=config, status=run.status, message=run.message)
         # One report carrying the judged memory: the sum on CPU and the max on CUDA agree.
         report = RankReport(rank=0, status="ok", peak_memory_bytes=point.memory_used_bytes or 0)
         return TrialResult(
             config=config,
             status="ok",
             samples_per_s=noisy_value(point, self.rng),
+            peak_memory_bytes=point.memory_used_bytes,
             measured_steps=point.runs[0].measured_steps,
             ranks=[report],
         )
@@ -126,7 +128,7 @@ def replay_tuner(landscape: Landscape, seed: int, trials: int, *, finish: bool =
     tuner.baseline()
     tuner.search()
     # Each configuration is measured at most once, so this is in the order they were run.
-    measured = [r.config for r in tuner.state.measured().values() if r.config is not None]
+    measured = [r.config for r in tuner.log.measured().values() if r.config is not None]
     pick = None
     if finish:
         tuner.remeasure()

@@ -1,10 +1,10 @@
-"""Run one trial on this machine: one process per rank, no Ray needed.
+"""Run trials on this machine: one process per rank, no Ray needed.
 
 Each rank runs ``python -m autotune.runner.rank`` in a session of its own, so that the rank and
-its DataLoader workers can be ended together. The launcher watches them: when one fails the
-others get ``failure_grace_s`` to report (their own errors are usually echoes of the failure),
-then everything left is killed; at ``timeout_s`` the trial ends as timed out. Whatever happens,
-no process of the trial outlives ``run_trial``.
+its DataLoader workers can be ended together. ``LocalExecutor`` watches them with the shared
+``Watchdog``: when one fails the others get ``failure_grace_s`` to report, then everything left
+is killed; at ``timeout_s`` the trial ends as timed out. Whatever happens, no process of a trial
+outlives the ``wait`` that returns its result.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.result import Platform, RankReport, TrialResult
+from autotune.runner.executor import Watchdog, stopped_message
 from autotune.runner.outcome import assemble_result
 from autotune.runner.platform import detect_platform, resolve_device
 from autotune.runner.request import TrialOptions, TrialRequest
@@ -99,6 +101,7 @@ class _Ranks:
             )
             log.close()
         self.killed_by_us: set[int] = set()
+        self.why = ""
 
     def report(self, rank: int) -> RankReport | None:
         path = self.workdir / f"rank-{rank}.json"
@@ -115,7 +118,8 @@ class _Ranks:
     def running(self) -> list[int]:
         return [r for r, p in enumerate(self.processes) if p.poll() is None]
 
-    def kill_all(self) -> None:
+    def kill_all(self, why: str) -> None:
+        self.why = why
         for rank, process in enumerate(self.processes):
             if process.poll() is None:
                 self.killed_by_us.add(rank)
@@ -137,7 +141,8 @@ class _Ranks:
         tail = _last_line(self.workdir / f"stderr-{rank}.txt")
         detail = f" ({tail})" if tail else ""
         if rank in self.killed_by_us:
-            return RankReport(rank=rank, status="timed_out", message=f"still running {where}")
+            message = stopped_message(self.phase(rank), self.why)
+            return RankReport(rank=rank, status="timed_out", message=message)
         if code is not None and code < 0:
             name = signal.Signals(-code).name
             if name == "SIGKILL" and oom_killed:
@@ -156,45 +161,110 @@ def _invalid(config: TrainConfig, message: str, platform: Platform | None) -> Tr
     return TrialResult(config=config, status="invalid", message=message, platform=platform)
 
 
+@dataclass
+class _Trial:
+    request: TrialRequest
+    platform: Platform
+    workdir: tempfile.TemporaryDirectory[str]
+    ranks: _Ranks
+    watchdog: Watchdog
+    launch_s: float
+    oom_kills_before: int
+
+
+class LocalExecutor:
+    """Runs each trial's ranks as processes of this machine (the ``Executor`` without Ray)."""
+
+    def __init__(self) -> None:
+        self._running: dict[int, _Trial] = {}
+        self._done: list[tuple[int, TrialResult]] = []
+        self._next_ticket = 0
+
+    def submit(self, request: TrialRequest) -> int:
+        started = time.perf_counter()
+        ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+        config, options = request.config, request.options
+        device = resolve_device(config.device)
+        platform = detect_platform(device)
+        try:
+            config = config.resolved(device)
+        except ConfigError as error:
+            self._done.append((ticket, _invalid(config, str(error), platform)))
+            return ticket
+        if device == "cuda" and config.world_size > platform.device_count:
+            message = (
+                f"world_size={config.world_size} needs {config.world_size} GPUs, "
+                f"this machine has {platform.device_count}"
+            )
+            self._done.append((ticket, _invalid(config, message, platform)))
+            return ticket
+        request = request.model_copy(update={"config": config})
+        oom_kills_before = _cgroup_oom_kills()
+        workdir = tempfile.TemporaryDirectory(prefix="autotune-trial-")
+        ranks = _Ranks(request, Path(workdir.name))
+        watchdog = Watchdog(options.timeout_s, options.failure_grace_s, started=started)
+        launch_s = time.perf_counter() - started
+        self._running[ticket] = _Trial(
+            request, platform, workdir, ranks, watchdog, launch_s, oom_kills_before
+        )
+        return ticket
+
+    def fits_now(self, request: TrialRequest) -> bool:
+        # One machine: concurrent trials would disturb each other's timings.
+        return not self._running
+
+    def _finish(self, ticket: int, why: str | None) -> TrialResult:
+        trial = self._running.pop(ticket)
+        try:
+            trial.ranks.kill_all(why or "")
+            oom_killed = _cgroup_oom_kills() > trial.oom_kills_before
+            reports = [
+                trial.ranks.outcome(r, oom_killed) for r in range(len(trial.ranks.processes))
+            ]
+        finally:
+            trial.workdir.cleanup()
+        return assemble_result(
+            trial.request,
+            trial.platform,
+            reports,
+            launch_s=trial.launch_s,
+            total_s=time.perf_counter() - trial.watchdog.started,
+        )
+
+    def wait(self, timeout_s: float | None = None) -> list[tuple[int, TrialResult]]:
+        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        while True:
+            done, self._done = self._done, []
+            now = time.perf_counter()
+            for ticket, trial in list(self._running.items()):
+                if not trial.ranks.running():
+                    done.append((ticket, self._finish(ticket, None)))
+                    continue
+                if trial.ranks.failed():
+                    trial.watchdog.rank_failed(now)
+                why = trial.watchdog.expired(now)
+                if why is not None:
+                    done.append((ticket, self._finish(ticket, why)))
+            if done or not self._running or (deadline is not None and now > deadline):
+                return done
+            time.sleep(POLL_S)
+
+    def shutdown(self) -> None:
+        for ticket in list(self._running):
+            self._finish(ticket, "the executor shut down")
+
+
 def run_trial(
     config: TrainConfig, workload: WorkloadSpec, options: TrialOptions | None = None
 ) -> TrialResult:
     """Measure ``config`` on ``workload`` with real rank processes; never raises for a bad trial."""
-    options = options or TrialOptions()
-    started = time.perf_counter()
-    device = resolve_device(config.device)
-    platform = detect_platform(device)
+    request = TrialRequest(config=config, workload=workload, options=options or TrialOptions())
+    executor = LocalExecutor()
     try:
-        config = config.resolved(device)
-    except ConfigError as error:
-        return _invalid(config, str(error), platform)
-    if device == "cuda" and config.world_size > platform.device_count:
-        return _invalid(
-            config,
-            f"world_size={config.world_size} needs {config.world_size} GPUs, "
-            f"this machine has {platform.device_count}",
-            platform,
-        )
-    request = TrialRequest(config=config, workload=workload, options=options)
-    oom_kills_before = _cgroup_oom_kills()
-    with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
-        ranks = _Ranks(request, Path(tmp))
-        launch_s = time.perf_counter() - started
-        deadline = started + options.timeout_s
-        failed_at: float | None = None
-        try:
-            while ranks.running():
-                now = time.perf_counter()
-                if now > deadline:
-                    break
-                if failed_at is None and ranks.failed():
-                    failed_at = now
-                if failed_at is not None and now - failed_at > options.failure_grace_s:
-                    break
-                time.sleep(POLL_S)
-        finally:
-            ranks.kill_all()
-        oom_killed = _cgroup_oom_kills() > oom_kills_before
-        reports = [ranks.outcome(r, oom_killed) for r in range(len(ranks.processes))]
-    total_s = time.perf_counter() - started
-    return assemble_result(request, platform, reports, launch_s=launch_s, total_s=total_s)
+        executor.submit(request)
+        results: list[tuple[int, TrialResult]] = []
+        while not results:
+            results = executor.wait()
+        return results[0][1]
+    finally:
+        executor.shutdown()

@@ -11,6 +11,7 @@ Import cost: this module imports Ray; ``autotune`` imports it only when a search
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -22,6 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autotune.result import Platform, RankReport, TrialResult
+from autotune.runner.executor import PlacementError, Watchdog, stopped_message
 from autotune.runner.launch import free_port
 from autotune.runner.outcome import assemble_result
 from autotune.runner.rank import Progress, apply_memory_limit, run_rank
@@ -78,8 +80,6 @@ class _RankActor:
         return os.getpid()
 
     def run(self, request_json: str, rank: int, submitted_at: float) -> str:
-        import gc
-
         os.environ["AUTOTUNE_SPAWNED_AT"] = repr(submitted_at)
         request = TrialRequest.model_validate_json(request_json)
         if request.config.device == "cpu":
@@ -138,10 +138,9 @@ class _Running:
     request: TrialRequest
     gang: _Gang
     futures: dict[Any, int]
-    submitted: float
+    watchdog: Watchdog
     launch_s: float
     reports: dict[int, RankReport] = field(default_factory=dict)
-    failed_at: float | None = None
 
 
 def _died(rank: int, error: Exception) -> RankReport:
@@ -152,6 +151,23 @@ def _died(rank: int, error: Exception) -> RankReport:
             rank=rank, status="oom", message=f"killed by Ray's memory monitor: {text[:300]}"
         )
     return RankReport(rank=rank, status="crashed", message=f"rank actor died: {text[:400]}")
+
+
+def _ignored_settings(address: str | None, num_cpus: int | None) -> list[str]:
+    """Ray was initialised before the search (by the caller): say what that overrides."""
+    notes = []
+    if address is not None:
+        notes.append(
+            f"Ray is already initialised in this process; the address {address!r} is not used "
+            "and trials run on the existing instance"
+        )
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if num_cpus is not None and address is None and cpus < num_cpus:
+        notes.append(
+            f"Ray is already initialised in this process with {cpus:g} CPUs; the search asked "
+            f"for {num_cpus}, so gangs of some shapes may not be kept warm or placed"
+        )
+    return notes
 
 
 class RayExecutor:
@@ -168,7 +184,11 @@ class RayExecutor:
         self.platform = platform
         self.cpus_per_rank = cpus_per_rank
         self._owns_ray = False
-        if not ray.is_initialized():
+        self.notes: list[str] = []
+        """What this executor could not honour, for the user to read."""
+        if ray.is_initialized():
+            self.notes = _ignored_settings(address, num_cpus)
+        else:
             self._owns_ray = True
             kwargs: dict[str, Any] = {
                 "include_dashboard": False,
@@ -201,7 +221,7 @@ class RayExecutor:
             ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
             remove_placement_group(group)
-            raise RuntimeError(
+            raise PlacementError(
                 f"the Ray cluster cannot place {processes} ranks of {bundle} within "
                 f"{PLACEMENT_TIMEOUT_S:g} s (available: {ray.available_resources()})"
             )
@@ -246,8 +266,10 @@ class RayExecutor:
             actor.run.remote(payload, rank, submitted): rank
             for rank, actor in enumerate(gang.actors)
         }
+        options = request.options
+        watchdog = Watchdog(options.timeout_s, options.failure_grace_s)
         self._running[ticket] = _Running(
-            ticket, request, gang, futures, time.perf_counter(), time.perf_counter() - start
+            ticket, request, gang, futures, watchdog, time.perf_counter() - start
         )
         return ticket
 
@@ -261,8 +283,8 @@ class RayExecutor:
             except (ray.exceptions.RayError, ray.exceptions.OutOfMemoryError) as error:
                 report = _died(rank, error)
             trial.reports[rank] = report
-            if report.status != "ok" and trial.failed_at is None:
-                trial.failed_at = time.perf_counter()
+            if report.status != "ok":
+                trial.watchdog.rank_failed(time.perf_counter())
 
     def _stop(self, trial: _Running, why: str) -> None:
         """Give up on the ranks still running: note where each stood, then kill the gang."""
@@ -273,7 +295,7 @@ class RayExecutor:
             except Exception:  # the actor may be wedged; its phase is then unknown
                 phase = "an unknown phase"
             trial.reports[rank] = RankReport(
-                rank=rank, status="timed_out", message=f"still running in {phase} ({why})"
+                rank=rank, status="timed_out", message=stopped_message(phase, why)
             )
         trial.futures.clear()
 
@@ -289,7 +311,7 @@ class RayExecutor:
             self.platform,
             reports,
             launch_s=trial.launch_s,
-            total_s=time.perf_counter() - trial.submitted + trial.launch_s,
+            total_s=time.perf_counter() - trial.watchdog.started + trial.launch_s,
         )
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, TrialResult]]:
@@ -302,15 +324,9 @@ class RayExecutor:
             now = time.perf_counter()
             for trial in list(self._running.values()):
                 self._collect(trial, [r for r in ready if r in trial.futures])
-                options = trial.request.options
-                if trial.futures and now - trial.submitted > options.timeout_s:
-                    self._stop(trial, f"timeout_s={options.timeout_s:g}")
-                elif (
-                    trial.futures
-                    and trial.failed_at is not None
-                    and now - trial.failed_at > options.failure_grace_s
-                ):
-                    self._stop(trial, "after another rank failed")
+                why = trial.watchdog.expired(now) if trial.futures else None
+                if why is not None:
+                    self._stop(trial, why)
                 if not trial.futures:
                     done.append((trial.ticket, self._finish(trial)))
             if done:

@@ -63,18 +63,6 @@ def run_search(
 
     blocks = repeated_blocks(workload.model)
     space, exclusions = restrict_space(space, platform, devices, blocks[0] if blocks else None)
-    reporter.start(
-        study=f"{name} in {settings.storage}"
-        + (f" ({requeued} interrupted trial(s) re-queued)" if requeued else ""),
-        platform=f"{platform.device_name} x{devices} ({platform.backend})",
-        budget=f"{budget / 2**30:.2f} GiB per device, limit {1 - settings.safety_margin:.0%} of it",
-        **(
-            {"excluded": "; ".join(f"{e.knob}={e.value}: {e.reason}" for e in exclusions)}
-            if exclusions
-            else {}
-        ),
-    )
-
     from autotune.runner.ray_executor import RayExecutor  # imports Ray: only when searching
 
     max_workers = (
@@ -92,6 +80,19 @@ def run_search(
     )
     concurrency = settings.concurrency or (1 if device == "cpu" else devices)
     try:
+        reporter.start(
+            study=f"{name} in {settings.storage}"
+            + (f" ({requeued} interrupted trial(s) re-queued)" if requeued else ""),
+            platform=f"{platform.device_name} x{devices} ({platform.backend})",
+            budget=f"{budget / 2**30:.2f} GiB per device, limit "
+            f"{1 - settings.safety_margin:.0%} of it",
+            **(
+                {"excluded": "; ".join(f"{e.knob}={e.value}: {e.reason}" for e in exclusions)}
+                if exclusions
+                else {}
+            ),
+            **({"ray": "; ".join(executor.notes)} if executor.notes else {}),
+        )
         tuner = Tuner(
             study=study,
             executor=executor,
@@ -102,8 +103,7 @@ def run_search(
             devices=devices,
             reporter=reporter,
         )
-        outcome = tuner.run()
-        recommendation = tuner.recommendation(settings.storage, name, exclusions, outcome)
+        recommendation = tuner.run(exclusions, settings.storage, name)
         recommendation = recommendation.model_copy(
             update={"model": workload.model, "block_class": blocks[1] if blocks else None}
         )

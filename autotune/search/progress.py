@@ -61,12 +61,12 @@ class LineReporter(Reporter):
         self._line(f"{role} trial: {config.summary()}")
 
     def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
-        if record.role == "search" and record.status not in ("duplicate", "invalid"):
+        if record.counts_toward_budget:  # what the tuner's trial budget counts
             self.done += 1
         budget = f"/{self.trials}" if self.trials else ""
         best_text = f"{best.samples_per_s:,.1f} samples/s" if best and best.samples_per_s else "-"
         self._line(
-            f"  #{record.number} {_outcome(record)}  [search {self.done}{budget}, best {best_text}]"
+            f"  #{record.number} {_outcome(record)}  [trials {self.done}{budget}, best {best_text}]"
         )
 
 
@@ -90,7 +90,7 @@ class RichReporter(LineReporter):
     def trial_started(self, role: str, config: TrainConfig) -> None:
         budget = f"/{self.trials}" if self.trials else ""
         self.status.update(
-            f"search {self.done}{budget} | best {self.best_text} | running "
+            f"trials {self.done}{budget} | best {self.best_text} | running "
             f"{role}: {config.summary()}"
         )
 

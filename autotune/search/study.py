@@ -1,8 +1,7 @@
-"""The Optuna study behind a search: storage, fingerprint, resume, and trial records.
+"""The Optuna study behind a search: storage, fingerprint, sampler and resume.
 
-Every trial is told to the storage as soon as it ends (SQLite commits each write), so killing
-the driver at any moment loses nothing that completed. Trials a killed driver left RUNNING are
-marked failed and their parameters re-queued when the study is opened again.
+Trials a killed driver left RUNNING are marked failed and their parameters re-queued when the
+study is opened again. What each trial stores is ``autotune.search.log``'s business.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.records import TrialRecord
 from autotune.runner.workload import resolve_reference
 
 ATTR_PREFIX = "autotune:"
@@ -110,19 +108,3 @@ def requeue_abandoned(study: Any) -> int:
         if trial.params:
             study.enqueue_trial(trial.params, skip_if_exists=False)
     return len(abandoned)
-
-
-def record_of(trial: Any) -> TrialRecord | None:
-    """The TrialRecord stored on an Optuna trial, or None for trials that carry none."""
-    raw = trial.user_attrs.get(ATTR_PREFIX + "record")
-    if raw is None:
-        return None
-    return TrialRecord.model_validate({**raw, "number": trial.number})
-
-
-def stored_records(study: Any) -> list[TrialRecord]:
-    from optuna.trial import TrialState
-
-    finished = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-    records = [record_of(t) for t in study.get_trials(deepcopy=False, states=finished)]
-    return [r for r in records if r is not None]

@@ -1,78 +1,39 @@
-"""The search: baseline, Optuna proposals run on Ray, re-measurement, verification.
+"""The search's sequence: baseline, proposals run until a budget is spent, re-measurement of the
+best few, verification of the winner.
 
-Propose (Optuna ask + the space), decide (dedupe, memory pre-check), run (the executor), record
-(tell + the stored TrialRecord) are separate steps; this module only sequences them.
+Propose (``Proposer``), decide (duplicates, the memory pre-check), run (the ``Executor``),
+record (``StudyLog``) and recommend (``recommend``) are separate; this module only sequences
+them.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import AutotuneError, ConfigError
 from autotune.recommendation import Recommendation
-from autotune.records import Role, TrialRecord
+from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
+from autotune.runner.executor import Executor, PlacementError
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.precheck import Observation, precheck
+from autotune.search.log import StudyLog, to_record
+from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
+from autotune.search.proposer import Proposal, Proposer
+from autotune.search.recommendation import finalists, recommend, runs_of, score
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
-from autotune.search.study import ATTR_PREFIX, stored_records
 
 MAX_UNPRODUCTIVE_PROPOSALS = 200
-THROUGHPUT_TOLERANCE = 0.10  # verification confirms throughput within this, or the spread
+MAX_PLACEMENT_FAILURES = 3
+"""Trials the cluster refused in a row, with nothing running, before the search gives up."""
 
 
-def _readable(record: TrialRecord) -> dict[str, Any]:
-    """User attributes of a trial: the full record, plus flat fields a dashboard shows well."""
-    attrs: dict[str, Any] = {
-        ATTR_PREFIX + "record": record.model_dump(mode="json"),
-        "role": record.role,
-        "status": record.status,
-        "config": record.config.summary() if record.config else "",
-    }
-    if record.memory_used_bytes is not None:
-        attrs["peak_memory_MiB"] = round(record.memory_used_bytes / 2**20, 1)
-    if record.message:
-        attrs["reason"] = record.message
-    return attrs
-
-
-def memory_used(result: TrialResult, device_type: str) -> int | None:
-    """The memory a trial is judged by: the per-device peak on CUDA, all ranks' peaks together
-    on CPU (the ranks share the host); None when the trial did not finish."""
-    peaks = [r.peak_memory_bytes for r in result.ranks if r.status == "ok"]
-    if not result.ok or not peaks:
-        return None
-    return max(peaks) if device_type == "cuda" else sum(peaks)
-
-
-@dataclass
-class SearchState:
-    """What the search knows so far: every record, and which configs were measured."""
-
-    records: list[TrialRecord] = field(default_factory=list)
-
-    def measured(self) -> dict[str, TrialRecord]:
-        return {
-            r.config.key(): r
-            for r in self.records
-            if r.config is not None
-            and r.role in ("baseline", "search")
-            and r.status not in ("skipped", "duplicate", "invalid")
-        }
-
-    def observations(self) -> list[Observation]:
-        return [
-            Observation(r.config, r.memory_used_bytes if r.status == "ok" else None, r.number)
-            for r in self.records
-            if r.config is not None and r.status in ("ok", "oom")
-        ]
+class SearchError(AutotuneError):
+    """The search ended without a recommendation; every trial it ran is stored."""
 
 
 class Tuner:
@@ -82,7 +43,7 @@ class Tuner:
         self,
         *,
         study: Any,
-        executor: Any,
+        executor: Executor,
         workload: WorkloadSpec,
         settings: SearchSettings,
         space: SearchSpace,
@@ -90,123 +51,53 @@ class Tuner:
         devices: int,
         reporter: Reporter,
     ) -> None:
-        self.study, self.executor, self.workload = study, executor, workload
-        self.settings, self.space, self.platform = settings, space, platform
-        self.devices, self.reporter = devices, reporter
+        self.executor, self.workload, self.settings = executor, workload, settings
+        self.platform, self.devices, self.reporter = platform, devices, reporter
         self.budget_bytes = settings.memory_budget_bytes(platform.device_memory_bytes)
         self.limit_bytes = int(self.budget_bytes * (1 - settings.safety_margin))
-        self.state = SearchState(stored_records(study))
+        self.log = StudyLog(study, self.limit_bytes)
+        fixed = {"global_batch_size": settings.global_batch_size, "device": platform.device_type}
+        self.proposer = Proposer(study, self.log, space, fixed)
         self.started = time.perf_counter()
-
-    # -- recording ------------------------------------------------------------------------
-
-    def memory_used(self, result: TrialResult) -> int | None:
-        return memory_used(result, self.platform.device_type)
-
-    def _record(self, number: int, role: Role, result: TrialResult) -> TrialRecord:
-        used = self.memory_used(result)
-        return TrialRecord(
-            number=number,
-            role=role,
-            status=result.status,
-            config=result.config,
-            samples_per_s=result.samples_per_s,
-            memory_used_bytes=used,
-            feasible=(used <= self.limit_bytes)
-            if used is not None
-            else (False if result.status == "oom" else None),
-            message=result.message,
-            overhead_s=result.overhead_s,
-            warmup_s=result.warmup_s,
-            measured_s=result.measured_s,
-        )
-
-    def _violation(self, record: TrialRecord) -> float | None:
-        """How far over the memory limit (> 0 infeasible); None when memory says nothing."""
-        if record.status == "oom" or (record.feasible is False and not record.memory_used_bytes):
-            return 1.0
-        if record.memory_used_bytes is None:
-            return None
-        return record.memory_used_bytes / self.limit_bytes - 1
-
-    def _tell(self, trial: Any, record: TrialRecord) -> None:
-        """Store ``record`` on an asked trial and tell Optuna the outcome."""
-        from optuna.trial import TrialState
-
-        for key, value in _readable(record).items():
-            trial.set_user_attr(key, value)
-        violation = self._violation(record)
-        if record.status in ("ok", "oom") or (
-            record.status in ("skipped", "duplicate") and violation is not None
-        ):
-            # Out of memory is an infeasible measurement, not a failure: the sampler learns
-            # the boundary from it. The value of an infeasible trial is never compared.
-            trial.set_constraint("memory", violation if violation is not None else 1.0)
-            self.study.tell(trial, record.samples_per_s or 0.0)
-        else:
-            self.study.tell(trial, state=TrialState.FAIL)
-        self.state.records.append(record)
-
-    def _tell_invalid(self, trial: Any, config: TrainConfig | None, reason: str) -> None:
-        record = TrialRecord(
-            number=trial.number, role="search", status="invalid", config=config, message=reason
-        )
-        self._tell(trial, record)
-
-    def _add(self, record: TrialRecord) -> None:
-        """Store a trial the sampler did not propose (baseline, re-measurement, verification)."""
-        import optuna
-        from optuna.trial import TrialState
-
-        violation = self._violation(record)
-        measured = record.status in ("ok", "oom")
-        frozen = optuna.trial.create_trial(
-            state=TrialState.COMPLETE if measured else TrialState.FAIL,
-            value=(record.samples_per_s or 0.0) if measured else None,
-            user_attrs=_readable(record),
-            constraints={"memory": violation if violation is not None else 1.0}
-            if measured
-            else None,
-        )
-        self.study.add_trial(frozen)
-        number = self.study.get_trials(deepcopy=False)[-1].number
-        self.state.records.append(record.model_copy(update={"number": number}))
 
     # -- running ----------------------------------------------------------------------------
 
     def _request(self, config: TrainConfig, longer: int = 1) -> TrialRequest:
         s = self.settings
+        limit = None
+        if s.enforce_memory_budget:  # on CPU the host budget is shared by the ranks
+            cpu = self.platform.device_type == "cpu"
+            limit = self.budget_bytes // config.processes if cpu else self.budget_bytes
         options = TrialOptions(
             warmup_steps=s.warmup_steps,
             measured_steps=s.measured_steps * longer,
             timeout_s=s.trial_timeout_s * longer,
             seed=s.seed,
-            memory_limit_bytes=self._enforced_limit(config),
+            memory_limit_bytes=limit,
         )
         return TrialRequest(config=config, workload=self.workload, options=options)
 
-    def _enforced_limit(self, config: TrainConfig) -> int | None:
-        if not self.settings.enforce_memory_budget:
-            return None
-        if self.platform.device_type == "cpu":  # the host budget is shared by the ranks
-            return self.budget_bytes // config.processes
-        return self.budget_bytes
+    def _record(self, role: Role, result: TrialResult, number: int = -1) -> TrialRecord:
+        return to_record(number, role, result, self.platform.device_type, self.limit_bytes)
 
-    def _run_one(self, config: TrainConfig, role: Role, longer: int = 1) -> TrialResult:
+    def _run_one(self, config: TrainConfig, role: Role, longer: int = 1) -> TrialRecord:
+        """Run one trial to its end and store it (the sampler learns from it too)."""
         self.reporter.trial_started(role, config)
         try:
             self.executor.submit(self._request(config, longer))
-        except RuntimeError as error:
-            return TrialResult(config=config, status="invalid", message=str(error))
-        results: list[tuple[int, TrialResult]] = []
-        while not results:
-            results = self.executor.wait()
-        return results[0][1]
+            results: list[tuple[int, TrialResult]] = []
+            while not results:
+                results = self.executor.wait()
+            result = results[0][1]
+        except PlacementError as error:
+            result = TrialResult(config=config, status="invalid", message=str(error))
+        record = self.proposer.add(self._record(role, result))
+        self.reporter.trial_finished(record, self.log.best())
+        return record
 
     def _out_of_budget(self) -> bool:
         s = self.settings
-        measured = len(self.state.measured())
-        if s.trials is not None and measured >= s.trials:
+        if s.trials is not None and len(self.log.measured()) >= s.trials:
             return True
         elapsed = time.perf_counter() - self.started
         return s.time_budget_s is not None and elapsed >= s.time_budget_s
@@ -214,12 +105,17 @@ class Tuner:
     # -- phases -----------------------------------------------------------------------------
 
     def baseline(self) -> TrialRecord:
-        """Plain DDP (or one device), fp32, no hook, no checkpointing, no workers."""
-        for record in self.state.records:
-            if record.role == "baseline" and record.status == "ok":
-                return record
+        """Plain DDP (or one device), fp32, no hook, no checkpointing, no workers; accumulation
+        only as far as needed to fit."""
+        record = self.log.baseline()
         accum = 1
         while True:
+            if record is not None:
+                assert record.config is not None
+                accum = record.config.grad_accum_steps * 2
+                divisible = self.settings.global_batch_size % (self.devices * accum) == 0
+                if record.fits or record.status not in ("ok", "oom") or not divisible:
+                    return record
             values = {
                 "global_batch_size": self.settings.global_batch_size,
                 "parallel": "ddp" if self.devices > 1 else "single",
@@ -231,238 +127,168 @@ class Tuner:
                 config = TrainConfig(**values)
             except ValueError as error:
                 raise ConfigError(f"no baseline configuration is possible: {error}") from None
-            result = self._run_one(config, "baseline")
-            record = self._record(-1, "baseline", result)
-            self._add(record)
-            self.reporter.trial_finished(self.state.records[-1], self.best())
-            fits = record.status == "ok" and record.feasible
-            divisible = self.settings.global_batch_size % (self.devices * accum * 2) == 0
-            if fits or record.status not in ("ok", "oom") or not divisible:
-                return self.state.records[-1]
-            accum *= 2  # accumulation only as far as needed to fit
+            record = self._run_one(config, "baseline")
 
-    def propose(self, trial: Any) -> TrainConfig | None:
-        """Sample a config for an asked trial; tell it at once if it is not worth running."""
-        values: dict[str, Any] = {}
-        for name, param in self.space.params.items():
-            if param.active(values):
-                values[name] = trial.suggest_categorical(name, list(param.choices))
-        try:
-            config = TrainConfig(
-                **values,
-                global_batch_size=self.settings.global_batch_size,
-                device=self.platform.device_type,
-            )
-        except ValueError as error:
-            self._tell_invalid(trial, None, str(error).splitlines()[-1].strip())
-            return None
-        seen = self.state.measured().get(config.key())
+    def decide(self, proposal: Proposal) -> TrialRecord | None:
+        """The outcome of a proposal decided without running it, or None to run it."""
+        config = proposal.config
+        base = {"number": proposal.number, "role": "search", "config": config}
+        if config is None:
+            return TrialRecord(**base, status="invalid", message=proposal.invalid_reason)
+        seen = self.log.measured().get(config.key())
         if seen is not None:  # never measured twice: the sampler hears the earlier outcome
-            self._tell(
-                trial,
-                TrialRecord(
-                    number=trial.number,
-                    role="search",
-                    status="duplicate",
-                    config=config,
-                    samples_per_s=seen.samples_per_s,
-                    memory_used_bytes=seen.memory_used_bytes,
-                    feasible=seen.feasible,
-                    message=f"same configuration as trial {seen.number} ({seen.status})",
-                ),
+            return TrialRecord(
+                **base,
+                status="duplicate",
+                samples_per_s=seen.samples_per_s,
+                memory_used_bytes=seen.memory_used_bytes,
+                feasible=seen.feasible,
+                message=f"same configuration as trial {seen.number} ({seen.status})",
             )
-            return None
-        verdict = precheck(config, self.state.observations(), self.limit_bytes)
+        verdict = precheck(config, self.log.observations(), self.limit_bytes)
         if verdict is not None:
             reason, violation = verdict
-            record = TrialRecord(
-                number=trial.number,
-                role="search",
+            return TrialRecord(
+                **base,
                 status="skipped",
-                config=config,
                 feasible=False,
                 message=reason,
-                memory_used_bytes=int(self.limit_bytes * (1 + violation)),
+                predicted_memory_bytes=int(self.limit_bytes * (1 + violation)),
             )
-            self._tell(trial, record)
-            self.reporter.trial_finished(record, self.best())
-            return None
-        return config
+        return None
 
     def search(self) -> None:
-        """Ask, decide, run and tell until a budget is spent."""
-        running: dict[int, Any] = {}
-        pending: tuple[Any, TrainConfig] | None = None
+        """Propose, decide, run and record until a budget is spent."""
+        running: dict[int, Proposal] = {}
+        pending: Proposal | None = None
         limit = self.settings.concurrency or 1
-        unproductive = 0
+        unproductive = refused = 0
         while True:
             while len(running) < limit:
                 if pending is None:
                     if self._out_of_budget() or unproductive >= MAX_UNPRODUCTIVE_PROPOSALS:
                         break
-                    trial = self.study.ask()
-                    config = self.propose(trial)
-                    if config is None:
+                    proposal = self.proposer.propose()
+                    decided = self.decide(proposal)
+                    if decided is not None:
                         unproductive += 1
+                        stored = self.proposer.record(proposal, decided)
+                        if stored.status == "skipped":
+                            self.reporter.trial_finished(stored, self.log.best())
                         continue
                     unproductive = 0
-                    pending = (trial, config)
-                trial, config = pending
-                request = self._request(config)
+                    pending = proposal
+                assert pending.config is not None
+                request = self._request(pending.config)
                 if running and not self.executor.fits_now(request):
                     break  # wait for a running trial to free its devices
-                pending = None
-                self.reporter.trial_started("search", config)
+                proposal, pending = pending, None
+                self.reporter.trial_started("search", request.config)
                 try:
-                    running[self.executor.submit(request)] = trial
-                except RuntimeError as error:  # the cluster cannot place it
-                    self._tell_invalid(trial, config, str(error))
+                    running[self.executor.submit(request)] = proposal
+                    refused = 0
+                except PlacementError as error:
+                    refused += 1
+                    record = TrialRecord(
+                        number=proposal.number,
+                        role="search",
+                        status="invalid",
+                        config=request.config,
+                        message=str(error),
+                    )
+                    self.proposer.record(proposal, record)
+                    if refused >= MAX_PLACEMENT_FAILURES and not running:
+                        raise SearchError(
+                            f"the cluster could place none of the last {refused} trials: "
+                            f"{error}; lower --devices or give the cluster more resources"
+                        ) from None
             if not running:
                 return
             for ticket, result in self.executor.wait():
-                trial = running.pop(ticket)
-                record = self._record(trial.number, "search", result)
-                self._tell(trial, record)
-                self.reporter.trial_finished(record, self.best())
-
-    def best(self) -> TrialRecord | None:
-        feasible = [
-            r
-            for r in self.state.records
-            if r.status == "ok" and r.feasible and r.role in ("baseline", "search")
-        ]
-        return max(feasible, key=lambda r: r.samples_per_s or 0.0, default=None)
-
-    def _runs_of(self, config: TrainConfig) -> list[TrialRecord]:
-        key = config.key()
-        return [
-            r
-            for r in self.state.records
-            if r.config is not None
-            and r.config.key() == key
-            and r.role in ("baseline", "search", "remeasure")
-            and r.status == "ok"
-        ]
-
-    def finalists(self) -> list[TrainConfig]:
-        ranked = sorted(
-            self.state.measured().values(), key=lambda r: r.samples_per_s or 0.0, reverse=True
-        )
-        top = [r.config for r in ranked if r.status == "ok" and r.feasible and r.config]
-        return top[: self.settings.top_k]
-
-    def baseline_config(self) -> TrainConfig | None:
-        return next(
-            (r.config for r in self.state.records if r.role == "baseline" and r.status == "ok"),
-            None,
-        )
+                proposal = running.pop(ticket)
+                record = self.proposer.record(proposal, self._record("search", result))
+                self.reporter.trial_finished(record, self.log.best())
 
     def remeasure(self) -> None:
         """Measure the best few, and the baseline, again: noise then neither picks the winner
         nor inflates its speed-up."""
         self.reporter.phase(f"re-measuring the best {self.settings.top_k} and the baseline")
-        configs = self.finalists()
-        baseline = self.baseline_config()
-        if baseline is not None and baseline not in configs:
-            configs.append(baseline)
+        configs = finalists(self.log.records, self.settings.top_k)
+        baseline = self.log.baseline()
+        if baseline is not None and baseline.status == "ok" and baseline.config not in configs:
+            assert baseline.config is not None
+            configs.append(baseline.config)
         for config in configs:
-            while len(self._runs_of(config)) < 1 + self.settings.remeasure:
-                record = self._record(-1, "remeasure", self._run_one(config, "remeasure"))
-                self._add(record)
-                self.reporter.trial_finished(self.state.records[-1], self.best())
-                if record.status != "ok":
+            while len(runs_of(self.log.records, config)) < 1 + self.settings.remeasure:
+                if self._run_one(config, "remeasure").status != "ok":
                     break
 
-    def _score(self, config: TrainConfig) -> tuple[float, list[TrialRecord]]:
-        runs = self._runs_of(config)
-        if not runs or not all(r.feasible for r in runs):
-            return 0.0, runs
-        return statistics.median(r.samples_per_s or 0.0 for r in runs), runs
-
-    def verify(self) -> tuple[TrainConfig, float, list[TrialRecord], TrialResult | None]:
-        """Pick the winner on repeated measurements and confirm it in a longer run."""
-        ranked = sorted(self.finalists(), key=lambda c: self._score(c)[0], reverse=True)
-        if not ranked:
-            raise ConfigError(
+    def verify(self) -> tuple[TrainConfig, TrialResult | None]:
+        """Pick the winner on repeated measurements and confirm it in a longer run; a finalist
+        whose longer run fails or does not fit gives way to the next."""
+        candidates = finalists(self.log.records, self.settings.top_k)
+        if not candidates:
+            raise SearchError(
                 "no configuration fits the memory budget of "
                 f"{self.budget_bytes / 2**30:.2f} GiB (limit {self.limit_bytes / 2**30:.2f} GiB "
                 "after the safety margin); raise --memory-budget or allow checkpointing and "
                 "accumulation in the search space"
             )
-        fallback: tuple[TrainConfig, float, list[TrialRecord], TrialResult | None] | None = None
-        for config in ranked:
-            score, runs = self._score(config)
-            if score <= 0:
-                continue
+        scored = [(score(self.log.records, c), c) for c in candidates]
+        ranked = sorted(((s, c) for s, c in scored if s is not None), key=lambda p: -p[0])
+        if not ranked:
+            lost = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c in candidates)
+            raise SearchError(
+                f"every finalist failed its re-measurement ({lost}); all "
+                f"{len(self.log.records)} trials are stored: see `autotune show`"
+            )
+        fallback: tuple[TrainConfig, TrialResult | None] | None = None
+        for _, config in ranked:
             self.reporter.phase(f"verifying in a {self.settings.verify_factor}x longer run")
-            result = self._run_one(config, "verify", longer=self.settings.verify_factor)
-            record = self._record(-1, "verify", result)
-            self._add(record)
-            self.reporter.trial_finished(self.state.records[-1], self.best())
-            if record.status == "ok" and record.feasible:
-                return config, score, runs, result
-            fallback = fallback or (config, score, runs, result)
-        assert fallback is not None
+            result = self._result_of_verification(config)
+            if result is not None and result.ok and self.log.records[-1].fits:
+                return config, result
+            fallback = fallback or (config, result)
+        assert fallback is not None  # ranked is not empty
         return fallback
 
-    def run(self) -> tuple[TrainConfig, float, list[TrialRecord], TrialResult | None]:
+    def _result_of_verification(self, config: TrainConfig) -> TrialResult | None:
+        self.reporter.trial_started("verify", config)
+        try:
+            self.executor.submit(self._request(config, self.settings.verify_factor))
+            results: list[tuple[int, TrialResult]] = []
+            while not results:
+                results = self.executor.wait()
+            result: TrialResult = results[0][1]
+        except PlacementError as error:
+            result = TrialResult(config=config, status="invalid", message=str(error))
+        record = self.proposer.add(self._record("verify", result))
+        self.reporter.trial_finished(record, self.log.best())
+        return result
+
+    def _last_failure(self, config: TrainConfig) -> str:
+        tried = [r for r in self.log.records if r.config == config and r.role == "remeasure"]
+        last = tried[-1] if tried else None
+        if last is None:
+            return "not re-measured"
+        if last.status == "ok":
+            return "over the memory limit"
+        return f"{last.status}: {last.message}"[:120]
+
+    def run(self, exclusions: list[Exclusion], storage: str, study_name: str) -> Recommendation:
+        """The whole search, and its recommendation."""
         self.baseline()
         self.search()
         self.remeasure()
-        return self.verify()
-
-    def recommendation(
-        self,
-        storage: str,
-        study_name: str,
-        exclusions: list[Any],
-        outcome: tuple[TrainConfig, float, list[TrialRecord], TrialResult | None],
-    ) -> Recommendation:
-        config, score, runs, verification = outcome
-        baseline = next(
-            (r for r in self.state.records if r.role == "baseline" and r.status == "ok"), None
-        )
-        baseline_runs = self._runs_of(baseline.config) if baseline and baseline.config else []
-        baseline_speed = (
-            statistics.median(r.samples_per_s or 0.0 for r in baseline_runs)
-            if baseline_runs
-            else None
-        )
-        samples = [r.samples_per_s or 0.0 for r in runs]
-        spread = (max(samples) - min(samples)) / score if score else 0.0
-        error = None
-        if verification is not None and verification.samples_per_s:
-            error = verification.samples_per_s / score - 1
-        fits = (
-            verification is not None
-            and verification.ok
-            and ((self.memory_used(verification) or 0) <= self.limit_bytes)
-        )
-        tolerance = max(THROUGHPUT_TOLERANCE, spread)
-        confirmed = error is not None and abs(error) <= tolerance
-        used = max(r.memory_used_bytes or 0 for r in runs)
-        if verification is not None and verification.ok:
-            used = max(used, self.memory_used(verification) or 0)
-        return Recommendation(
-            config=config,
-            samples_per_s=score,
-            samples_per_s_runs=samples,
-            spread=spread,
-            memory_used_bytes=used,
-            memory_budget_bytes=self.budget_bytes,
-            memory_limit_bytes=self.limit_bytes,
-            verification=verification,
-            verified=fits and confirmed,
-            memory_confirmed=fits,
-            throughput_confirmed=confirmed,
-            throughput_tolerance=tolerance,
-            verification_error=error,
-            baseline=baseline,
-            baseline_samples_per_s=baseline_speed,
-            speedup=score / baseline_speed if baseline_speed else None,
-            exclusions=exclusions,
-            trials=sorted(self.state.records, key=lambda r: r.number),
+        winner, verification = self.verify()
+        return recommend(
+            self.log.records,
+            winner,
+            verification,
+            budget_bytes=self.budget_bytes,
+            limit_bytes=self.limit_bytes,
             platform=self.platform,
+            exclusions=exclusions,
             storage=storage,
             study_name=study_name,
         )

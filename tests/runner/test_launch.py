@@ -146,35 +146,8 @@ def test_persistent_workers_survive_epochs() -> None:
 
 
 def test_an_aborting_rank_is_a_crash_with_its_signal() -> None:
+    # Beyond the executor contract (test_executor_contract.py): a local launcher sees the
+    # signal, which Ray does not expose.
     result = _trial("tests.fixtures.models:Aborting", parallel="ddp", world_size=2)
     assert result.status == "crashed"
     assert "rank 1" in result.message and "SIGABRT" in result.message
-
-
-def test_a_hanging_rank_times_out_and_is_killed() -> None:
-    options = TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=15)
-    result = _trial("tests.fixtures.models:Hanging", options, parallel="ddp", world_size=2)
-    assert result.status == "timed_out"
-    assert "timeout_s=15" in result.message and "warm-up step 1" in result.message
-    assert result.total_s < 30
-
-
-def test_a_rank_over_its_memory_limit_is_oom() -> None:
-    options = TrialOptions(
-        warmup_steps=1, measured_steps=2, timeout_s=120, memory_limit_bytes=3 << 30
-    )
-    result = _trial("tests.fixtures.models:MemoryHog", options, parallel="ddp", world_size=2)
-    assert result.status == "oom", result.message
-    assert result.message.startswith("rank 1:")
-
-
-def test_a_raising_forward_is_an_error_with_its_message() -> None:
-    result = _trial("tests.fixtures.models:Raising")
-    assert result.status == "error"
-    assert result.message == "rank 0: warm-up step 1: ValueError: shape mismatch in layer 3"
-
-
-def test_a_config_the_model_cannot_take_is_invalid() -> None:
-    result = _trial("workloads.gpt:gpt_tiny", checkpoint_segments=5)
-    assert result.status == "invalid"
-    assert "checkpoint_segments=5 exceeds the 4 repeated Block blocks of GPT" in result.message

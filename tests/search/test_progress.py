@@ -11,10 +11,12 @@ from autotune.search.progress import LineReporter, Reporter, RichReporter, make_
 CONFIG = make_config({"global_batch_size": 8, "device": "cpu"})
 
 
-def _record(number: int, speed: float | None, status: str = "ok") -> TrialRecord:
+def _record(
+    number: int, speed: float | None, status: str = "ok", role: str = "search"
+) -> TrialRecord:
     return TrialRecord(
         number=number,
-        role="search",
+        role=role,  # type: ignore[arg-type]
         status=status,
         config=CONFIG,  # type: ignore[arg-type]
         samples_per_s=speed,
@@ -32,8 +34,8 @@ def test_plain_lines_say_done_budget_best_and_outcome() -> None:
     reporter.trial_finished(_record(4, None, "crashed"), _record(3, 120.0))
     lines = stream.getvalue().splitlines()
     assert "search trial: singlex1" in lines[0]
-    assert "#3 120.0 samples/s, 300 MiB (fits)  [search 1/10, best 120.0 samples/s]" in lines[1]
-    assert "#4 crashed: rank 1: killed by SIGABRT  [search 2/10" in lines[2]
+    assert "#3 120.0 samples/s, 300 MiB (fits)  [trials 1/10, best 120.0 samples/s]" in lines[1]
+    assert "#4 crashed: rank 1: killed by SIGABRT  [trials 2/10" in lines[2]
 
 
 def test_quiet_is_silent_and_pipes_get_lines(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,5 +54,25 @@ def test_the_live_display_shows_progress_best_and_current_trial() -> None:
         else reporter.status.status
     )
     reporter.close()
-    assert "search 1/5" in status and "best 99.5 samples/s" in status
+    assert "trials 1/5" in status and "best 99.5 samples/s" in status
     assert "running search: singlex1" in status
+
+
+def test_the_counter_counts_what_the_trial_budget_counts() -> None:
+    # The budget counts measured trials, the baseline included; skipped, duplicate and invalid
+    # trials never ran, and re-measurements come after the budget.
+    stream = io.StringIO()
+    reporter = LineReporter(stream, trials=10)
+    best = _record(1, 120.0)
+    for record in (
+        _record(0, 100.0, role="baseline"),
+        _record(1, 120.0),
+        _record(2, None, "skipped"),
+        _record(3, 120.0, "duplicate"),
+        _record(4, None, "invalid"),
+        _record(5, 118.0, role="remeasure"),
+        _record(6, None, "oom"),
+    ):
+        reporter.trial_finished(record, best)
+    assert "[trials 3/10" in stream.getvalue().splitlines()[-1]
+    assert reporter.done == 3

@@ -1,0 +1,74 @@
+"""What the search needs from whatever runs its trials, and when to give up on a trial's ranks.
+
+Three executors implement ``Executor``: ``LocalExecutor`` (rank processes on this machine, no
+Ray), ``RayExecutor`` (gangs of rank actors on a Ray cluster) and the benchmarks'
+``ReplayExecutor`` (recorded measurements, nothing runs). ``tests/runner/test_executor_contract.py``
+runs one suite against each: whatever the executor, a trial's outcome is classified the same way
+and no process outlives it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from autotune.result import TrialResult
+from autotune.runner.request import TrialRequest
+
+
+class PlacementError(RuntimeError):
+    """The executor cannot place a trial's ranks: not now and not by waiting."""
+
+
+class Executor(Protocol):
+    """Runs trials; the search submits, waits, and never sees a process or an actor."""
+
+    def submit(self, request: TrialRequest) -> int:
+        """Start a trial and return its ticket; its result comes back from ``wait``. Called when
+        ``fits_now`` said yes, or when nothing else runs. Raises ``PlacementError`` when the
+        trial can never be placed."""
+        ...
+
+    def wait(self, timeout_s: float | None = None) -> list[tuple[int, TrialResult]]:
+        """Block until at least one submitted trial ends (or ``timeout_s`` passes); return the
+        (ticket, result) of every trial that ended. Empty when nothing runs."""
+        ...
+
+    def fits_now(self, request: TrialRequest) -> bool:
+        """Whether ``request`` could start now without waiting for a running trial to end."""
+        ...
+
+    def shutdown(self) -> None:
+        """End every running trial and release every resource; called once, also after an
+        error."""
+        ...
+
+
+@dataclass
+class Watchdog:
+    """When to stop the ranks still running: ``timeout_s`` after the trial started, or
+    ``failure_grace_s`` after one rank failed (the others' own errors are usually echoes of
+    that failure, and a peer blocked in a collective never returns by itself)."""
+
+    timeout_s: float
+    failure_grace_s: float
+    started: float = field(default_factory=time.perf_counter)
+    failed_at: float | None = None
+
+    def rank_failed(self, now: float) -> None:
+        if self.failed_at is None:
+            self.failed_at = now
+
+    def expired(self, now: float) -> str | None:
+        """Why the remaining ranks must be stopped now, or None."""
+        if now - self.started > self.timeout_s:
+            return f"timeout_s={self.timeout_s:g}"
+        if self.failed_at is not None and now - self.failed_at > self.failure_grace_s:
+            return "after another rank failed"
+        return None
+
+
+def stopped_message(phase: str, why: str) -> str:
+    """The reason recorded for a rank the watchdog stopped."""
+    return f"still running in {phase} ({why})"

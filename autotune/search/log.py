@@ -1,0 +1,171 @@
+"""The stored trial format: one write path for every trial of a study, and the reads the search
+makes of it.
+
+Every trial, proposed by the sampler or not (baseline, re-measurement, verification), is
+written by ``StudyLog.write`` as soon as it ends; SQLite commits each write, so killing the
+driver loses nothing that completed. What Optuna is told follows from the record alone
+(``_outcome``): a measurement, out of memory included, is a completed trial whose memory
+constraint the sampler learns from; a trial that never ran but whose memory is known (a
+duplicate, a pre-check skip) is told the same way; anything else failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.records import SEARCH_ROLES, Role, TrialRecord
+from autotune.result import TrialResult
+from autotune.search.precheck import Observation
+from autotune.search.study import ATTR_PREFIX
+
+
+def memory_used(result: TrialResult, device_type: str) -> int | None:
+    """The memory a trial is judged by: the per-device peak on CUDA, all ranks' peaks together
+    on CPU (the ranks share the host); None when the trial did not finish."""
+    peaks = [r.peak_memory_bytes for r in result.ranks if r.status == "ok"]
+    if not result.ok or not peaks:
+        return None
+    return max(peaks) if device_type == "cuda" else sum(peaks)
+
+
+def to_record(
+    number: int, role: Role, result: TrialResult, device_type: str, limit_bytes: int
+) -> TrialRecord:
+    """The stored record of a trial that ran."""
+    used = memory_used(result, device_type)
+    feasible = (
+        used <= limit_bytes if used is not None else (False if result.status == "oom" else None)
+    )
+    return TrialRecord(
+        number=number,
+        role=role,
+        status=result.status,
+        config=result.config,
+        samples_per_s=result.samples_per_s,
+        memory_used_bytes=used,
+        feasible=feasible,
+        message=result.message,
+        overhead_s=result.overhead_s,
+        warmup_s=result.warmup_s,
+        measured_s=result.measured_s,
+    )
+
+
+def _attributes(record: TrialRecord) -> dict[str, Any]:
+    """User attributes of a trial: the full record, plus flat fields a dashboard shows well.
+    A predicted peak is labelled as a prediction, never as a measured one."""
+    attrs: dict[str, Any] = {
+        ATTR_PREFIX + "record": record.model_dump(mode="json"),
+        "role": record.role,
+        "status": record.status,
+        "config": record.config.summary() if record.config else "",
+    }
+    if record.memory_used_bytes is not None:
+        attrs["peak_memory_MiB"] = round(record.memory_used_bytes / 2**20, 1)
+    if record.predicted_memory_bytes is not None:
+        attrs["predicted_peak_memory_MiB"] = round(record.predicted_memory_bytes / 2**20, 1)
+    if record.message:
+        attrs["reason"] = record.message
+    return attrs
+
+
+def record_of(trial: Any) -> TrialRecord | None:
+    """The TrialRecord stored on an Optuna trial, or None for trials that carry none."""
+    raw = trial.user_attrs.get(ATTR_PREFIX + "record")
+    if raw is None:
+        return None
+    return TrialRecord.model_validate({**raw, "number": trial.number})
+
+
+def stored_records(study: Any) -> list[TrialRecord]:
+    """Every finished trial's record, in trial order."""
+    from optuna.trial import TrialState
+
+    finished = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+    records = [record_of(t) for t in study.get_trials(deepcopy=False, states=finished)]
+    return [r for r in records if r is not None]
+
+
+class StudyLog:
+    """A study's records, read once when it opens and appended to by every write."""
+
+    def __init__(self, study: Any, limit_bytes: int) -> None:
+        self.study, self.limit_bytes = study, limit_bytes
+        self.records: list[TrialRecord] = stored_records(study)
+
+    def violation(self, record: TrialRecord) -> float | None:
+        """How far over the memory limit (> 0: infeasible), from the measured peak or else the
+        predicted one; None when memory says nothing."""
+        used = record.memory_used_bytes
+        if used is None:
+            used = record.predicted_memory_bytes
+        if used:
+            return used / self.limit_bytes - 1
+        if record.status == "oom" or record.feasible is False:
+            return 1.0
+        return None
+
+    def _constraint(self, record: TrialRecord) -> float | None:
+        """The memory constraint ``record`` is told with as a completed trial; None: it failed."""
+        violation = self.violation(record)
+        if record.status in ("ok", "oom"):
+            # Out of memory is an infeasible measurement, not a failure: the sampler learns
+            # the boundary from it. The value of an infeasible trial is never compared.
+            return violation if violation is not None else 1.0
+        if record.status in ("skipped", "duplicate"):
+            return violation  # known from the earlier trial, or predicted
+        return None
+
+    def write(self, record: TrialRecord, trial: Any = None) -> TrialRecord:
+        """Store ``record``: tell the asked ``trial``, or add a trial the sampler did not
+        propose. Returns the record as stored (numbered like its Optuna trial)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        constraint = self._constraint(record)
+        value = record.samples_per_s or 0.0
+        if trial is not None:
+            for key, attr in _attributes(record).items():
+                trial.set_user_attr(key, attr)
+            if constraint is not None:
+                trial.set_constraint("memory", constraint)
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=TrialState.FAIL)
+            stored = record.model_copy(update={"number": trial.number})
+        else:
+            self.study.add_trial(
+                optuna.trial.create_trial(
+                    state=TrialState.FAIL if constraint is None else TrialState.COMPLETE,
+                    value=None if constraint is None else value,
+                    user_attrs=_attributes(record),
+                    constraints=None if constraint is None else {"memory": constraint},
+                )
+            )
+            number = self.study.get_trials(deepcopy=False)[-1].number
+            stored = record.model_copy(update={"number": number})
+        self.records.append(stored)
+        return stored
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def measured(self) -> dict[str, TrialRecord]:
+        """The measurements the trial budget counts, by configuration key."""
+        return {r.config.key(): r for r in self.records if r.counts_toward_budget and r.config}
+
+    def observations(self) -> list[Observation]:
+        """What earlier trials showed about memory, for the pre-check."""
+        return [
+            Observation(r.config, r.memory_used_bytes if r.status == "ok" else None, r.number)
+            for r in self.records
+            if r.config is not None and r.status in ("ok", "oom")
+        ]
+
+    def best(self) -> TrialRecord | None:
+        """The fastest measurement that fits, of the baseline and the search."""
+        fitting = [r for r in self.records if r.fits and r.role in SEARCH_ROLES]
+        return max(fitting, key=lambda r: r.samples_per_s or 0.0, default=None)
+
+    def baseline(self) -> TrialRecord | None:
+        """The last baseline attempt, whatever its outcome (None before any)."""
+        return next((r for r in reversed(self.records) if r.role == "baseline"), None)

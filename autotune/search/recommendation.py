@@ -1,0 +1,125 @@
+"""From a study's records to a ``Recommendation``: pure functions, no I/O, no executor.
+
+The winner is chosen on repeated measurements (the median of its runs), its speed-up is taken
+against the baseline measured as often, and the verification run either confirms the estimate
+within a fixed tolerance or says why it cannot: a tolerance as wide as the noise would be a
+check that cannot fail.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from autotune.config import TrainConfig
+from autotune.recommendation import Recommendation, ThroughputVerdict
+from autotune.records import Exclusion, TrialRecord
+from autotune.result import Platform, TrialResult
+
+THROUGHPUT_TOLERANCE = 0.10
+"""Verification confirms throughput within this share of the estimate; never wider."""
+
+
+def runs_of(records: list[TrialRecord], config: TrainConfig) -> list[TrialRecord]:
+    """The ok measurements of ``config`` that estimate its throughput (not verification)."""
+    key = config.key()
+    return [
+        r
+        for r in records
+        if r.config is not None
+        and r.config.key() == key
+        and r.role in ("baseline", "search", "remeasure")
+        and r.status == "ok"
+    ]
+
+
+def finalists(records: list[TrialRecord], top_k: int) -> list[TrainConfig]:
+    """The ``top_k`` fastest configurations whose first measurement fitted."""
+    first = [r for r in records if r.counts_toward_budget and r.fits and r.config is not None]
+    ranked = sorted(first, key=lambda r: r.samples_per_s or 0.0, reverse=True)
+    unique: dict[str, TrainConfig] = {}
+    for r in ranked:
+        assert r.config is not None
+        unique.setdefault(r.config.key(), r.config)
+    return list(unique.values())[:top_k]
+
+
+def score(records: list[TrialRecord], config: TrainConfig) -> float | None:
+    """Median samples/s over the runs of ``config``; None if any run did not fit (or none ran)."""
+    runs = runs_of(records, config)
+    if not runs or not all(r.feasible for r in runs):
+        return None
+    return statistics.median(r.samples_per_s or 0.0 for r in runs)
+
+
+def verdict(spread: float, error: float | None) -> ThroughputVerdict:
+    if error is None:
+        return "not measured"
+    if spread > THROUGHPUT_TOLERANCE:
+        return "too noisy"
+    return "confirmed" if abs(error) <= THROUGHPUT_TOLERANCE else "not confirmed"
+
+
+def recommend(
+    records: list[TrialRecord],
+    winner: TrainConfig,
+    verification: TrialResult | None,
+    *,
+    budget_bytes: int,
+    limit_bytes: int,
+    platform: Platform,
+    exclusions: list[Exclusion],
+    storage: str,
+    study_name: str,
+    model: str = "",
+    block_class: str | None = None,
+) -> Recommendation:
+    """The recommendation of ``winner``, from the records alone (and the verification run)."""
+    runs = runs_of(records, winner)
+    estimate = score(records, winner)
+    if estimate is None:
+        raise ValueError(f"the winner {winner.summary()} has no fitting measurement")
+    samples = [r.samples_per_s or 0.0 for r in runs]
+    spread = (max(samples) - min(samples)) / estimate if estimate else 0.0
+    verified_runs = [
+        r for r in records if r.role == "verify" and r.config and r.config.key() == winner.key()
+    ]
+    check = verified_runs[-1] if verified_runs else None
+    error = None
+    if check is not None and check.status == "ok" and check.samples_per_s and estimate:
+        error = check.samples_per_s / estimate - 1
+    memory_confirmed = check is not None and check.fits
+    throughput = verdict(spread, error)
+    used = max(r.memory_used_bytes or 0 for r in runs)
+    if check is not None and check.memory_used_bytes is not None:
+        used = max(used, check.memory_used_bytes)
+    baseline = next((r for r in reversed(records) if r.role == "baseline"), None)
+    baseline_runs = runs_of(records, baseline.config) if baseline and baseline.config else []
+    baseline_speed = None
+    if baseline is not None and baseline.status == "ok" and baseline_runs:
+        baseline_speed = statistics.median(r.samples_per_s or 0.0 for r in baseline_runs)
+    return Recommendation(
+        config=winner,
+        samples_per_s=estimate,
+        samples_per_s_runs=samples,
+        spread=spread,
+        memory_used_bytes=used,
+        memory_budget_bytes=budget_bytes,
+        memory_limit_bytes=limit_bytes,
+        verification=verification,
+        verified=memory_confirmed and throughput == "confirmed",
+        memory_confirmed=memory_confirmed,
+        throughput_confirmed=throughput == "confirmed",
+        throughput_verdict=throughput,
+        throughput_tolerance=THROUGHPUT_TOLERANCE,
+        verification_error=error,
+        baseline=baseline,
+        baseline_samples_per_s=baseline_speed,
+        speedup=estimate / baseline_speed if baseline_speed else None,
+        exclusions=exclusions,
+        trials=sorted(records, key=lambda r: r.number),
+        platform=platform,
+        model=model,
+        block_class=block_class,
+        storage=storage,
+        study_name=study_name,
+    )

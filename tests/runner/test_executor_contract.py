@@ -1,0 +1,187 @@
+"""One contract, every executor: the same trial ends with the same status, whoever runs it, and
+no process outlives it.
+
+In the spirit of Optuna's storage and sampler test suites: each case below runs against the
+local launcher and the Ray executor (real gloo ranks), and, where a recorded landscape can
+answer it, the replay executor of the benchmarks.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import pytest
+
+from autotune.bench.landscape import Landscape, Point, Run
+from autotune.bench.replay import ReplayExecutor
+from autotune.config import TrainConfig, make_config
+from autotune.result import TrialResult
+from autotune.runner.executor import Executor
+from autotune.runner.launch import LocalExecutor
+from autotune.runner.platform import detect_platform
+from autotune.runner.request import TrialOptions, TrialRequest
+from autotune.runner.workload import WorkloadSpec
+from autotune.search.space import parse_space
+
+QUICK = TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=120)
+DDP = {"parallel": "ddp", "world_size": 2}
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    values: dict[str, Any]
+    status: str
+    says: tuple[str, ...]  # what the message must name
+    options: TrialOptions = QUICK
+    recorded: dict[str, Any] | None = field(default=None)  # how a landscape recorded it
+
+
+CASES = {
+    "ok": Case("tests.fixtures.models:Small", DDP, "ok", (), recorded={"status": "ok"}),
+    "rank abort": Case(
+        "tests.fixtures.models:Aborting",
+        DDP,
+        "crashed",
+        ("rank 1",),
+        recorded={"status": "crashed", "message": "rank 1: killed by SIGABRT"},
+    ),
+    "rank hang": Case(
+        "tests.fixtures.models:Hanging",
+        DDP,
+        "timed_out",
+        ("timeout_s=15", "still running in warm-up step 1"),
+        options=TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=15),
+    ),
+    "out of memory under a limit": Case(
+        "tests.fixtures.models:MemoryHog",
+        DDP,
+        "oom",
+        ("rank 1:",),
+        options=QUICK.model_copy(update={"memory_limit_bytes": 3 << 30}),
+    ),
+    "exception in user code": Case(
+        "tests.fixtures.models:Raising",
+        {},
+        "error",
+        ("rank 0: warm-up step 1: ValueError: shape mismatch in layer 3",),
+    ),
+    "invalid config": Case(
+        "workloads.gpt:gpt_tiny",
+        {"checkpoint_segments": 5},
+        "invalid",
+        ("checkpoint_segments=5 exceeds the 4 repeated Block blocks of GPT",),
+        recorded={
+            "status": "invalid",
+            "message": "rank 0: building the workload: checkpoint_segments=5 exceeds the 4 "
+            "repeated Block blocks of GPT",
+        },
+    ),
+}
+
+
+def _config(case: Case) -> TrainConfig:
+    return make_config({"global_batch_size": 16, "device": "cpu", **case.values})
+
+
+def _replay(case: Case) -> ReplayExecutor:
+    points = []
+    if case.recorded is not None:
+        if case.recorded["status"] == "ok":
+            run = Run(status="ok", samples_per_s=100.0, memory_used_bytes=300 << 20)
+        else:
+            run = Run(status=case.recorded["status"], message=case.recorded["message"])
+        points.append(Point(config=_config(case), runs=[run]))
+    landscape = Landscape(
+        workload=case.model,
+        platform=detect_platform("cpu"),
+        devices=2,
+        space=parse_space({"parallel": ["single", "ddp"]}, "test"),
+        global_batch_size=16,
+        warmup_steps=1,
+        measured_steps=2,
+        memory_limit_bytes=1 << 30,
+        points=points,
+    )
+    return ReplayExecutor(landscape, random.Random(0))
+
+
+def _rank_actors() -> set[int]:
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        if "_RankActor" in " ".join(process.info["cmdline"] or []):
+            found.add(process.pid)
+    return found
+
+
+def _assert_no_rank_actor_left(timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _rank_actors() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _rank_actors(), f"rank actors left behind: {sorted(_rank_actors())}"
+
+
+def _run(executor: Executor, request: TrialRequest) -> TrialResult:
+    ticket = executor.submit(request)
+    results: list[tuple[int, TrialResult]] = []
+    while not results:
+        results = executor.wait()
+    assert [t for t, _ in results] == [ticket]
+    return results[0][1]
+
+
+@pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.slow), "replay"])
+def kind(request: pytest.FixtureRequest) -> str:
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    return str(request.param)
+
+
+@pytest.fixture
+def make_executor(kind: str, no_leftover_processes: None) -> Iterator[Any]:
+    made: list[Executor] = []
+
+    def make(case: Case) -> Executor:
+        if kind == "local":
+            executor: Executor = LocalExecutor()
+        elif kind == "ray":
+            from autotune.runner.ray_executor import RayExecutor
+
+            executor = RayExecutor(detect_platform("cpu"), cpus_per_rank=1.0)
+        else:
+            if case.recorded is None:
+                pytest.skip("a recorded landscape cannot replay this outcome")
+            executor = _replay(case)
+        made.append(executor)
+        return executor
+
+    yield make
+    for executor in made:
+        executor.shutdown()
+    if kind == "ray":
+        _assert_no_rank_actor_left()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_executor_classifies_the_outcome_the_same_way(
+    name: str, kind: str, make_executor: Any
+) -> None:
+    case = CASES[name]
+    executor = make_executor(case)
+    workload = WorkloadSpec(model=case.model)
+    request = TrialRequest(config=_config(case), workload=workload, options=case.options)
+    result = _run(executor, request)
+    assert result.status == case.status, result.message
+    for text in case.says:
+        assert text in result.message, result.message
+    assert result.total_s < case.options.timeout_s + 15  # ended by the watchdog, not later
+    if case.status == "ok":
+        assert result.samples_per_s and result.samples_per_s > 0
+        assert result.peak_memory_bytes and result.peak_memory_bytes > 0
+    if kind == "ray" and case.status != "ok":
+        _assert_no_rank_actor_left()  # a failed gang is killed at once, not at shutdown

@@ -1,0 +1,159 @@
+"""The search's phases with a scripted executor: what is run, skipped, stored and recommended."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.report import format_recommendation, format_study
+from autotune.result import TrialResult
+from autotune.search.proposer import Proposal
+from autotune.search.tuner import SearchError
+from tests.search.fakes import FakeExecutor, failed, make_tuner, ok
+
+SPACE = {
+    "parallel": ["ddp"],
+    "world_size": [2],
+    "grad_accum_steps": [1, 2, 4],
+    "num_workers": [0, 1],
+}
+
+
+def speed(config: TrainConfig) -> float:
+    """accum 1 is fastest; a DataLoader worker helps."""
+    return {1: 1000.0, 2: 900.0, 4: 800.0}[config.grad_accum_steps] + 50 * config.num_workers
+
+
+def memory(config: TrainConfig) -> float:
+    """100 MiB per sample of micro-batch: 800, 400, 200 MiB."""
+    return 100.0 * config.micro_batch_size
+
+
+def steady(config: TrainConfig, before: int) -> TrialResult:
+    return ok(config, speed(config), memory(config))
+
+
+def test_the_baseline_accumulates_only_as_far_as_needed_to_fit() -> None:
+    executor = FakeExecutor(steady)
+    tuner = make_tuner(executor, SPACE, limit_mib=500)
+    baseline = tuner.baseline()
+    assert baseline.config is not None and baseline.config.grad_accum_steps == 2
+    assert baseline.fits
+    tried = [r.config.grad_accum_steps for r in tuner.log.records if r.config]
+    assert tried == [1, 2]  # accum 1 ran over the limit, accum 4 was never needed
+    assert tuner.baseline() == baseline  # settled: asking again runs nothing
+    assert len(executor.runs) == 2
+
+
+def test_a_configuration_is_never_measured_twice_and_the_budget_counts_measurements() -> None:
+    executor = FakeExecutor(steady)
+    tuner = make_tuner(executor, SPACE, trials=6)
+    tuner.baseline()
+    tuner.search()
+    keys = Counter(r.config.key() for r in executor.runs)
+    assert max(keys.values()) == 1 and len(keys) == 6
+    statuses = Counter(r.status for r in tuner.log.records)
+    assert statuses["duplicate"] >= 1  # proposed again, answered from the earlier trial
+    assert sum(r.counts_toward_budget for r in tuner.log.records) == 6
+
+
+def test_a_skipped_trial_stores_its_memory_as_a_prediction_not_a_measurement(
+    tmp_path: Path,
+) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    executor = FakeExecutor(
+        lambda c, n: (
+            failed(c, "oom", "rank 0: OutOfMemoryError")
+            if c.micro_batch_size == 8
+            else steady(c, n)
+        )
+    )
+    tuner = make_tuner(executor, SPACE, storage=storage)
+    tuner.baseline()  # accum 1 runs out of memory, accum 2 fits
+    study = tuner.proposer.study
+    hungrier = TrainConfig(
+        global_batch_size=16, parallel="ddp", world_size=2, device="cpu", num_workers=1
+    )
+    proposal = Proposal(study.ask(), hungrier)
+    decided = tuner.decide(proposal)
+    assert decided is not None and decided.status == "skipped"
+    assert decided.memory_used_bytes is None  # nothing was measured
+    assert decided.predicted_memory_bytes is not None
+    stored = tuner.proposer.record(proposal, decided)
+    attrs = study.trials[stored.number].user_attrs
+    assert "peak_memory_MiB" not in attrs and "predicted_peak_memory_MiB" in attrs
+    assert study.trials[stored.number].system_attrs["constraints:memory"] > 0
+    rows = format_study(storage, None).splitlines()[2:]
+    line = next(row for row in rows if " skipped " in row)
+    assert "predicted" in line
+
+
+@pytest.mark.timeout(60)
+def test_a_cluster_that_places_nothing_ends_the_search_with_one_line() -> None:
+    tuner = make_tuner(FakeExecutor(steady, refuse=True), SPACE, trials=5)
+    with pytest.raises(SearchError, match="could place none of the last 3 trials") as raised:
+        tuner.run([], "s.db", "s")
+    assert "\n" not in str(raised.value)
+
+
+def test_verification_falls_back_to_the_next_finalist() -> None:
+    best = {"grad_accum_steps": 1, "num_workers": 1}
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        is_best = all(getattr(config, k) == v for k, v in best.items())
+        if is_best and before == 2:  # search, re-measurement, then the verification run
+            return failed(config, "crashed", "rank 1: killed by SIGABRT")
+        return steady(config, before)
+
+    executor = FakeExecutor(outcome)
+    recommendation = make_tuner(executor, SPACE, trials=6).run([], "s.db", "s")
+    assert recommendation.config.grad_accum_steps == 1 and recommendation.config.num_workers == 0
+    crashed = [r for r in recommendation.trials if r.role == "verify" and r.status == "crashed"]
+    assert crashed and crashed[0].config is not None and crashed[0].config.num_workers == 1
+    assert recommendation.memory_confirmed
+
+
+def test_every_finalist_failing_its_remeasurement_ends_clearly_keeping_every_trial() -> None:
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        return ok(config, speed(config), 2000.0) if before == 1 else steady(config, before)
+
+    executor = FakeExecutor(outcome)
+    tuner = make_tuner(executor, SPACE, trials=4)
+    with pytest.raises(SearchError, match="every finalist failed its re-measurement"):
+        tuner.run([], "s.db", "s")
+    study = tuner.proposer.study
+    finished = [t for t in study.trials if t.state != optuna.trial.TrialState.RUNNING]
+    assert len(finished) == len(study.trials) == len(tuner.log.records)
+    assert sum(r.role == "remeasure" for r in tuner.log.records) >= 2
+
+
+def test_measurements_noisier_than_the_tolerance_are_not_called_verified() -> None:
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        noisy = speed(config) * (0.7 if before == 1 else 1.0)  # the re-measurement is 30% off
+        return ok(config, noisy, memory(config))
+
+    recommendation = make_tuner(FakeExecutor(outcome), SPACE, trials=6).run([], "s.db", "s")
+    assert recommendation.spread > 0.10
+    assert recommendation.throughput_tolerance == 0.10  # fixed, never the spread
+    assert recommendation.throughput_verdict == "too noisy"
+    assert not recommendation.verified and not recommendation.throughput_confirmed
+    text = format_recommendation(recommendation)
+    assert "too noisy" in text and "NOT verified" in text
+
+
+def test_a_failed_baseline_is_reported_with_its_reason_not_as_1x() -> None:
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        if config.grad_accum_steps == 1 and config.num_workers == 0:
+            return failed(config, "crashed", "rank 1: killed by SIGSEGV in measured step 2")
+        return steady(config, before)
+
+    recommendation = make_tuner(FakeExecutor(outcome), SPACE, trials=6).run([], "s.db", "s")
+    assert recommendation.baseline is not None and recommendation.baseline.status == "crashed"
+    assert recommendation.baseline_failed and recommendation.speedup is None
+    text = format_recommendation(recommendation)
+    assert "baseline crashed: rank 1: killed by SIGSEGV" in text
+    assert "1.00x" not in text
