@@ -13,14 +13,16 @@ import argparse
 import sys
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from autotune import __version__
 from autotune.api import as_config, run_trial, tune
-from autotune.config import TrainConfig, make_config, read_config_file, save_config
+from autotune.config import TrainConfig, load_config, make_config, read_config_file, save_config
 from autotune.errors import AutotuneError
-from autotune.export import notes_for, render
+from autotune.export import FORMATS, notes_for, render
 from autotune.html_report import write_report
+from autotune.recommendation import Recommendation
 from autotune.report import format_costs, format_recommendation, format_study, format_trial
 from autotune.search.driver import load_recommendation
 from autotune.search.progress import make_reporter
@@ -158,12 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--report", help="Also write the HTML report to this file.")
     _cost_flags(search)
 
-    export = commands.add_parser("export", help="Write a stored recommendation.")
+    export = commands.add_parser(
+        "export", help="Write a stored recommendation, or a config file, for another tool."
+    )
     export.add_argument("--storage", default="autotune.db")
     export.add_argument("--study-name")
     export.add_argument(
+        "--config",
+        help="Export this config file (trial schema, e.g. search --out's best.yaml) instead "
+        "of a stored recommendation.",
+    )
+    export.add_argument(
         "--format",
-        choices=["yaml", "json", "torchrun", "hf", "lightning", "accelerate"],
+        choices=list(FORMATS),
         default="yaml",
         help="yaml/json: autotune's schema; torchrun: a launch command; hf: TrainingArguments "
         "keyword arguments; lightning: Trainer and DataLoader arguments; accelerate: a config "
@@ -175,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="Training script named in the torchrun command (train.py).",
     )
     export.add_argument("--out", help="Write to this file instead of standard output.")
+    export.add_argument(
+        "--config-file",
+        help="torchrun: where the config the command names is written (default: "
+        "autotune-best.yaml beside --out, or here); with --config, that file is named.",
+    )
 
     report = commands.add_parser("report", help="Write a stored study's HTML report.")
     report.add_argument("--storage", default="autotune.db")
@@ -288,12 +302,20 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    recommendation = load_recommendation(args.storage, args.study_name)
-    text = render(recommendation, args.format, script=args.script)
-    for note in notes_for(recommendation, args.format):
+    target: TrainConfig | Recommendation
+    if args.config:
+        target = load_config(args.config)
+        config_file = args.config_file or args.config
+    else:
+        target = load_recommendation(args.storage, args.study_name)
+        beside = Path(args.out).parent if args.out else Path()
+        config_file = args.config_file or str(beside / "autotune-best.yaml")
+    text = render(target, args.format, script=args.script, config_file=config_file)
+    for note in notes_for(target, args.format):
         print(f"autotune: note: {note}", file=sys.stderr)
+    if args.format == "torchrun" and config_file != args.config:
+        save_config(target.config if isinstance(target, Recommendation) else target, config_file)
+        print(f"wrote the config the command reads to {config_file}", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.format} to {args.out}", file=sys.stderr)
@@ -309,8 +331,6 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _trial(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     values = read_config_file(args.config) if args.config else {}
     for key, value in vars(args).items():
         if key.startswith("cfg_") and value is not None:

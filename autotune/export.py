@@ -1,4 +1,10 @@
-"""A recommendation in the forms other tools read: YAML, JSON, a torchrun command line."""
+"""A configuration in the forms other tools read: YAML, JSON, a torchrun command line, and the
+settings of Hugging Face, Lightning and Accelerate.
+
+What is exported is a ``TrainConfig``: a search's recommendation (which adds a header with its
+measurements, the platform's core count and the model's block class) or any config file in the
+trial schema, such as the ``best.yaml`` that ``search --out`` writes.
+"""
 
 from __future__ import annotations
 
@@ -6,68 +12,82 @@ import json
 import shlex
 from typing import Any
 
+import yaml
+
+from autotune.config import TrainConfig
 from autotune.recommendation import Recommendation
+from autotune.runner.platform import usable_cpus
 from autotune.trainers import accelerate, hugging_face, lightning, render_yaml
 
 FORMATS = ("yaml", "json", "torchrun", "hf", "lightning", "accelerate")
+Exported = Recommendation | TrainConfig
 
 
-def render(recommendation: Recommendation, fmt: str, script: str = "train.py") -> str:
-    """The recommended config as ``fmt``; YAML and JSON load with ``autotune trial --config``."""
-    config = recommendation.config
+def _config(target: Exported) -> TrainConfig:
+    return target.config if isinstance(target, Recommendation) else target
+
+
+def _header(r: Recommendation) -> str:
+    return (
+        f"# autotune recommendation for study {r.study_name}: {r.samples_per_s:,.1f} samples/s"
+        + (f", {r.speedup:.2f}x the baseline" if r.speedup else "")
+        + f", {r.memory_used_bytes / 2**30:.2f} GiB peak on {r.platform.device_name}\n"
+    )
+
+
+def render(
+    target: Exported, fmt: str, script: str = "train.py", config_file: str = "autotune-best.yaml"
+) -> str:
+    """``target`` as ``fmt``; YAML and JSON load with ``autotune trial --config``. A torchrun
+    command names ``config_file``, which the caller must write (``autotune export`` does)."""
+    config = _config(target)
     data = config.model_dump(mode="json")
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
     if fmt == "yaml":
-        import yaml
-
-        header = (
-            f"# autotune recommendation for study {recommendation.study_name}: "
-            f"{recommendation.samples_per_s:,.1f} samples/s"
-            + (f", {recommendation.speedup:.2f}x the baseline" if recommendation.speedup else "")
-            + f", {recommendation.memory_used_bytes / 2**30:.2f} GiB peak"
-            f" on {recommendation.platform.device_name}\n"
-        )
+        header = _header(target) if isinstance(target, Recommendation) else ""
         return header + yaml.safe_dump(data, sort_keys=False)
     if fmt == "torchrun":
-        return torchrun_command(recommendation, script) + "\n"
+        return torchrun_command(target, script, config_file) + "\n"
     if fmt in ("hf", "lightning", "accelerate"):
-        data, notes = trainer_settings(recommendation, fmt)
+        data, notes = trainer_settings(target, fmt)
         titles = {
             "hf": "transformers.TrainingArguments(output_dir=..., **yaml.safe_load(this_file))",
             "lightning": "LightningCLI config: trainer arguments, and your DataLoader's",
             "accelerate": "accelerate launch --config_file this_file train.py",
         }
-        return render_yaml(data, notes, f"autotune recommendation as {titles[fmt]}")
+        return render_yaml(data, notes, f"autotune configuration as {titles[fmt]}")
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
-def trainer_settings(recommendation: Recommendation, fmt: str) -> tuple[dict[str, Any], list[str]]:
+def trainer_settings(target: Exported, fmt: str) -> tuple[dict[str, Any], list[str]]:
     """The settings for a trainer (hf, lightning, accelerate) and what it cannot express."""
-    config = recommendation.config
+    config = _config(target)
     if fmt == "hf":
         return hugging_face(config)
     if fmt == "lightning":
         return lightning(config)
-    return accelerate(config, recommendation.block_class or None)
+    block_class = target.block_class if isinstance(target, Recommendation) else None
+    return accelerate(config, block_class or None)
 
 
-def notes_for(recommendation: Recommendation, fmt: str) -> list[str]:
-    """What ``fmt`` cannot express of the recommendation (empty for yaml/json/torchrun)."""
+def notes_for(target: Exported, fmt: str) -> list[str]:
+    """What ``fmt`` cannot express of the configuration (empty for yaml/json/torchrun)."""
     if fmt in ("hf", "lightning", "accelerate"):
-        return trainer_settings(recommendation, fmt)[1]
+        return trainer_settings(target, fmt)[1]
     return []
 
 
-def torchrun_command(recommendation: Recommendation, script: str) -> str:
-    """How to launch ``script`` with the recommended config (written next to it as YAML)."""
-    config = recommendation.config
+def torchrun_command(target: Exported, script: str, config_file: str) -> str:
+    """How to launch ``script`` with the configuration, read from ``config_file``."""
+    config = _config(target)
     env = []
     if config.device == "cpu":
-        threads = max(1, recommendation.platform.cpu_count // config.processes - config.num_workers)
+        cores = target.platform.cpu_count if isinstance(target, Recommendation) else usable_cpus()
+        threads = max(1, cores // config.processes - config.num_workers)
         env.append(f"OMP_NUM_THREADS={threads}")
     if config.parallel in ("ddp", "fsdp"):
         launcher = f"torchrun --standalone --nnodes=1 --nproc-per-node={config.world_size}"
     else:
         launcher = "python"
-    return " ".join([*env, launcher, shlex.quote(script), "--config", "autotune-best.yaml"])
+    return " ".join([*env, launcher, shlex.quote(script), "--config", shlex.quote(config_file)])

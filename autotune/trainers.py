@@ -33,12 +33,29 @@ def _dataloader(config: TrainConfig) -> dict[str, Any]:
     return values
 
 
+_ACCELERATE_HOOKS = {"fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD"}
+"""Members of accelerate.utils.DDPCommunicationHookType."""
+
+
+def _powersgd_state(config: TrainConfig) -> str:
+    return (
+        f"PowerSGDState(process_group=None, matrix_approximation_rank={config.powersgd_rank}, "
+        f"start_powerSGD_iter={config.powersgd_start_iter})"
+    )
+
+
 def _hook_note(config: TrainConfig, where: str) -> str:
+    state = _powersgd_state(config) if config.comm_hook == "powersgd" else "None"
     return (
         f"comm_hook={config.comm_hook} cannot be set in {where}; closest equivalent: after the "
-        f"model is wrapped in DDP, call ddp_model.register_comm_hook(None, "
+        f"model is wrapped in DDP, call ddp_model.register_comm_hook({state}, "
         f"{_HOOK_FUNCTIONS[config.comm_hook]})"
-        + (" with a PowerSGDState as state" if config.comm_hook == "powersgd" else "")
+        + (
+            f" (powersgd_rank={config.powersgd_rank}, "
+            f"powersgd_start_iter={config.powersgd_start_iter})"
+            if config.comm_hook == "powersgd"
+            else ""
+        )
     )
 
 
@@ -188,11 +205,31 @@ def accelerate(
             f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."
             f"runner.checkpointing.apply_checkpointing(model, {config.checkpoint_segments})"
         )
+    ddp_kwargs = []
     if config.comm_hook != "none":
+        ddp_kwargs.append(
+            f"comm_hook=DDPCommunicationHookType.{_ACCELERATE_HOOKS[config.comm_hook]}"
+        )
+    if config.comm_hook == "powersgd":
+        ddp_kwargs.append(
+            f'comm_state_option={{"matrix_approximation_rank": {config.powersgd_rank}, '
+            f'"start_powerSGD_iter": {config.powersgd_start_iter}}}'
+        )
+    if config.static_graph:
+        ddp_kwargs.append("static_graph=True")
+    if ddp_kwargs:
+        knobs = [f"comm_hook={config.comm_hook}"] if config.comm_hook != "none" else []
+        if config.comm_hook == "powersgd":
+            knobs += [
+                f"powersgd_rank={config.powersgd_rank}",
+                f"powersgd_start_iter={config.powersgd_start_iter}",
+            ]
+        knobs += ["static_graph=true"] if config.static_graph else []
         notes.append(
-            f"comm_hook={config.comm_hook} is set in code: Accelerator(kwargs_handlers="
-            f"[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType."
-            f"{config.comm_hook.upper()})])"
+            f"{', '.join(knobs)} cannot be set in an Accelerate config file; set in code: "
+            "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+            + ", ".join(ddp_kwargs)
+            + ")])"
         )
     return values, notes
 

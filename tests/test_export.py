@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -149,15 +150,115 @@ def test_accelerate_config(tmp_path: Path) -> None:
     assert any("gradient_accumulation_steps=1" in n for n in notes)
     hooked = yaml.safe_load(render(_recommendation(HOOKED), "accelerate"))
     assert hooked["distributed_type"] == "MULTI_CPU"
-    assert any(
-        "DDPCommunicationHookType.POWERSGD" in n
-        for n in notes_for(_recommendation(HOOKED), "accelerate")
-    )
+    hooked_notes = " ".join(notes_for(_recommendation(HOOKED), "accelerate"))
+    assert "DDPCommunicationHookType.POWER_SGD" in hooked_notes  # the enum member's real name
     if not _installed("accelerate"):
         pytest.skip("accelerate is not installed: its config loader not run")
     from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DDPCommunicationHookType
+
+    assert DDPCommunicationHookType.POWER_SGD.value == "power_sgd"
 
     path = tmp_path / "accelerate.yaml"
     path.write_text(render(recommendation, "accelerate"))
     loaded = load_config_from_file(str(path))
     assert loaded.num_processes == 2
+
+
+TUNED_DDP = {
+    "parallel": "ddp",
+    "world_size": 2,
+    "comm_hook": "powersgd",
+    "powersgd_rank": 4,
+    "powersgd_start_iter": 10,
+    "static_graph": True,
+}
+
+
+@pytest.mark.parametrize("fmt", ["hf", "accelerate"])
+def test_every_ddp_knob_a_trainer_cannot_express_is_noted(fmt: str) -> None:
+    notes = " ".join(notes_for(_recommendation(TUNED_DDP), fmt))
+    for knob in ("comm_hook=powersgd", "powersgd_rank=4", "powersgd_start_iter=10", "static_graph"):
+        assert knob in notes, f"{fmt} export neither sets nor notes {knob}: {notes}"
+    if fmt != "accelerate" or not _installed("accelerate"):
+        return
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+
+    # The code the note gives runs as written.
+    code = notes[notes.index("DistributedDataParallelKwargs(") : notes.rindex(")])") + 1]
+    names = {"DistributedDataParallelKwargs": DistributedDataParallelKwargs}
+    handler = eval(code, {**names, "DDPCommunicationHookType": DDPCommunicationHookType})
+    assert handler.static_graph is True
+    assert handler.comm_hook == DDPCommunicationHookType.POWER_SGD
+    assert handler.comm_state_option == {"matrix_approximation_rank": 4, "start_powerSGD_iter": 10}
+
+
+def test_lightning_sets_every_ddp_knob_in_its_strategy() -> None:
+    data = yaml.safe_load(render(_recommendation(TUNED_DDP), "lightning"))
+    init = data["trainer"]["strategy"]["init_args"]
+    assert init["static_graph"] is True
+    state = init["ddp_comm_state"]["init_args"]
+    assert state["matrix_approximation_rank"] == 4 and state["start_powerSGD_iter"] == 10
+
+
+def test_export_takes_a_config_file_as_users_keep_it(tmp_path: Path) -> None:
+    # The file search --out writes (or a hand-written one) exports without a stored study.
+    from tests.helpers import run_cli
+
+    hf = run_cli("export", "--config", "examples/trial.yaml", "--format", "hf", check=True)
+    assert yaml.safe_load(hf.stdout)["gradient_accumulation_steps"] == 2
+    command = run_cli(
+        "export", "--config", "examples/trial.yaml", "--format", "torchrun", check=True
+    )
+    assert command.stdout.rstrip().endswith("train.py --config examples/trial.yaml")
+    bad = run_cli("export", "--config", str(tmp_path / "missing.yaml"))
+    assert bad.returncode == 2 and "missing.yaml" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_the_exported_torchrun_command_runs_as_printed(tmp_path: Path) -> None:
+    # A stored recommendation, exported as a torchrun command: the config it names exists
+    # and a user script that reads --config trains with it under real torchrun.
+    import os
+    import subprocess
+
+    import optuna
+
+    from autotune.search.driver import RECOMMENDATION_ATTR
+    from tests.helpers import run_cli
+
+    recommendation = _recommendation({"parallel": "ddp", "world_size": 2, "comm_hook": "fp16"})
+    db = tmp_path / "s.db"
+    study = optuna.create_study(storage=f"sqlite:///{db}", study_name="s")
+    study.set_user_attr(RECOMMENDATION_ATTR, recommendation.model_dump(mode="json"))
+    launch = tmp_path / "launch.sh"
+    run_cli(
+        "export",
+        "--storage",
+        str(db),
+        "--format",
+        "torchrun",
+        "--script",
+        "tests/fixtures/user_loop.py",
+        "--out",
+        str(launch),
+        check=True,
+    )
+    command = launch.read_text().strip()
+    bin_dir = Path(sys.executable).parent
+    assert command.startswith("OMP_NUM_THREADS=") and "--nproc-per-node=2" in command
+    process = subprocess.run(
+        command + " --steps 4",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        # torchrun as the user's shell finds it: in the environment autotune is installed in
+        env={**os.environ, "PYTHONPATH": os.getcwd(), "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    result = json.loads(process.stdout.strip().splitlines()[-1])
+    assert result["optimizer_steps"] == 4 and result["hook_calls"] >= 4

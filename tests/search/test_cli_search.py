@@ -140,10 +140,16 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path
     for fmt, check in (
         ("yaml", "global_batch_size: 32"),
         ("json", '"global_batch_size": 32'),
-        ("torchrun", "--config autotune-best.yaml"),
     ):
         out = run_cli("export", "--storage", str(db), "--format", fmt, check=True)
         assert check in out.stdout
+    command = tmp_path / "launch.sh"
+    run_cli(
+        "export", "--storage", str(db), "--format", "torchrun", "--out", str(command), check=True
+    )
+    written = tmp_path / "autotune-best.yaml"
+    assert f"--config {written}" in command.read_text()
+    assert load_config(written) == load_config(tmp_path / "best.yaml")
     shown = run_cli("show", "--storage", str(db), check=True)
     assert "baseline" in shown.stdout and "verify" in shown.stdout
 
