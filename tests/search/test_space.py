@@ -21,8 +21,6 @@ def test_default_space_covers_every_searchable_knob() -> None:
     knobs = set(TrainConfig.model_fields) - {
         "global_batch_size",
         "device",
-        "static_graph",
-        "powersgd_start_iter",
     }
     assert knobs <= set(load_space("default").params)
 
