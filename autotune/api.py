@@ -86,13 +86,14 @@ def tune(
 ) -> Recommendation:
     """Search for the fastest configuration of ``model`` that fits the memory budget.
 
-    ``settings`` are ``SearchSettings`` fields: ``memory_budget`` ("20GiB" or 0.9), ``trials``,
-    ``time_budget_s``, ``space``, ``devices``, ``storage``, ``ray_address``, ... Nothing is
-    printed unless ``progress=True``. Re-running with the same arguments resumes the study.
+    ``settings`` are ``SearchSettings`` fields by their flat names: ``memory_budget``
+    ("20GiB" or 0.9), ``trials``, ``time_budget_s``, ``space``, ``devices``, ``storage``,
+    ``ray_address``, ... (``autotune search --help`` lists them all). Nothing is printed
+    unless ``progress=True``. Re-running with the same arguments resumes the study.
     Bad input raises ``AutotuneError`` with a one-line message.
     """
     checked = make_settings({"global_batch_size": global_batch_size, **settings})
     workload = _workload(model, data, loss, input_shape, input_dtype)
     if reporter is None:
-        reporter = LineReporter(trials=checked.trials) if progress else Reporter()
+        reporter = LineReporter(trials=checked.budget.trials) if progress else Reporter()
     return run_search(workload, checked, reporter)

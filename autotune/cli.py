@@ -16,6 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
 from autotune import __version__
 from autotune.api import as_config, run_trial, tune
 from autotune.config import TrainConfig, load_config, make_config, read_config_file, save_config
@@ -24,10 +28,10 @@ from autotune.export import FORMATS, notes_for, render
 from autotune.html_report import write_report
 from autotune.recommendation import Recommendation
 from autotune.report import format_costs, format_recommendation, format_study, format_trial
+from autotune.runner.request import TrialOptions
 from autotune.search.driver import load_recommendation
 from autotune.search.progress import make_reporter
-from autotune.search.settings import make_settings
-from autotune.units import parse_bytes, parse_duration
+from autotune.search.settings import SECTIONS, SearchSettings, make_settings
 
 EXIT_OK, EXIT_TRIAL_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -39,22 +43,52 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"autotune: error: {message} (see --help)\n")
 
 
-def _config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field, its help taken from the field's description."""
+def _help(field: FieldInfo) -> str:
+    default = field.default
+    shown = "" if default in (None, PydanticUndefined) or isinstance(default, bool) else default
+    return (field.description or "") + (f" (default: {shown})" if shown != "" else "")
 
-    group = parser.add_argument_group("training configuration (override --config)")
-    for name, field in TrainConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        kwargs: dict[str, Any] = {"dest": f"cfg_{name}", "default": None, "help": field.description}
-        choices = typing.get_args(field.annotation)
+
+def model_flags(
+    group: Any,
+    model: type[BaseModel],
+    prefix: str,
+    exclude: tuple[str, ...] = (),
+    require: bool = False,
+) -> None:
+    """One flag per field of ``model``, its help the field's description: a default is written
+    once, in the model. ``dest`` is ``prefix + field``; a flag left out stays None."""
+    for name, field in model.model_fields.items():
+        if name in exclude:
+            continue
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        flag = "--" + str(extra.get("flag", name.replace("_", "-")))
+        kwargs: dict[str, Any] = {"dest": prefix + name, "default": None, "help": _help(field)}
+        if require and field.is_required():
+            kwargs["required"] = True
+        kinds = [a for a in typing.get_args(field.annotation) if a is not type(None)]
         if field.annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
-        elif choices and all(isinstance(c, str) for c in choices):
-            kwargs["choices"] = choices
+        elif typing.get_origin(field.annotation) is typing.Literal:
+            kwargs["choices"] = typing.get_args(field.annotation)
+        elif extra.get("text"):  # the model parses it (e.g. a duration such as 15m)
+            kwargs["metavar"] = "TEXT"
+        elif field.annotation is int or kinds == [int]:
+            kwargs.update(type=int, metavar="N")
+        elif field.annotation is float or kinds == [float]:
+            kwargs.update(type=float, metavar="X")
         else:
-            kwargs["type"] = int
-            kwargs["metavar"] = "N"
+            kwargs["metavar"] = name.upper()
         group.add_argument(flag, **kwargs)
+
+
+def _given(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """The flags of ``model_flags(..., prefix)`` that were given, by field name."""
+    return {
+        k.removeprefix(prefix): v
+        for k, v in vars(args).items()
+        if k.startswith(prefix) and v is not None
+    }
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -65,14 +99,6 @@ def _shape(text: str) -> tuple[int, ...]:
     if not shape or min(shape) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a shape; use e.g. 3x224x224")
     return shape
-
-
-def _byte_size(text: str) -> int:
-
-    try:
-        return parse_bytes(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _workload_flags(parser: argparse.ArgumentParser) -> None:
@@ -95,18 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _workload_flags(trial)
     trial.add_argument("--config", help="YAML/JSON file with TrainConfig fields.")
-    _config_flags(trial)
-    run = trial.add_argument_group("measurement")
-    run.add_argument("--warmup-steps", type=int, help="Optimizer steps before measuring (2).")
-    run.add_argument("--measured-steps", type=int, help="Optimizer steps measured (8).")
-    run.add_argument("--timeout", type=float, dest="timeout_s", help="Trial time limit, s (300).")
-    run.add_argument("--seed", type=int)
-    run.add_argument(
-        "--memory-limit",
-        type=_byte_size,
-        dest="memory_limit_bytes",
-        help="Impose a per-rank memory limit, e.g. 4GiB; exceeding it is an oom.",
+    model_flags(
+        trial.add_argument_group("training configuration (override --config)"),
+        TrainConfig,
+        "cfg_",
     )
+    run = trial.add_argument_group("measurement")
+    model_flags(run, TrialOptions, "opt_")
     out = trial.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="Print the TrialResult as JSON.")
     out.add_argument("--out", help="Also write the TrialResult JSON to this file.")
@@ -115,44 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
         "search", help="Find the fastest configuration that fits the memory budget."
     )
     _workload_flags(search)
-    budget = search.add_argument_group("search")
-    budget.add_argument(
-        "--global-batch-size",
-        type=int,
-        required=True,
-        help="Samples per optimizer step over all ranks; never changed.",
-    )
-    budget.add_argument(
-        "--memory-budget",
-        default="0.9",
-        help="Per-device budget: a size (20GiB) or a fraction of one device's "
-        "memory (0.9, the default). On CPU it covers all ranks together.",
-    )
-    budget.add_argument("--safety-margin", type=float, help="Share of the budget kept free (0.1).")
-    budget.add_argument("--trials", type=int, help="Measured trials, baseline included (20).")
-    budget.add_argument("--time-budget", help="Stop proposing after this long, e.g. 15m.")
-    budget.add_argument("--space", help="Search space file or name in search_spaces/ (default).")
-    budget.add_argument("--devices", type=int, help="Devices to consider (GPUs; ranks on CPU).")
-    budget.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    budget.add_argument("--concurrency", type=int, help="Trials at once.")
-    budget.add_argument("--measured-steps", type=int, help="Measured steps per trial (8).")
-    budget.add_argument("--warmup-steps", type=int, help="Warm-up steps per trial (2).")
-    budget.add_argument("--trial-timeout", type=float, help="Seconds before a trial is stopped.")
-    budget.add_argument(
-        "--enforce-memory-budget",
-        action="store_true",
-        help="Impose the budget as a hard limit: trials over it run out of memory.",
-    )
-    budget.add_argument("--seed", type=int)
-    where = search.add_argument_group("storage and cluster")
-    where.add_argument("--storage", help="File or Optuna storage URL (autotune.db).")
-    where.add_argument("--study-name", help="Default: from the model and global batch size.")
-    where.add_argument(
-        "--new-study",
-        action="store_true",
-        help="Start a new study when the stored one does not match.",
-    )
-    where.add_argument("--ray-address", help="An existing Ray cluster (default: a private one).")
+    top = search.add_argument_group("search")
+    model_flags(top, SearchSettings, "set_", exclude=tuple(SECTIONS), require=True)
+    for section, section_model in SECTIONS.items():
+        model_flags(search.add_argument_group(section), section_model, "set_")
     shown = search.add_argument_group("output")
     shown.add_argument("--out", help="Write the recommended config here (YAML, or .json).")
     shown.add_argument("--json", action="store_true", help="Print the Recommendation as JSON.")
@@ -245,37 +232,8 @@ def _report(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
 
     _check_cost_flags(args)
-    settings: dict[str, Any] = {"memory_budget": args.memory_budget}
-    if args.time_budget is not None:
-        try:
-            settings["time_budget_s"] = parse_duration(args.time_budget)
-        except ValueError as error:
-            raise AutotuneError(f"--time-budget: {error}") from None
-    names = {"trial_timeout": "trial_timeout_s", "enforce_memory_budget": "enforce_memory_budget"}
-    for key in (
-        "safety_margin",
-        "trials",
-        "space",
-        "devices",
-        "device",
-        "concurrency",
-        "measured_steps",
-        "warmup_steps",
-        "trial_timeout",
-        "seed",
-        "storage",
-        "study_name",
-        "ray_address",
-    ):
-        value = getattr(args, key)
-        if value is not None:
-            settings[names.get(key, key)] = value
-    if args.new_study:
-        settings["new_study"] = True
-    if args.enforce_memory_budget:
-        settings["enforce_memory_budget"] = True
-    checked = make_settings({"global_batch_size": args.global_batch_size, **settings})
-    reporter = make_reporter(args.quiet or args.json, checked.trials)
+    checked = make_settings(_given(args, "set_"))
+    reporter = make_reporter(args.quiet or args.json, checked.budget.trials)
     recommendation = tune(
         args.model,
         data=args.data,
@@ -283,13 +241,13 @@ def _search(args: argparse.Namespace) -> int:
         input_shape=args.input_shape,
         input_dtype=args.input_dtype,
         reporter=reporter,
-        **checked.model_dump(),
+        **checked.flat(),
     )
     if args.out:
         save_config(recommendation.config, args.out)
     costs = _costs(args, recommendation)
     if args.report:
-        write_report(checked.storage, recommendation.study_name, args.report, costs)
+        write_report(checked.study.storage, recommendation.study_name, args.report, costs)
     if args.json:
         print(recommendation.to_json())
         return EXIT_OK
@@ -331,20 +289,13 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _trial(args: argparse.Namespace) -> int:
-    values = read_config_file(args.config) if args.config else {}
-    for key, value in vars(args).items():
-        if key.startswith("cfg_") and value is not None:
-            values[key.removeprefix("cfg_")] = value
+    values = {**(read_config_file(args.config) if args.config else {}), **_given(args, "cfg_")}
     source = f"config {args.config!r} with flags" if args.config else "flags"
     if "global_batch_size" not in values:
         raise AutotuneError("--global-batch-size is required (or global_batch_size in --config)")
 
     config = as_config(make_config(values, source=source))
-    options = {
-        k: getattr(args, k)
-        for k in ("warmup_steps", "measured_steps", "timeout_s", "seed", "memory_limit_bytes")
-        if getattr(args, k) is not None
-    }
+    options = _given(args, "opt_")
     result = run_trial(
         args.model,
         config,

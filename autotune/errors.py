@@ -22,14 +22,18 @@ class WorkloadError(AutotuneError):
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def describe_validation_error(error: ValidationError, source: str, model: type[BaseModel]) -> str:
+def describe_validation_error(
+    error: ValidationError, source: str, model: type[BaseModel], flat: bool = False
+) -> str:
     """One line naming each offending field of ``model``, its value and what would be accepted.
 
     The one place that turns pydantic's errors into the sentence users see, for every model:
-    an unknown field lists ``model``'s own fields."""
+    an unknown field lists ``model``'s own fields. ``flat``: name a nested field by its own
+    name, as users gave it."""
     messages = []
     for item in error.errors():
-        field = ".".join(str(p) for p in item["loc"])
+        loc = item["loc"][-1:] if flat else item["loc"]
+        field = ".".join(str(p) for p in loc)
         msg = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             known = ", ".join(model.model_fields)
@@ -42,9 +46,9 @@ def describe_validation_error(error: ValidationError, source: str, model: type[B
     return f"invalid {source}: " + "; ".join(messages)
 
 
-def validated(model: type[Model], values: dict[str, Any], source: str) -> Model:
+def validated(model: type[Model], values: dict[str, Any], source: str, flat: bool = False) -> Model:
     """``values`` as a ``model``, or a ``ConfigError`` with one clear line."""
     try:
         return model.model_validate(values)
     except ValidationError as error:
-        raise ConfigError(describe_validation_error(error, source, model)) from None
+        raise ConfigError(describe_validation_error(error, source, model, flat)) from None

@@ -188,25 +188,27 @@ def run_grid(
 
 def run_autotune(spec: WorkloadSpec, args: Any, landscape: Landscape, budget: int) -> Method:
     from autotune.search.driver import run_search
-    from autotune.search.settings import SearchSettings
+    from autotune.search.settings import make_settings
 
     trials = min(args.tuner_trials, budget - (TOP_K + 1) * REMEASURE - VERIFY_FACTOR)
     workdir = Path(tempfile.mkdtemp(prefix="autotune-bench-"))
-    settings = SearchSettings(
-        global_batch_size=landscape.global_batch_size,
-        memory_budget=landscape.memory_limit_bytes,
-        safety_margin=0.0,  # the limit is the landscape's, for every method alike
-        trials=trials,
-        space=args.space,
-        devices=args.devices_used,
-        device=landscape.platform.device_type,
-        storage=str(workdir / "study.db"),
-        warmup_steps=args.warmup_steps,
-        measured_steps=args.measured_steps,
-        top_k=TOP_K,
-        remeasure=REMEASURE,
-        verify_factor=VERIFY_FACTOR,
-        seed=args.seed,
+    settings = make_settings(
+        dict(
+            global_batch_size=landscape.global_batch_size,
+            memory_budget=landscape.memory_limit_bytes,
+            safety_margin=0.0,  # the limit is the landscape's, for every method alike
+            trials=trials,
+            space=args.space,
+            devices=args.devices_used,
+            device=landscape.platform.device_type,
+            storage=str(workdir / "study.db"),
+            warmup_steps=args.warmup_steps,
+            measured_steps=args.measured_steps,
+            top_k=TOP_K,
+            remeasure=REMEASURE,
+            verify_factor=VERIFY_FACTOR,
+            seed=args.seed,
+        )
     )
     reporter = Recording()
     recommendation = run_search(spec, settings, reporter)

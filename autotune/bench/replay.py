@@ -21,7 +21,7 @@ from autotune.result import RankReport, TrialResult
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.progress import Reporter
-from autotune.search.settings import SearchSettings
+from autotune.search.settings import make_settings
 from autotune.search.study import make_sampler
 from autotune.search.tuner import Tuner
 
@@ -106,14 +106,16 @@ def replay_tuner(landscape: Landscape, seed: int, trials: int, *, finish: bool =
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(seed))
-    settings = SearchSettings(
-        global_batch_size=landscape.global_batch_size,
-        memory_budget=landscape.memory_limit_bytes,
-        safety_margin=0.0,
-        trials=trials,
-        seed=seed,
-        warmup_steps=landscape.warmup_steps,
-        measured_steps=landscape.measured_steps,
+    settings = make_settings(
+        dict(
+            global_batch_size=landscape.global_batch_size,
+            memory_budget=landscape.memory_limit_bytes,
+            safety_margin=0.0,
+            trials=trials,
+            seed=seed,
+            warmup_steps=landscape.warmup_steps,
+            measured_steps=landscape.measured_steps,
+        )
     )
     tuner = Tuner(
         study=study,

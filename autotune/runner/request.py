@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autotune.config import TrainConfig
 from autotune.runner.workload import WorkloadSpec
+from autotune.units import parse_bytes
 
 
 class TrialOptions(BaseModel):
@@ -15,18 +16,29 @@ class TrialOptions(BaseModel):
 
     warmup_steps: int = Field(2, ge=1, description="Optimizer steps run before measuring.")
     measured_steps: int = Field(8, ge=2, description="Optimizer steps measured.")
-    timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of the whole trial.")
+    timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Wall-clock limit of one trial, in seconds.",
+        json_schema_extra={"flag": "timeout"},
+    )
     seed: int = Field(0, description="Seed for model initialisation and data order.")
     learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate.")
     memory_limit_bytes: int | None = Field(
         None,
         gt=0,
-        description="Imposed per-rank memory limit: RLIMIT_DATA on CPU, the CUDA allocator's "
-        "per-process fraction on GPU. Exceeding it is classified as oom.",
+        description="Impose a per-rank memory limit, e.g. 4GiB: RLIMIT_DATA on CPU, the CUDA "
+        "allocator's per-process fraction on GPU. Exceeding it is classified as oom.",
+        json_schema_extra={"flag": "memory-limit", "text": True},
     )
     failure_grace_s: float = Field(
         3.0, ge=0, description="After one rank fails, how long the others may take to report."
     )
+
+    @field_validator("memory_limit_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_bytes(value) if isinstance(value, str) else value
 
     def warmup_for(self, config: TrainConfig) -> int:
         """Warm-up optimizer steps for ``config``: the asked ones, plus enough to consume the

@@ -24,12 +24,13 @@ def default_study_name(workload: WorkloadSpec, settings: SearchSettings) -> str:
 
 
 def _devices(settings: SearchSettings, device_count: int, device_type: str) -> int:
-    if settings.devices is not None:
-        if device_type == "cuda" and settings.devices > device_count:
+    if settings.cluster.devices is not None:
+        if device_type == "cuda" and settings.cluster.devices > device_count:
             raise ConfigError(
-                f"--devices {settings.devices} exceeds the {device_count} GPUs of this machine"
+                f"--devices {settings.cluster.devices} exceeds the {device_count} GPUs of this "
+                "machine"
             )
-        return settings.devices
+        return settings.cluster.devices
     return device_count if device_type == "cuda" else min(device_count, 2)
 
 
@@ -39,12 +40,12 @@ def run_search(
     """Search, store every trial, and return (and store) the recommendation."""
     check_workload(workload)
     space = load_space(settings.space)
-    storage = open_storage(settings.storage)
-    device = resolve_device(settings.device)
+    storage = open_storage(settings.study.storage)
+    device = resolve_device(settings.cluster.device)
     platform = detect_platform(device)
     count = platform.device_count if device == "cuda" else usable_cpus()
     devices = _devices(settings, count, device)
-    budget = settings.memory_budget_bytes(platform.device_memory_bytes)
+    budget = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
     fingerprint = {
         "platform": platform.fingerprint(),
         "model": model_hash(workload.model),
@@ -54,12 +55,12 @@ def run_search(
         "devices": devices,
         "global_batch_size": settings.global_batch_size,
         "memory_budget_bytes": budget,
-        "safety_margin": settings.safety_margin,
-        "steps": [settings.warmup_steps, settings.measured_steps],
-        "seed": settings.seed,
+        "safety_margin": settings.memory.safety_margin,
+        "steps": [settings.measurement.warmup_steps, settings.measurement.measured_steps],
+        "seed": settings.measurement.seed,
     }
-    name = settings.study_name or default_study_name(workload, settings)
-    study, name, requeued = open_study(storage, name, fingerprint, settings.new_study)
+    name = settings.study.study_name or default_study_name(workload, settings)
+    study, name, requeued = open_study(storage, name, fingerprint, settings.study.new_study)
 
     blocks = repeated_blocks(workload.model)
     space, exclusions = restrict_space(space, platform, devices, blocks[0] if blocks else None)
@@ -74,18 +75,18 @@ def run_search(
     # trials run one at a time, so this never oversubscribes the cores during a measurement.
     executor = RayExecutor(
         platform,
-        address=settings.ray_address,
+        address=settings.cluster.ray_address,
         cpus_per_rank=1 + max_workers,
         num_cpus=max(usable_cpus(), 2 * devices * (1 + max_workers)),
     )
-    concurrency = settings.concurrency or (1 if device == "cpu" else devices)
+    concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)
     try:
         reporter.start(
-            study=f"{name} in {settings.storage}"
+            study=f"{name} in {settings.study.storage}"
             + (f" ({requeued} interrupted trial(s) re-queued)" if requeued else ""),
             platform=f"{platform.device_name} x{devices} ({platform.backend})",
             budget=f"{budget / 2**30:.2f} GiB per device, limit "
-            f"{1 - settings.safety_margin:.0%} of it",
+            f"{1 - settings.memory.safety_margin:.0%} of it",
             **(
                 {"excluded": "; ".join(f"{e.knob}={e.value}: {e.reason}" for e in exclusions)}
                 if exclusions
@@ -97,13 +98,13 @@ def run_search(
             study=study,
             executor=executor,
             workload=workload,
-            settings=settings.model_copy(update={"concurrency": concurrency}),
+            settings=settings.replace(concurrency=concurrency),
             space=space,
             platform=platform,
             devices=devices,
             reporter=reporter,
         )
-        recommendation = tuner.run(exclusions, settings.storage, name)
+        recommendation = tuner.run(exclusions, settings.study.storage, name)
         recommendation = recommendation.model_copy(
             update={"model": workload.model, "block_class": blocks[1] if blocks else None}
         )

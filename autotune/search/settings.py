@@ -1,51 +1,60 @@
-"""What a search is asked to do: budgets, memory limit, where to store it. Validated at the edge."""
+"""What a search is asked to do, nested by concern: budget, memory, measurement, finishing,
+study (its storage), cluster. Validated at the edge; every field's description is its CLI help.
+
+``tune()`` and ``autotune search`` take the fields by their flat names (``trials=40``,
+``--trials 40``); ``make_settings`` places each in its section. The measurement section reuses
+``TrialOptions``' own fields, so a trial's defaults are written once.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from autotune.errors import validated
-from autotune.units import parse_bytes
+from autotune.errors import ConfigError, validated
+from autotune.runner.request import TrialOptions
+from autotune.units import parse_bytes, parse_duration
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_TRIAL = TrialOptions.model_fields
 
 
-class SearchSettings(BaseModel):
-    """Inputs of ``autotune search`` / ``autotune.tune``, apart from the workload."""
+class BudgetSettings(BaseModel):
+    """When the search stops proposing."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _FROZEN
 
-    global_batch_size: int = Field(ge=1, description="Training semantics; never changed.")
+    trials: int | None = Field(20, ge=1, description="Measured trials, the baseline included.")
+    time_budget_s: float | None = Field(
+        None,
+        gt=0,
+        description="Stop proposing after this long: seconds, or a duration such as 15m.",
+        json_schema_extra={"flag": "time-budget", "text": True},
+    )
+
+    @field_validator("time_budget_s", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return parse_duration(value) if isinstance(value, str) else value
+
+
+class MemorySettings(BaseModel):
+    """The memory a configuration may use."""
+
+    model_config = _FROZEN
+
     memory_budget: str | int | float = Field(
         0.9,
-        description="Per-device memory budget: bytes or a size ('20GiB'), or a fraction of one "
-        "device's memory (0.9). On CPU the budget covers all ranks of a trial together.",
+        description="Per-device budget: a size (20GiB), bytes, or a fraction of one device's "
+        "memory (0.9). On CPU it covers all ranks of a trial together.",
     )
     safety_margin: float = Field(
         0.1, ge=0, lt=1, description="Share of the budget kept free: peak <= budget * (1 - m)."
     )
-    trials: int | None = Field(20, ge=1, description="Measured trials (the baseline included).")
-    time_budget_s: float | None = Field(None, gt=0, description="Stop proposing after this.")
-    space: str = Field("default", description="A search-space file, or a name in search_spaces/.")
-    devices: int | None = Field(None, ge=1, description="Devices to consider (default: all).")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    storage: str = Field("autotune.db", description="A file path or an Optuna storage URL.")
-    study_name: str | None = Field(None, description="Default: derived from model and batch.")
-    new_study: bool = Field(False, description="Start over even if the fingerprint differs.")
-    ray_address: str | None = Field(None, description="An existing Ray cluster; else local.")
-    concurrency: int | None = Field(
-        None, ge=1, description="Trials at once (default: 1 on CPU, as devices allow on GPU)."
-    )
-    warmup_steps: int = Field(2, ge=1)
-    measured_steps: int = Field(8, ge=2)
-    trial_timeout_s: float = Field(300.0, gt=0)
-    top_k: int = Field(3, ge=1, description="Best configurations re-measured at the end.")
-    remeasure: int = Field(2, ge=0, description="Extra measurements of each of the top k.")
-    verify_factor: int = Field(4, ge=1, description="Verification run: this many times longer.")
     enforce_memory_budget: bool = Field(
         False, description="Also impose the budget as a hard per-rank limit (trials over it OOM)."
     )
-    seed: int = 0
 
     @field_validator("memory_budget", mode="before")
     @classmethod
@@ -68,12 +77,6 @@ class SearchSettings(BaseModel):
             "use e.g. 0.9 or 20GiB"
         )
 
-    @model_validator(mode="after")
-    def _check_budgets(self) -> SearchSettings:
-        if self.trials is None and self.time_budget_s is None:
-            raise ValueError("give a trial budget (trials) or a time budget (time_budget_s)")
-        return self
-
     def memory_budget_bytes(self, device_memory_bytes: int) -> int:
         """The budget in bytes, given one device's memory."""
         value = self.memory_budget
@@ -82,5 +85,119 @@ class SearchSettings(BaseModel):
         return value if isinstance(value, int) else parse_bytes(value)
 
 
-def make_settings(values: dict[str, object]) -> SearchSettings:
-    return validated(SearchSettings, values, "search settings")
+class MeasurementSettings(BaseModel):
+    """How each trial measures: ``TrialOptions``' fields, with their defaults."""
+
+    model_config = _FROZEN
+
+    warmup_steps: int = _TRIAL["warmup_steps"]  # type: ignore[assignment]
+    measured_steps: int = _TRIAL["measured_steps"]  # type: ignore[assignment]
+    trial_timeout_s: float = Field(
+        _TRIAL["timeout_s"].default,
+        gt=0,
+        description=_TRIAL["timeout_s"].description,
+        json_schema_extra={"flag": "trial-timeout"},
+    )
+    seed: int = _TRIAL["seed"]  # type: ignore[assignment]
+
+
+class FinishingSettings(BaseModel):
+    """How the winner is chosen and confirmed once the budget is spent."""
+
+    model_config = _FROZEN
+
+    top_k: int = Field(3, ge=1, description="Best configurations re-measured at the end.")
+    remeasure: int = Field(2, ge=0, description="Extra measurements of each of the top k.")
+    verify_factor: int = Field(4, ge=1, description="Verification run: this many times longer.")
+
+
+class StorageSettings(BaseModel):
+    """Where the study lives."""
+
+    model_config = _FROZEN
+
+    storage: str = Field("autotune.db", description="A file path or an Optuna storage URL.")
+    study_name: str | None = Field(None, description="Default: from the model and global batch.")
+    new_study: bool = Field(False, description="Start a new study when the stored one differs.")
+
+
+class ClusterSettings(BaseModel):
+    """Which devices the trials run on."""
+
+    model_config = _FROZEN
+
+    devices: int | None = Field(
+        None,
+        ge=1,
+        description="Devices to consider: GPUs, or ranks on CPU (default: all, 2 on CPU).",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available.")
+    ray_address: str | None = Field(None, description="An existing Ray cluster; else a local one.")
+    concurrency: int | None = Field(
+        None, ge=1, description="Trials at once (default: 1 on CPU, as devices allow on GPU)."
+    )
+
+
+SECTIONS: dict[str, type[BaseModel]] = {
+    "budget": BudgetSettings,
+    "memory": MemorySettings,
+    "measurement": MeasurementSettings,
+    "finishing": FinishingSettings,
+    "study": StorageSettings,
+    "cluster": ClusterSettings,
+}
+
+
+class SearchSettings(BaseModel):
+    """Inputs of ``autotune search`` / ``autotune.tune``, apart from the workload."""
+
+    model_config = _FROZEN
+
+    global_batch_size: int = Field(
+        ge=1, description="Samples per optimizer step over all ranks; never changed."
+    )
+    space: str = Field("default", description="A search-space file, or a name in search_spaces/.")
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
+    finishing: FinishingSettings = Field(default_factory=FinishingSettings)
+    study: StorageSettings = Field(default_factory=StorageSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+
+    @model_validator(mode="after")
+    def _check_budgets(self) -> SearchSettings:
+        if self.budget.trials is None and self.budget.time_budget_s is None:
+            raise ValueError("give a trial budget (trials) or a time budget (time_budget_s)")
+        return self
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by its flat name, as ``make_settings`` and ``tune()`` take them."""
+        values: dict[str, Any] = {"global_batch_size": self.global_batch_size, "space": self.space}
+        for section in SECTIONS:
+            values.update(getattr(self, section).model_dump())
+        return values
+
+    def replace(self, **flat: Any) -> SearchSettings:
+        """These settings with some fields, by flat name, changed."""
+        return make_settings({**self.flat(), **flat})
+
+
+FLAT_NAMES = {name: section for section, model in SECTIONS.items() for name in model.model_fields}
+"""Flat field name -> its section."""
+
+
+def make_settings(values: dict[str, Any]) -> SearchSettings:
+    """Settings from flat names (``trials=40``) and/or sections; one-line errors."""
+    nested: dict[str, Any] = {}
+    top = {"global_batch_size", "space"}
+    for name, value in values.items():
+        if name in top or name in SECTIONS:
+            nested[name] = value if name in top else {**nested.get(name, {}), **value}
+        elif name in FLAT_NAMES:
+            nested.setdefault(FLAT_NAMES[name], {})[name] = value
+        else:
+            known = ", ".join([*sorted(top), *FLAT_NAMES])
+            raise ConfigError(
+                f"invalid search settings: unknown setting {name!r}; known settings: {known}"
+            )
+    return validated(SearchSettings, nested, "search settings", flat=True)

@@ -53,8 +53,8 @@ class Tuner:
     ) -> None:
         self.executor, self.workload, self.settings = executor, workload, settings
         self.platform, self.devices, self.reporter = platform, devices, reporter
-        self.budget_bytes = settings.memory_budget_bytes(platform.device_memory_bytes)
-        self.limit_bytes = int(self.budget_bytes * (1 - settings.safety_margin))
+        self.budget_bytes = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
+        self.limit_bytes = int(self.budget_bytes * (1 - settings.memory.safety_margin))
         self.log = StudyLog(study, self.limit_bytes)
         fixed = {"global_batch_size": settings.global_batch_size, "device": platform.device_type}
         self.proposer = Proposer(study, self.log, space, fixed)
@@ -65,14 +65,14 @@ class Tuner:
     def _request(self, config: TrainConfig, longer: int = 1) -> TrialRequest:
         s = self.settings
         limit = None
-        if s.enforce_memory_budget:  # on CPU the host budget is shared by the ranks
+        if s.memory.enforce_memory_budget:  # on CPU the host budget is shared by the ranks
             cpu = self.platform.device_type == "cpu"
             limit = self.budget_bytes // config.processes if cpu else self.budget_bytes
         options = TrialOptions(
-            warmup_steps=s.warmup_steps,
-            measured_steps=s.measured_steps * longer,
-            timeout_s=s.trial_timeout_s * longer,
-            seed=s.seed,
+            warmup_steps=s.measurement.warmup_steps,
+            measured_steps=s.measurement.measured_steps * longer,
+            timeout_s=s.measurement.trial_timeout_s * longer,
+            seed=s.measurement.seed,
             memory_limit_bytes=limit,
         )
         return TrialRequest(config=config, workload=self.workload, options=options)
@@ -97,10 +97,10 @@ class Tuner:
 
     def _out_of_budget(self) -> bool:
         s = self.settings
-        if s.trials is not None and len(self.log.measured()) >= s.trials:
+        if s.budget.trials is not None and len(self.log.measured()) >= s.budget.trials:
             return True
         elapsed = time.perf_counter() - self.started
-        return s.time_budget_s is not None and elapsed >= s.time_budget_s
+        return s.budget.time_budget_s is not None and elapsed >= s.budget.time_budget_s
 
     # -- phases -----------------------------------------------------------------------------
 
@@ -161,7 +161,7 @@ class Tuner:
         """Propose, decide, run and record until a budget is spent."""
         running: dict[int, Proposal] = {}
         pending: Proposal | None = None
-        limit = self.settings.concurrency or 1
+        limit = self.settings.cluster.concurrency or 1
         unproductive = refused = 0
         while True:
             while len(running) < limit:
@@ -212,21 +212,23 @@ class Tuner:
     def remeasure(self) -> None:
         """Measure the best few, and the baseline, again: noise then neither picks the winner
         nor inflates its speed-up."""
-        self.reporter.phase(f"re-measuring the best {self.settings.top_k} and the baseline")
-        configs = finalists(self.log.records, self.settings.top_k)
+        self.reporter.phase(
+            f"re-measuring the best {self.settings.finishing.top_k} and the baseline"
+        )
+        configs = finalists(self.log.records, self.settings.finishing.top_k)
         baseline = self.log.baseline()
         if baseline is not None and baseline.status == "ok" and baseline.config not in configs:
             assert baseline.config is not None
             configs.append(baseline.config)
         for config in configs:
-            while len(runs_of(self.log.records, config)) < 1 + self.settings.remeasure:
+            while len(runs_of(self.log.records, config)) < 1 + self.settings.finishing.remeasure:
                 if self._run_one(config, "remeasure").status != "ok":
                     break
 
     def verify(self) -> tuple[TrainConfig, TrialResult | None]:
         """Pick the winner on repeated measurements and confirm it in a longer run; a finalist
         whose longer run fails or does not fit gives way to the next."""
-        candidates = finalists(self.log.records, self.settings.top_k)
+        candidates = finalists(self.log.records, self.settings.finishing.top_k)
         if not candidates:
             raise SearchError(
                 "no configuration fits the memory budget of "
@@ -244,7 +246,9 @@ class Tuner:
             )
         fallback: tuple[TrainConfig, TrialResult | None] | None = None
         for _, config in ranked:
-            self.reporter.phase(f"verifying in a {self.settings.verify_factor}x longer run")
+            self.reporter.phase(
+                f"verifying in a {self.settings.finishing.verify_factor}x longer run"
+            )
             result = self._result_of_verification(config)
             if result is not None and result.ok and self.log.records[-1].fits:
                 return config, result
@@ -255,7 +259,7 @@ class Tuner:
     def _result_of_verification(self, config: TrainConfig) -> TrialResult | None:
         self.reporter.trial_started("verify", config)
         try:
-            self.executor.submit(self._request(config, self.settings.verify_factor))
+            self.executor.submit(self._request(config, self.settings.finishing.verify_factor))
             results: list[tuple[int, TrialResult]] = []
             while not results:
                 results = self.executor.wait()

@@ -14,7 +14,7 @@ from autotune.runner.executor import PlacementError
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.progress import Reporter
-from autotune.search.settings import SearchSettings
+from autotune.search.settings import make_settings
 from autotune.search.space import parse_space
 from autotune.search.study import make_sampler
 from autotune.search.tuner import Tuner
@@ -101,7 +101,7 @@ def make_tuner(
         study=optuna.create_study(storage=storage, direction="maximize", sampler=make_sampler(0)),
         executor=executor,
         workload=WorkloadSpec(model="tests.fixtures.models:Small"),
-        settings=SearchSettings(**values),
+        settings=make_settings(values),
         space=parse_space(space, "test"),
         platform=PLATFORM,
         devices=2,

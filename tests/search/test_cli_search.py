@@ -42,7 +42,7 @@ SEARCH = [
         (["--memory-budget", "1.5"], "neither a fraction in (0, 1] nor a number of bytes"),
         (["--space", "nope"], "--space 'nope' is neither a file nor a built-in space"),
         (["--storage", "nosuchdb://x/y"], "--storage 'nosuchdb://x/y' cannot be opened"),
-        (["--time-budget", "soon"], "--time-budget: 'soon' is not a duration"),
+        (["--time-budget", "soon"], "time_budget_s='soon': 'soon' is not a duration; use e.g."),
         (["--trials", "0"], "trials=0"),
     ],
 )

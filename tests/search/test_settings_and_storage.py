@@ -27,17 +27,19 @@ def test_bad_memory_budgets(budget: object, expected: str) -> None:
 
 def test_budget_forms() -> None:
     assert (
-        make_settings({"global_batch_size": 8, "memory_budget": "2GiB"}).memory_budget_bytes(
+        make_settings({"global_batch_size": 8, "memory_budget": "2GiB"}).memory.memory_budget_bytes(
             10 << 30
         )
         == 2 << 30
     )
     assert (
-        make_settings({"global_batch_size": 8, "memory_budget": 0.5}).memory_budget_bytes(10 << 30)
+        make_settings({"global_batch_size": 8, "memory_budget": 0.5}).memory.memory_budget_bytes(
+            10 << 30
+        )
         == 5 << 30
     )
     assert (
-        make_settings({"global_batch_size": 8, "memory_budget": "0.25"}).memory_budget_bytes(
+        make_settings({"global_batch_size": 8, "memory_budget": "0.25"}).memory.memory_budget_bytes(
             8 << 30
         )
         == 2 << 30
@@ -77,3 +79,40 @@ def test_trials_left_running_are_failed_and_requeued(tmp_path: Path) -> None:
         study.ask().params == {}
         and study.get_trials()[-1].system_attrs.get("fixed_params") == params
     )
+
+
+def test_settings_nest_by_concern_and_take_flat_names() -> None:
+    settings = make_settings(
+        {"global_batch_size": 8, "trials": 5, "time_budget_s": "15m", "top_k": 2, "storage": "x.db"}
+    )
+    assert settings.budget.trials == 5 and settings.budget.time_budget_s == 900.0
+    assert settings.finishing.top_k == 2 and settings.study.storage == "x.db"
+    assert make_settings(settings.flat()) == settings
+    assert settings.replace(concurrency=2).cluster.concurrency == 2
+
+
+def test_measurement_defaults_are_the_trial_options_own() -> None:
+    from autotune.runner.request import TrialOptions
+
+    measured = make_settings({"global_batch_size": 8}).measurement
+    defaults = TrialOptions()
+    assert measured.warmup_steps == defaults.warmup_steps
+    assert measured.measured_steps == defaults.measured_steps
+    assert measured.trial_timeout_s == defaults.timeout_s and measured.seed == defaults.seed
+
+
+def test_an_unknown_or_bad_setting_names_itself_and_what_is_accepted() -> None:
+    with pytest.raises(ConfigError, match=r"unknown setting .trails.; known settings: .*trials"):
+        make_settings({"global_batch_size": 8, "trails": 5})
+    with pytest.raises(ConfigError) as error:
+        make_settings({"global_batch_size": 8, "remeasure": -1})
+    assert str(error.value).startswith("invalid search settings: remeasure=-1:")
+
+
+def test_trial_option_errors_list_the_trial_options_fields() -> None:
+    from autotune.api import as_options
+
+    with pytest.raises(ConfigError) as error:
+        as_options(None, {"warmup": 3})
+    assert "known fields: warmup_steps, measured_steps" in str(error.value)
+    assert "global_batch_size" not in str(error.value)  # not TrainConfig's fields
