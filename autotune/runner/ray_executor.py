@@ -1,142 +1,39 @@
-"""Run trials on Ray: a gang of rank actors in one placement group, reused while healthy.
+"""Run trials on Ray: the ``Executor`` over gangs of rank actors (``ray_gang``), reused while
+healthy.
 
-A gang is one placement group with one bundle per rank (the rank's GPU, and CPUs for the rank
-and its DataLoader workers) and one actor per bundle; the actors form the process group once
-and then run trial after trial through the same ``run_rank`` as the local launcher. After any
-failure (crash, OOM, hang, error) the gang's actors are killed and its placement group removed,
-so the next trial gets fresh processes. Ray never retries anything by itself here.
+Gangs of the shape a trial needs are reused; idle gangs of other shapes make room when the
+cluster is full. After any failure (crash, OOM, hang, error) the gang's actors are killed and
+its placement group removed, so the next trial gets fresh processes. Ray never retries
+anything by itself here.
 
 Import cost: this module imports Ray; ``autotune`` imports it only when a search starts.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import placement_group, remove_placement_group
 
 from autotune.result import Platform, RankReport, TrialResult
 from autotune.runner.executor import PlacementError, Watchdog, stopped_message
-from autotune.runner.launch import free_port
 from autotune.runner.outcome import assemble_result
-from autotune.runner.rank import Progress, apply_memory_limit, run_rank
+from autotune.runner.ray_gang import Gang, GangShape, gang_shape, quiet_raylet_errors, start_gang
 from autotune.runner.request import TrialRequest
-from autotune.runner.workload import WorkloadCache
 
 PLACEMENT_TIMEOUT_S = 30.0
 POLL_S = 0.05
-
-
-def _quiet_raylet_errors() -> None:
-    """Route Ray's driver-side error prints (e.g. "a worker died") to logging, not stdout.
-
-    A dead rank is an outcome this module reports itself; Ray would print it to standard
-    output, where it corrupts ``--json`` and tables. Ray's error listener looks the printing
-    function up at call time, so replacing it here covers messages from then on.
-    """
-    from ray._private import worker
-
-    original = getattr(worker, "print_to_stdstream", None)
-    if original is None or getattr(original, "_autotune", False):
-        return
-    log = logging.getLogger("autotune.ray")
-
-    def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
-        if data.get("pid") == "raylet":
-            for line in data.get("lines", []):
-                log.debug("raylet: %s", line)
-            return
-        original(data, ignore_prefix)
-
-    to_log._autotune = True  # type: ignore[attr-defined]
-    worker.print_to_stdstream = to_log
-
-
-class _RankActor:
-    """One rank: keeps its process group, workload cache and phase between trials."""
-
-    def __init__(self) -> None:
-        os.environ["LOCAL_RANK"] = "0"  # Ray exposes exactly this rank's GPU(s)
-        self.progress = Progress(None)
-        self.workloads = WorkloadCache()
-
-    def address(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), free_port()
-
-    def join(self, master_addr: str, master_port: int, world_size: int, rank: int) -> int:
-        os.environ.update(
-            MASTER_ADDR=master_addr,
-            MASTER_PORT=str(master_port),
-            WORLD_SIZE=str(world_size),
-            RANK=str(rank),
-        )
-        return os.getpid()
-
-    def run(self, request_json: str, rank: int, submitted_at: float) -> str:
-        os.environ["AUTOTUNE_SPAWNED_AT"] = repr(submitted_at)
-        request = TrialRequest.model_validate_json(request_json)
-        if request.config.device == "cpu":
-            apply_memory_limit(request.options.memory_limit_bytes)
-        try:
-            report = run_rank(request, rank, self.progress, self.workloads)
-        finally:
-            apply_memory_limit(None)
-            gc.collect()
-        return report.model_dump_json()
-
-    def phase(self) -> str:
-        return self.progress.phase
-
-
-_remote_actor: Any = None
-
-
-def _actor_class() -> Any:
-    global _remote_actor
-    if _remote_actor is None:
-        # Two threads per actor: run() in one, phase() answers from the other while it runs.
-        options: Any = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
-        _remote_actor = ray.remote(**options)(_RankActor)
-    return _remote_actor
-
-
-GangShape = tuple[int, float, float]  # (rank processes, CPUs per rank, GPUs per rank)
-
-
-def gang_shape(
-    request: TrialRequest, device: Literal["cpu", "cuda"], cpus_per_rank: float
-) -> GangShape:
-    """Ranks, CPUs and GPUs per rank. CPUs cover the most DataLoader workers the search may
-    ask for, so that one gang serves trials with any worker count."""
-    config = request.config
-    gpus = float(config.world_size if config.parallel == "dp" else 1) if device == "cuda" else 0.0
-    return config.processes, max(cpus_per_rank, float(1 + config.num_workers)), gpus
-
-
-@dataclass
-class _Gang:
-    shape: GangShape
-    group: PlacementGroup
-    actors: list[Any]
-
-    def kill(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        remove_placement_group(self.group)
 
 
 @dataclass
 class _Running:
     ticket: int
     request: TrialRequest
-    gang: _Gang
+    gang: Gang
     futures: dict[Any, int]
     watchdog: Watchdog
     launch_s: float
@@ -200,12 +97,12 @@ class RayExecutor:
                 kwargs.update(num_cpus=num_cpus, object_store_memory=128 << 20)
             logging.getLogger("ray").setLevel(logging.ERROR)
             ray.init(address=address, **kwargs)
-            _quiet_raylet_errors()
-        self._idle: list[_Gang] = []
+            quiet_raylet_errors()
+        self._idle: list[Gang] = []
         self._running: dict[int, _Running] = {}
         self._next_ticket = 0
 
-    def _gang(self, shape: GangShape) -> _Gang:
+    def _gang(self, shape: GangShape) -> Gang:
         for gang in self._idle:
             if gang.shape == shape:
                 self._idle.remove(gang)
@@ -225,22 +122,7 @@ class RayExecutor:
                 f"the Ray cluster cannot place {processes} ranks of {bundle} within "
                 f"{PLACEMENT_TIMEOUT_S:g} s (available: {ray.available_resources()})"
             )
-        actor_class = _actor_class()
-        actors = [
-            actor_class.options(
-                num_cpus=cpus,
-                num_gpus=gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    group, placement_group_bundle_index=i
-                ),
-            ).remote()
-            for i in range(processes)
-        ]
-        master_addr, master_port = ray.get(actors[0].address.remote())
-        ray.get(
-            [a.join.remote(master_addr, master_port, processes, i) for i, a in enumerate(actors)]
-        )
-        return _Gang(shape, group, actors)
+        return start_gang(shape, group)
 
     def fits_now(self, request: TrialRequest) -> bool:
         """Whether the trial could start now without waiting for another one to end."""

@@ -1,0 +1,140 @@
+"""A gang: one placement group with one bundle per rank (the rank's GPU, and CPUs for the rank
+and its DataLoader workers) and one actor per bundle. The actors form the process group once and
+then run trial after trial through the same ``run_rank`` as the local launcher.
+
+Import cost: this module imports Ray.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from autotune.runner.launch import free_port
+from autotune.runner.rank import Progress, apply_memory_limit, run_rank
+from autotune.runner.request import TrialRequest
+from autotune.runner.workload import WorkloadCache
+
+
+def quiet_raylet_errors() -> None:
+    """Route Ray's driver-side error prints (e.g. "a worker died") to logging, not stdout.
+
+    A dead rank is an outcome this module reports itself; Ray would print it to standard
+    output, where it corrupts ``--json`` and tables. Ray's error listener looks the printing
+    function up at call time, so replacing it here covers messages from then on.
+    """
+    from ray._private import worker
+
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "_autotune", False):
+        return
+    log = logging.getLogger("autotune.ray")
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet":
+            for line in data.get("lines", []):
+                log.debug("raylet: %s", line)
+            return
+        original(data, ignore_prefix)
+
+    to_log._autotune = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_log
+
+
+class _RankActor:
+    """One rank: keeps its process group, workload cache and phase between trials."""
+
+    def __init__(self) -> None:
+        os.environ["LOCAL_RANK"] = "0"  # Ray exposes exactly this rank's GPU(s)
+        self.progress = Progress(None)
+        self.workloads = WorkloadCache()
+
+    def address(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), free_port()
+
+    def join(self, master_addr: str, master_port: int, world_size: int, rank: int) -> int:
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            WORLD_SIZE=str(world_size),
+            RANK=str(rank),
+        )
+        return os.getpid()
+
+    def run(self, request_json: str, rank: int, submitted_at: float) -> str:
+        os.environ["AUTOTUNE_SPAWNED_AT"] = repr(submitted_at)
+        request = TrialRequest.model_validate_json(request_json)
+        if request.config.device == "cpu":
+            apply_memory_limit(request.options.memory_limit_bytes)
+        try:
+            report = run_rank(request, rank, self.progress, self.workloads)
+        finally:
+            apply_memory_limit(None)
+            gc.collect()
+        return report.model_dump_json()
+
+    def phase(self) -> str:
+        return self.progress.phase
+
+
+_remote_actor: Any = None
+
+
+def _actor_class() -> Any:
+    global _remote_actor
+    if _remote_actor is None:
+        # Two threads per actor: run() in one, phase() answers from the other while it runs.
+        options: Any = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
+        _remote_actor = ray.remote(**options)(_RankActor)
+    return _remote_actor
+
+
+GangShape = tuple[int, float, float]  # (rank processes, CPUs per rank, GPUs per rank)
+
+
+def gang_shape(
+    request: TrialRequest, device: Literal["cpu", "cuda"], cpus_per_rank: float
+) -> GangShape:
+    """Ranks, CPUs and GPUs per rank. CPUs cover the most DataLoader workers the search may
+    ask for, so that one gang serves trials with any worker count."""
+    config = request.config
+    gpus = float(config.world_size if config.parallel == "dp" else 1) if device == "cuda" else 0.0
+    return config.processes, max(cpus_per_rank, float(1 + config.num_workers)), gpus
+
+
+@dataclass
+class Gang:
+    shape: GangShape
+    group: PlacementGroup
+    actors: list[Any]
+
+    def kill(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(self.group)
+
+
+def start_gang(shape: GangShape, group: PlacementGroup) -> Gang:
+    """One actor per bundle of the ready ``group``, joined into one process group's ranks."""
+    processes, cpus, gpus = shape
+    actor_class = _actor_class()
+    actors = [
+        actor_class.options(
+            num_cpus=cpus,
+            num_gpus=gpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=i
+            ),
+        ).remote()
+        for i in range(processes)
+    ]
+    master_addr, master_port = ray.get(actors[0].address.remote())
+    ray.get([a.join.remote(master_addr, master_port, processes, i) for i, a in enumerate(actors)])
+    return Gang(shape, group, actors)
