@@ -31,7 +31,7 @@ from autotune.report import format_costs, format_recommendation, format_study, f
 from autotune.runner.request import TrialOptions
 from autotune.search.driver import load_recommendation
 from autotune.search.progress import make_reporter
-from autotune.search.settings import SECTIONS, SearchSettings, make_settings
+from autotune.search.settings import SECTIONS, SearchSettings, StorageSettings, make_settings
 
 EXIT_OK, EXIT_TRIAL_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -80,6 +80,13 @@ def model_flags(
         else:
             kwargs["metavar"] = name.upper()
         group.add_argument(flag, **kwargs)
+
+
+def _study_flags(parser: argparse.ArgumentParser) -> None:
+    """--storage and --study-name of a stored study, as ``search`` names them."""
+    group = parser.add_argument_group("study")
+    model_flags(group, StorageSettings, "", exclude=("new_study",))
+    parser.set_defaults(storage=StorageSettings().storage)
 
 
 def _given(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
@@ -150,8 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export", help="Write a stored recommendation, or a config file, for another tool."
     )
-    export.add_argument("--storage", default="autotune.db")
-    export.add_argument("--study-name")
+    _study_flags(export)
     export.add_argument(
         "--config",
         help="Export this config file (trial schema, e.g. search --out's best.yaml) instead "
@@ -178,14 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     report = commands.add_parser("report", help="Write a stored study's HTML report.")
-    report.add_argument("--storage", default="autotune.db")
-    report.add_argument("--study-name")
+    _study_flags(report)
     report.add_argument("--out", default="autotune-report.html", help="autotune-report.html")
     _cost_flags(report)
 
     show = commands.add_parser("show", help="List the trials of a stored study.")
-    show.add_argument("--storage", default="autotune.db")
-    show.add_argument("--study-name")
+    _study_flags(show)
 
     for sub in (trial, search, export, report, show):
         sub.add_argument("--debug", action="store_true", help="Show tracebacks.")

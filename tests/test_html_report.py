@@ -91,6 +91,11 @@ def test_report_holds_the_winner_the_plots_and_every_trial() -> None:
     assert "1.50x" in page
     assert "&lt;in forward&gt;" in page  # reasons are escaped
     assert "comm_hook" in page and "importance" in page
+    # the evaluator named is the one that ran (Optuna 5's default is PED-ANOVA, not fANOVA)
+    from autotune.html_report import IMPORTANCE_METHOD
+
+    assert f"importance ({IMPORTANCE_METHOD})" in page and "fANOVA" not in page
+    assert "PedAnovaImportanceEvaluator" in IMPORTANCE_METHOD
     assert page.count("<tr") >= 4 + 6
 
 
