@@ -45,6 +45,20 @@ class Executor(Protocol):
         ...
 
 
+def run_to_end(executor: Executor, request: TrialRequest) -> TrialResult:
+    """Submit ``request`` and wait for its result, on an executor running nothing else (the
+    sequential phases of a search, a single trial)."""
+    ticket = executor.submit(request)
+    while True:
+        done = dict(executor.wait())
+        if set(done) - {ticket}:
+            raise RuntimeError(
+                f"tickets {sorted(set(done) - {ticket})} ended while waiting for {ticket}"
+            )
+        if ticket in done:
+            return done[ticket]
+
+
 @dataclass
 class Watchdog:
     """When to stop the ranks still running: ``timeout_s`` after the trial started, or

@@ -23,7 +23,7 @@ from pathlib import Path
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.result import Platform, RankReport, TrialResult
-from autotune.runner.executor import Watchdog, stopped_message
+from autotune.runner.executor import Watchdog, run_to_end, stopped_message
 from autotune.runner.outcome import assemble_result
 from autotune.runner.platform import detect_platform, resolve_device
 from autotune.runner.request import TrialOptions, TrialRequest
@@ -261,10 +261,6 @@ def run_trial(
     request = TrialRequest(config=config, workload=workload, options=options or TrialOptions())
     executor = LocalExecutor()
     try:
-        executor.submit(request)
-        results: list[tuple[int, TrialResult]] = []
-        while not results:
-            results = executor.wait()
-        return results[0][1]
+        return run_to_end(executor, request)
     finally:
         executor.shutdown()

@@ -16,7 +16,7 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
-from autotune.runner.executor import Executor, PlacementError
+from autotune.runner.executor import Executor, PlacementError, run_to_end
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.log import StudyLog, to_record
@@ -80,20 +80,18 @@ class Tuner:
     def _record(self, role: Role, result: TrialResult, number: int = -1) -> TrialRecord:
         return to_record(number, role, result, self.platform.device_type, self.limit_bytes)
 
-    def _run_one(self, config: TrainConfig, role: Role, longer: int = 1) -> TrialRecord:
+    def _run_one(
+        self, config: TrainConfig, role: Role, longer: int = 1
+    ) -> tuple[TrialRecord, TrialResult]:
         """Run one trial to its end and store it (the sampler learns from it too)."""
         self.reporter.trial_started(role, config)
         try:
-            self.executor.submit(self._request(config, longer))
-            results: list[tuple[int, TrialResult]] = []
-            while not results:
-                results = self.executor.wait()
-            result = results[0][1]
+            result = run_to_end(self.executor, self._request(config, longer))
         except PlacementError as error:
             result = TrialResult(config=config, status="invalid", message=str(error))
         record = self.proposer.add(self._record(role, result))
         self.reporter.trial_finished(record, self.log.best())
-        return record
+        return record, result
 
     def _out_of_budget(self) -> bool:
         s = self.settings
@@ -127,7 +125,7 @@ class Tuner:
                 config = TrainConfig(**values)
             except ValueError as error:
                 raise ConfigError(f"no baseline configuration is possible: {error}") from None
-            record = self._run_one(config, "baseline")
+            record, _ = self._run_one(config, "baseline")
 
     def decide(self, proposal: Proposal) -> TrialRecord | None:
         """The outcome of a proposal decided without running it, or None to run it."""
@@ -222,10 +220,10 @@ class Tuner:
             configs.append(baseline.config)
         for config in configs:
             while len(runs_of(self.log.records, config)) < 1 + self.settings.finishing.remeasure:
-                if self._run_one(config, "remeasure").status != "ok":
+                if self._run_one(config, "remeasure")[0].status != "ok":
                     break
 
-    def verify(self) -> tuple[TrainConfig, TrialResult | None]:
+    def verify(self) -> tuple[TrainConfig, TrialResult]:
         """Pick the winner on repeated measurements and confirm it in a longer run; a finalist
         whose longer run fails or does not fit gives way to the next."""
         candidates = finalists(self.log.records, self.settings.finishing.top_k)
@@ -244,31 +242,19 @@ class Tuner:
                 f"every finalist failed its re-measurement ({lost}); all "
                 f"{len(self.log.records)} trials are stored: see `autotune show`"
             )
-        fallback: tuple[TrainConfig, TrialResult | None] | None = None
+        fallback: tuple[TrainConfig, TrialResult] | None = None
         for _, config in ranked:
             self.reporter.phase(
                 f"verifying in a {self.settings.finishing.verify_factor}x longer run"
             )
-            result = self._result_of_verification(config)
-            if result is not None and result.ok and self.log.records[-1].fits:
+            record, result = self._run_one(
+                config, "verify", longer=self.settings.finishing.verify_factor
+            )
+            if record.fits:
                 return config, result
             fallback = fallback or (config, result)
         assert fallback is not None  # ranked is not empty
         return fallback
-
-    def _result_of_verification(self, config: TrainConfig) -> TrialResult | None:
-        self.reporter.trial_started("verify", config)
-        try:
-            self.executor.submit(self._request(config, self.settings.finishing.verify_factor))
-            results: list[tuple[int, TrialResult]] = []
-            while not results:
-                results = self.executor.wait()
-            result: TrialResult = results[0][1]
-        except PlacementError as error:
-            result = TrialResult(config=config, status="invalid", message=str(error))
-        record = self.proposer.add(self._record("verify", result))
-        self.reporter.trial_finished(record, self.log.best())
-        return result
 
     def _last_failure(self, config: TrainConfig) -> str:
         tried = [r for r in self.log.records if r.config == config and r.role == "remeasure"]

@@ -20,8 +20,7 @@ import pytest
 from autotune.bench.landscape import Landscape, Point, Run
 from autotune.bench.replay import ReplayExecutor
 from autotune.config import TrainConfig, make_config
-from autotune.result import TrialResult
-from autotune.runner.executor import Executor
+from autotune.runner.executor import Executor, run_to_end
 from autotune.runner.launch import LocalExecutor
 from autotune.runner.platform import detect_platform
 from autotune.runner.request import TrialOptions, TrialRequest
@@ -126,15 +125,6 @@ def _assert_no_rank_actor_left(timeout_s: float = 15.0) -> None:
     assert not _rank_actors(), f"rank actors left behind: {sorted(_rank_actors())}"
 
 
-def _run(executor: Executor, request: TrialRequest) -> TrialResult:
-    ticket = executor.submit(request)
-    results: list[tuple[int, TrialResult]] = []
-    while not results:
-        results = executor.wait()
-    assert [t for t, _ in results] == [ticket]
-    return results[0][1]
-
-
 @pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.slow), "replay"])
 def kind(request: pytest.FixtureRequest) -> str:
     if request.param == "ray":
@@ -175,7 +165,7 @@ def test_every_executor_classifies_the_outcome_the_same_way(
     executor = make_executor(case)
     workload = WorkloadSpec(model=case.model)
     request = TrialRequest(config=_config(case), workload=workload, options=case.options)
-    result = _run(executor, request)
+    result = run_to_end(executor, request)  # raises if wait returns another ticket
     assert result.status == case.status, result.message
     for text in case.says:
         assert text in result.message, result.message
