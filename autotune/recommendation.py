@@ -21,7 +21,13 @@ class Recommendation(BaseModel):
     model_config = _FROZEN
 
     config: TrainConfig
-    samples_per_s: float = Field(description="Median over repeated measurements.")
+    samples_per_s: float = Field(
+        description="Mean over the winner's race runs (interleaved with the other finalists)."
+    )
+    samples_per_s_low: float | None = Field(
+        None, description="95% interval of samples_per_s over those runs (None: one run)."
+    )
+    samples_per_s_high: float | None = None
     samples_per_s_runs: list[float] = Field(description="Each measurement of the winner.")
     spread: float = Field(description="(max - min) / median of those measurements.")
     memory_used_bytes: int
@@ -49,9 +55,15 @@ class Recommendation(BaseModel):
         None, description="The baseline as measured last: ok, or failed with its reason."
     )
     baseline_samples_per_s: float | None = Field(
-        None, description="Median over the baseline's runs, measured as often as the winner."
+        None, description="Mean over the baseline's race runs."
     )
-    speedup: float | None = Field(None, description="samples_per_s / baseline_samples_per_s.")
+    speedup: float | None = Field(
+        None,
+        description="Over the baseline: the geometric mean of the paired ratios of the rounds "
+        "both ran in the race (else samples_per_s / baseline_samples_per_s).",
+    )
+    speedup_low: float | None = Field(None, description="95% interval of the speed-up.")
+    speedup_high: float | None = None
     exclusions: list[Exclusion] = Field(default_factory=list)
     trials: list[TrialRecord] = Field(default_factory=list)
     platform: Platform

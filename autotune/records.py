@@ -18,9 +18,10 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 Value = str | int | bool | None
 """One choice of a knob in a search space."""
 
-Role = Literal["baseline", "search", "remeasure", "verify"]
+Role = Literal["baseline", "search", "race", "remeasure", "verify"]
+"""remeasure: what studies stored before the race replaced re-measurement; read, never written."""
 RecordStatus = Literal[
-    "ok", "oom", "crashed", "timed_out", "error", "invalid", "skipped", "duplicate"
+    "ok", "pruned", "oom", "crashed", "timed_out", "error", "invalid", "skipped", "duplicate"
 ]
 NOT_RUN: tuple[RecordStatus, ...] = ("skipped", "duplicate", "invalid")
 """Statuses of trials that never ran: they cost no measurement and count toward no budget."""
@@ -59,6 +60,9 @@ class TrialRecord(BaseModel):
         None, description="A prediction (the memory pre-check's), for trials that did not run."
     )
     feasible: bool | None = None
+    samples_per_s_low: float | None = Field(None, description="95% interval of samples_per_s.")
+    samples_per_s_high: float | None = None
+    race_round: int | None = Field(None, description="The round of the race this run was in.")
     message: str = ""
     overhead_s: float = 0.0
     warmup_s: float = 0.0

@@ -13,8 +13,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.config import TrainConfig
+from autotune.stats import mean_interval
 
-TrialStatus = Literal["ok", "oom", "crashed", "timed_out", "error", "invalid"]
+TrialStatus = Literal["ok", "pruned", "oom", "crashed", "timed_out", "error", "invalid"]
+"""pruned: stopped early because it was clearly slower than the incumbent; its partial
+measurement (samples/s, peak so far) is kept."""
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -85,6 +88,12 @@ class RankReport(BaseModel):
         None, description="CUDA: device-level memory in use (NVML), sampled peak."
     )
     losses: list[float] = Field(default_factory=list, description="Loss of each optimizer step.")
+    pruned: str = Field("", description="Why the rank stopped early (empty: it did not).")
+    epochs_crossed: int = Field(0, description="Epoch boundaries inside the measured steps.")
+    epoch_boundary_s: float | None = Field(
+        None, description="Extra time of a step that starts an epoch (measured once)."
+    )
+    batches_per_epoch: int | None = Field(None, description="This rank's batches per epoch.")
     torch_threads: int = 0
     diagnostics: StepDiagnostics | None = None
 
@@ -101,7 +110,22 @@ class TrialResult(BaseModel):
     workload: dict[str, str | None] = Field(default_factory=dict)
     warmup_steps: int = 0
     measured_steps: int = 0
-    samples_per_s: float | None = Field(None, description="Global samples per second.")
+    samples_per_s: float | None = Field(
+        None,
+        description="Global samples per second over a long run: the measured steps, with one "
+        "epoch boundary's cost spread over the steps of an epoch.",
+    )
+    samples_per_s_low: float | None = Field(
+        None, description="95% interval of samples_per_s, from the measured step times."
+    )
+    samples_per_s_high: float | None = None
+    steady_samples_per_s: float | None = Field(
+        None, description="Samples per second of the measured steps alone, no epoch boundary."
+    )
+    epoch_boundary_s: float | None = Field(
+        None, description="Extra time an epoch boundary costs (slowest rank), measured once."
+    )
+    steps_per_epoch: float | None = Field(None, description="Optimizer steps per epoch.")
     step_time_median_s: float | None = None
     step_time_p10_s: float | None = None
     step_time_p90_s: float | None = None
@@ -140,16 +164,38 @@ def _quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
-def summarise_steps(config: TrainConfig, reports: list[RankReport]) -> dict[str, float | bool]:
-    """Aggregate per-rank measurements into the trial-level numbers of ``TrialResult``."""
+def summarise_steps(config: TrainConfig, reports: list[RankReport]) -> dict[str, object]:
+    """Aggregate per-rank measurements into the trial-level numbers of ``TrialResult``.
+
+    A short trial rarely crosses an epoch, so the cost of one boundary, measured once, is
+    spread over an epoch's steps: ``samples_per_s`` is what a long run sees, boundaries
+    included (boundaries the measured steps already crossed are not counted twice)."""
     # A step is as slow as its slowest rank; ranks are in lock-step through the collectives.
     steps = [max(times) for times in zip(*(r.step_times_s for r in reports), strict=True)]
     measured_s = max(r.measured_s for r in reports)
     median = statistics.median(steps)
     p10, p90 = _quantile(steps, 0.10), _quantile(steps, 0.90)
     losses = [loss for r in reports for loss in r.losses]
+    n = len(steps)
+    steady = config.global_batch_size * n / measured_s
+    extra_s, boundary_s, per_epoch = 0.0, None, None
+    boundaries = [r.epoch_boundary_s for r in reports if r.epoch_boundary_s is not None]
+    batches = [r.batches_per_epoch for r in reports if r.batches_per_epoch]
+    if boundaries and batches:
+        boundary_s = max(boundaries)
+        per_epoch = min(batches) / config.grad_accum_steps
+        crossed = max(r.epochs_crossed for r in reports)
+        extra_s = max(0.0, n / per_epoch - crossed) * boundary_s
+    speed = config.global_batch_size * n / (measured_s + extra_s)
+    relative = mean_interval(steps).relative
     return {
-        "samples_per_s": config.global_batch_size * len(steps) / measured_s,
+        "samples_per_s": speed,
+        "samples_per_s_low": speed / (1 + relative) if relative < 1 else 0.0,
+        "samples_per_s_high": speed / (1 - relative) if relative < 1 else None,
+        "steady_samples_per_s": steady,
+        "epoch_boundary_s": boundary_s,
+        "steps_per_epoch": per_epoch,
+        "measured_steps": n,
         "step_time_median_s": median,
         "step_time_p10_s": p10,
         "step_time_p90_s": p90,

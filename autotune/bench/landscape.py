@@ -8,6 +8,7 @@ when it finished and its peak memory stays under the landscape's memory limit.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -157,6 +158,18 @@ class Landscape(BaseModel):
         if point is None or not self.feasible(point):
             return 0.0
         return (point.value or 0.0) / (self.optimum().value or 1.0)
+
+    @cached_property
+    def run_noise(self) -> float:
+        """Run-to-run noise: the pooled relative standard deviation of the throughput of the
+        configurations measured more than once (what one trial cannot see of its own)."""
+        deviations = []
+        for point in self.points:
+            speeds = [r.samples_per_s or 0.0 for r in point.ok_runs]
+            if len(speeds) >= 2 and statistics.fmean(speeds) > 0:
+                mean = statistics.fmean(speeds)
+                deviations.append(statistics.variance(speeds) / mean**2)
+        return math.sqrt(statistics.fmean(deviations)) if deviations else 0.0
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

@@ -1,10 +1,13 @@
 """Replay search strategies on a recorded landscape: nothing runs, each trial is looked up.
 
-A replayed measurement is the point's median samples/s with Gaussian noise of the size its
-recorded step-time spread implies for a mean over the trial's steps (spread = (p90 - p10) /
-median of one step, and p90 - p10 is 2.56 standard deviations of a normal distribution), so
-strategies meet the noise the live search met. The tuner is the real ``Tuner`` (its sampler,
-baseline, duplicate and memory pre-checks) with a ``ReplayExecutor`` in place of Ray.
+A replayed measurement is the point's median samples/s with Gaussian noise of two kinds: the
+size its recorded step-time spread implies for a mean over the trial's steps (spread = (p90 -
+p10) / median of one step, and p90 - p10 is 2.56 standard deviations of a normal distribution),
+and the landscape's run-to-run noise (from the configurations it measured more than once), so
+strategies meet the noise the live search met. A request with a pruning threshold is answered
+"pruned" when the drawn value is below it, as a live trial stops early. The tuner is the real
+``Tuner`` (its sampler, baseline, duplicate and memory pre-checks, pruning, race) with a
+``ReplayExecutor`` in place of Ray.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from autotune.search.tuner import Tuner
 P10_P90_SIGMAS = 2.56
 
 
-def noisy_value(point: Point, rng: random.Random) -> float:
+def noisy_value(point: Point, rng: random.Random, run_noise: float = 0.0) -> float:
     value = point.value or 0.0
     steps = max(1, point.runs[0].measured_steps)
-    sigma = point.spread / P10_P90_SIGMAS / math.sqrt(steps)
+    within = point.spread / P10_P90_SIGMAS / math.sqrt(steps)
+    sigma = math.hypot(within, run_noise)
     return max(0.0, value * (1 + rng.gauss(0.0, sigma)))
 
 
@@ -43,7 +47,7 @@ class ReplayExecutor:
         self._done: list[tuple[int, TrialResult]] = []
         self._next = 0
 
-    def result(self, config: TrainConfig) -> TrialResult:
+    def result(self, config: TrainConfig, prune_below: float | None = None) -> TrialResult:
         point = self.landscape.lookup(config)
         if point is None:
             return TrialResult(config=config, status="invalid", message="not in the landscape")
@@ -52,10 +56,13 @@ class ReplayExecutor:
             return TrialResult(config=config, status=run.status, message=run.message)
         # One report carrying the judged memory: the sum on CPU and the max on CUDA agree.
         report = RankReport(rank=0, status="ok", peak_memory_bytes=point.memory_used_bytes or 0)
+        value = noisy_value(point, self.rng, self.landscape.run_noise)
+        pruned = prune_below is not None and value < prune_below
         return TrialResult(
             config=config,
-            status="ok",
-            samples_per_s=noisy_value(point, self.rng),
+            status="pruned" if pruned else "ok",
+            message="pruned: below the incumbent" if pruned else "",
+            samples_per_s=value,
             peak_memory_bytes=point.memory_used_bytes,
             measured_steps=point.runs[0].measured_steps,
             ranks=[report],
@@ -66,7 +73,8 @@ class ReplayExecutor:
 
     def submit(self, request: TrialRequest) -> int:
         self._next += 1
-        self._done.append((self._next, self.result(request.config)))
+        prune_below = request.options.prune_below_samples_per_s
+        self._done.append((self._next, self.result(request.config, prune_below)))
         return self._next
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, TrialResult]]:
@@ -133,8 +141,7 @@ def replay_tuner(landscape: Landscape, seed: int, trials: int, *, finish: bool =
     measured = [r.config for r in tuner.log.measured().values() if r.config is not None]
     pick = None
     if finish:
-        tuner.remeasure()
-        pick = tuner.verify()[0]
+        pick = tuner.verify(tuner.race())[0]
     return Replay(measured, pick)
 
 

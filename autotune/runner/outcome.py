@@ -14,7 +14,8 @@ _PRIORITY: dict[TrialStatus, int] = {
     "crashed": 2,
     "error": 3,
     "timed_out": 4,
-    "ok": 5,
+    "pruned": 5,
+    "ok": 6,
 }
 
 
@@ -50,15 +51,21 @@ def assemble_result(
         "platform": platform,
         "workload": request.workload.model_dump(include={"model", "data", "loss"}),
         "warmup_steps": options.warmup_for(request.config),
-        "measured_steps": options.measured_steps,
         "launch_s": launch_s,
         "total_s": total_s,
         "ranks": reports,
     }
     if reports and all(r.status == "ok" for r in reports):
-        return TrialResult(status="ok", **common, **summarise_steps(config, reports))
+        pruned = next((r for r in reports if r.pruned), None)
+        summary = summarise_steps(config, reports)
+        if pruned is not None:  # every rank stopped after the same step: they agree on it
+            message = f"pruned: {pruned.pruned}"
+            return TrialResult(status="pruned", message=message, **common, **summary)
+        return TrialResult(status="ok", **common, **summary)
     failure = choose_failure(reports)
     message = f"rank {failure.rank}: {failure.message}"
     if failure.status == "timed_out":
         message = f"no result within timeout_s={options.timeout_s:g}; {message}"
-    return TrialResult(status=failure.status, message=message, **common)
+    return TrialResult(
+        status=failure.status, message=message, measured_steps=options.measured_steps, **common
+    )

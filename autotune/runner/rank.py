@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from autotune.config import TrainConfig
 from autotune.errors import ConfigError, WorkloadError
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.memory import MemoryTracker, release_free_heap
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
+from autotune.runner.window import Decision, Window
 from autotune.runner.workload import WorkloadCache, build_workload
 
 
@@ -79,6 +82,28 @@ def _watch_parent(parent: int) -> None:
                 os._exit(70)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+class _Agreement:
+    """Makes every rank see the same step time (the slowest rank's), so that all of them stop
+    measuring, or prune, after the same step; one-process trials need nothing."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device, self.spent_s = device, 0.0
+
+    def __call__(self, step_s: float) -> float:
+        if self.device is None:
+            return step_s
+        started = time.perf_counter()
+        value = torch.tensor([step_s], dtype=torch.float64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        self.spent_s += time.perf_counter() - started
+        return float(value.item())
+
+
+def _agreement(config: TrainConfig, device: torch.device) -> _Agreement:
+    many = config.processes > 1 and dist.is_available() and dist.is_initialized()
+    return _Agreement(device if many else None)
 
 
 def run_rank(
@@ -151,31 +176,54 @@ def _measure(
 
     losses: list[float] = []
     hook_calls: list[int] = []
-    warm_start = time.perf_counter()
-    for i in range(options.warmup_for(config)):
-        progress(f"warm-up step {i + 1}")
+    window = Window(options, config.global_batch_size)
+    agree = _agreement(config, device)
+    data_wait = 0.0
+
+    def run_step() -> float:
         stats = step.run(batches)
         losses.append(stats.loss)
         hook_calls.extend(stats.hook_calls)
+        nonlocal data_wait
+        data_wait += stats.data_wait_s
+        return agree(stats.wall_s)  # every rank decides on the same (slowest) step time
+
+    decision: Decision = "measure"
+    warm_start = time.perf_counter()
+    for i in range(options.warmup_for(config)):
+        progress(f"warm-up step {i + 1}")
+        step_s = run_step()
+        decision = window.warmup_step(step_s)
+        if decision == "prune":
+            window.steps.append(step_s)  # the partial measurement: the hopeless step itself
+            break
     report["warmup_s"] = time.perf_counter() - warm_start
 
     tracker = MemoryTracker(device)
     tracker.start()
-    step_times, data_wait = [], 0.0
+    data_wait, paused, epochs_before = 0.0, 0.0, training.epochs_started
     measure_start = time.perf_counter()
-    for i in range(options.measured_steps):
-        progress(f"measured step {i + 1}")
-        stats = step.run(batches)
-        step_times.append(stats.wall_s)
-        data_wait += stats.data_wait_s
-        losses.append(stats.loss)
-        hook_calls.extend(stats.hook_calls)
-    report["measured_s"] = time.perf_counter() - measure_start
+    while decision == "measure":
+        progress(f"measured step {len(window.steps) + 1}")
+        before = agree.spent_s
+        step_s = run_step()
+        paused += agree.spent_s - before  # the agreement is not part of training
+        decision = window.measured_step(step_s, time.perf_counter() - measure_start - paused)
+    # At least the steps themselves: a trial pruned in warm-up measured that one step.
+    report["measured_s"] = max(time.perf_counter() - measure_start - paused, sum(window.steps))
+    report["epochs_crossed"] = training.epochs_started - epochs_before
+    report["data_wait_s"] = data_wait
+    if decision == "done" and training.batches_per_epoch:
+        progress("measuring an epoch boundary")
+        training.start_next_epoch()
+        report["epoch_boundary_s"] = max(0.0, run_step() - window.interval().mean)
+        report["batches_per_epoch"] = training.batches_per_epoch
+    if decision == "prune":
+        report["pruned"] = window.reason
     peak = tracker.stop()
     progress("reporting")
     report.update(
-        step_times_s=step_times,
-        data_wait_s=data_wait,
+        step_times_s=window.steps,
         peak_memory_bytes=peak.peak_bytes,
         peak_reserved_bytes=peak.reserved_bytes,
         peak_device_used_bytes=peak.device_used_bytes,

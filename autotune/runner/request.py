@@ -15,7 +15,29 @@ class TrialOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     warmup_steps: int = Field(2, ge=1, description="Optimizer steps run before measuring.")
-    measured_steps: int = Field(8, ge=2, description="Optimizer steps measured.")
+    measured_steps: int = Field(
+        5,
+        ge=2,
+        description="Measured optimizer steps at least; more are measured until the interval "
+        "target is met (or max_measure_s). With target_interval 0, exactly this many.",
+    )
+    min_measure_s: float = Field(1.0, ge=0, description="Measure for at least this long (s).")
+    max_measure_s: float = Field(
+        10.0, gt=0, description="Stop measuring after this long (s), tight or not."
+    )
+    target_interval: float = Field(
+        0.03,
+        ge=0,
+        lt=1,
+        description="Measure until the 95% interval of the mean step time is within this "
+        "share of it (0.03: +-3%); 0 measures a fixed window of measured_steps.",
+    )
+    prune_below_samples_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Stop early, as pruned, once the trial is clearly slower than this: the "
+        "fast end of its interval is below it, or one step takes 10x a step at it.",
+    )
     timeout_s: float = Field(
         300.0,
         gt=0,
@@ -34,6 +56,17 @@ class TrialOptions(BaseModel):
     failure_grace_s: float = Field(
         3.0, ge=0, description="After one rank fails, how long the others may take to report."
     )
+
+    def longer(self, factor: int) -> TrialOptions:
+        """These options for a run ``factor`` times longer (the verification run)."""
+        return self.model_copy(
+            update={
+                "measured_steps": self.measured_steps * factor,
+                "min_measure_s": self.min_measure_s * factor,
+                "max_measure_s": self.max_measure_s * factor,
+                "timeout_s": self.timeout_s * factor,
+            }
+        )
 
     @field_validator("memory_limit_bytes", mode="before")
     @classmethod

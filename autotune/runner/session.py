@@ -105,23 +105,46 @@ class Training:
     worker_pids: list[list[int]] = field(default_factory=list)
     owns_process_group: bool = False  # prepare() joined it, so close() leaves it
 
+    epochs_started: int = 0
+    _restart: bool = False
+
     def batches(self) -> Iterator[Any]:
         """Batches forever, epoch after epoch (``set_epoch`` each time), for ``step``."""
         epoch = 0
         while True:
             self.sampler.set_epoch(epoch)
+            self.epochs_started += 1
+            self._restart = False
             first = True
-            for batch in self.loader:
+            iterator = iter(self.loader)
+            for batch in iterator:
                 if first and self.loader.num_workers:
                     self.worker_pids.append(sorted(child_pids()))
                 first = False
                 yield batch
+                if self._restart:
+                    break
+            del iterator  # a non-persistent iterator shuts its workers down, as at an epoch end
             if first:
                 raise RuntimeError(
                     "the DataLoader produced no batch: the dataset is smaller than one batch "
                     f"({self.loader.batch_size} samples) per rank"
                 )
             epoch += 1
+
+    def start_next_epoch(self) -> None:
+        """End the current epoch early: the next batch from ``batches`` starts a new one, with
+        what an epoch boundary costs (workers stopped and started unless persistent, the
+        sampler's reshuffle, the prefetch queue refilled). The trials measure that cost."""
+        self._restart = True
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """This process's batches in one epoch (None when the loader has no length)."""
+        try:
+            return len(self.loader)
+        except TypeError:
+            return None
 
     def step(self, batches: Iterator[Any]) -> StepStats:
         """One optimizer step: ``grad_accum_steps`` micro-batches from ``batches``."""

@@ -1,11 +1,13 @@
 """The stored trial format: one write path for every trial of a study, and the reads the search
 makes of it.
 
-Every trial, proposed by the sampler or not (baseline, re-measurement, verification), is
+Every trial, proposed by the sampler or not (baseline, race runs, verification), is
 written by ``StudyLog.write`` as soon as it ends; SQLite commits each write, so killing the
 driver loses nothing that completed. What Optuna is told follows from the record alone
 (``_outcome``): a measurement, out of memory included, is a completed trial whose memory
-constraint the sampler learns from; a trial that never ran but whose memory is known (a
+constraint the sampler learns from; a pruned trial (stopped early, clearly slower than the
+incumbent) is told PRUNED with its partial samples/s, which TPE ranks below every completed
+trial; a trial that never ran but whose memory is known (a
 duplicate, a pre-check skip) is told the same way; anything else failed.
 """
 
@@ -23,13 +25,18 @@ def memory_used(result: TrialResult, device_type: str) -> int | None:
     """The memory a trial is judged by: the per-device peak on CUDA, all ranks' peaks together
     on CPU (the ranks share the host); None when the trial did not finish."""
     peaks = [r.peak_memory_bytes for r in result.ranks if r.status == "ok"]
-    if not result.ok or not peaks:
+    if result.status not in ("ok", "pruned") or not peaks:
         return None
     return max(peaks) if device_type == "cuda" else sum(peaks)
 
 
 def to_record(
-    number: int, role: Role, result: TrialResult, device_type: str, limit_bytes: int
+    number: int,
+    role: Role,
+    result: TrialResult,
+    device_type: str,
+    limit_bytes: int,
+    race_round: int | None = None,
 ) -> TrialRecord:
     """The stored record of a trial that ran."""
     used = memory_used(result, device_type)
@@ -42,6 +49,9 @@ def to_record(
         status=result.status,
         config=result.config,
         samples_per_s=result.samples_per_s,
+        samples_per_s_low=result.samples_per_s_low,
+        samples_per_s_high=result.samples_per_s_high,
+        race_round=race_round,
         memory_used_bytes=used,
         feasible=feasible,
         message=result.message,
@@ -108,7 +118,7 @@ class StudyLog:
     def _constraint(self, record: TrialRecord) -> float | None:
         """The memory constraint ``record`` is told with as a completed trial; None: it failed."""
         violation = self.violation(record)
-        if record.status in ("ok", "oom"):
+        if record.status in ("ok", "oom", "pruned"):
             # Out of memory is an infeasible measurement, not a failure: the sampler learns
             # the boundary from it. The value of an infeasible trial is never compared.
             return violation if violation is not None else 1.0
@@ -129,15 +139,22 @@ class StudyLog:
                 trial.set_user_attr(key, attr)
             if constraint is not None:
                 trial.set_constraint("memory", constraint)
-                self.study.tell(trial, value)
-            else:
+            if constraint is None:
                 self.study.tell(trial, state=TrialState.FAIL)
+            elif record.status == "pruned":  # TPE ranks it below complete trials, by value
+                trial.report(value, step=0)
+                self.study.tell(trial, state=TrialState.PRUNED)
+            else:
+                self.study.tell(trial, value)
             stored = record.model_copy(update={"number": trial.number})
         else:
+            pruned = record.status == "pruned" and constraint is not None
+            state = TrialState.PRUNED if pruned else TrialState.COMPLETE
             self.study.add_trial(
                 optuna.trial.create_trial(
-                    state=TrialState.FAIL if constraint is None else TrialState.COMPLETE,
-                    value=None if constraint is None else value,
+                    state=TrialState.FAIL if constraint is None else state,
+                    value=None if constraint is None or pruned else value,
+                    intermediate_values={0: value} if pruned else None,
                     user_attrs=_attributes(record),
                     constraints=None if constraint is None else {"memory": constraint},
                 )

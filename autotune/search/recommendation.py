@@ -1,9 +1,10 @@
 """From a study's records to a ``Recommendation``: pure functions, no I/O, no executor.
 
-The winner is chosen on repeated measurements (the median of its runs), its speed-up is taken
-against the baseline measured as often, and the verification run either confirms the estimate
-within a fixed tolerance or says why it cannot: a tolerance as wide as the noise would be a
-check that cannot fail.
+The winner is chosen by the race (``autotune.search.race``): its throughput is the mean of its
+race runs with a 95% interval, its speed-up the paired ratio to the baseline over the rounds
+both ran, with an interval too. The verification run either confirms the estimate within a
+fixed tolerance or says why it cannot: a tolerance as wide as the noise would be a check that
+cannot fail.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from autotune.config import TrainConfig
 from autotune.recommendation import Recommendation, ThroughputVerdict
 from autotune.records import Exclusion, TrialRecord
 from autotune.result import Platform, TrialResult
+from autotune.search import race
+from autotune.stats import mean_interval
 
 THROUGHPUT_TOLERANCE = 0.10
 """Verification confirms throughput within this share of the estimate; never wider."""
@@ -27,7 +30,7 @@ def runs_of(records: list[TrialRecord], config: TrainConfig) -> list[TrialRecord
         for r in records
         if r.config is not None
         and r.config.key() == key
-        and r.role in ("baseline", "search", "remeasure")
+        and r.role in ("baseline", "search", "race", "remeasure")
         and r.status == "ok"
     ]
 
@@ -74,11 +77,13 @@ def recommend(
     block_class: str | None = None,
 ) -> Recommendation:
     """The recommendation of ``winner``, from the records alone (and the verification run)."""
-    runs = runs_of(records, winner)
-    estimate = score(records, winner)
-    if estimate is None:
+    raced = [r for r in race.race_runs(records, winner).values() if r.fits]
+    runs = raced or runs_of(records, winner)
+    if not runs or not all(r.feasible for r in runs):
         raise ValueError(f"the winner {winner.summary()} has no fitting measurement")
     samples = [r.samples_per_s or 0.0 for r in runs]
+    interval = mean_interval(samples)
+    estimate = interval.mean
     spread = (max(samples) - min(samples)) / estimate if estimate else 0.0
     verified_runs = [
         r for r in records if r.role == "verify" and r.config and r.config.key() == winner.key()
@@ -93,13 +98,18 @@ def recommend(
     if check is not None and check.memory_used_bytes is not None:
         used = max(used, check.memory_used_bytes)
     baseline = next((r for r in reversed(records) if r.role == "baseline"), None)
-    baseline_runs = runs_of(records, baseline.config) if baseline and baseline.config else []
-    baseline_speed = None
-    if baseline is not None and baseline.status == "ok" and baseline_runs:
-        baseline_speed = statistics.median(r.samples_per_s or 0.0 for r in baseline_runs)
+    baseline_speed, paired = None, None
+    if baseline is not None and baseline.status == "ok" and baseline.config is not None:
+        base_raced = [r for r in race.race_runs(records, baseline.config).values() if r.fits]
+        base_runs = base_raced or runs_of(records, baseline.config)
+        baseline_speed = statistics.fmean(r.samples_per_s or 0.0 for r in base_runs)
+        if baseline.config.key() != winner.key():
+            paired = race.speedup(records, winner, baseline.config)
     return Recommendation(
         config=winner,
         samples_per_s=estimate,
+        samples_per_s_low=interval.low if interval.n > 1 else None,
+        samples_per_s_high=interval.high if interval.n > 1 else None,
         samples_per_s_runs=samples,
         spread=spread,
         memory_used_bytes=used,
@@ -114,7 +124,9 @@ def recommend(
         verification_error=error,
         baseline=baseline,
         baseline_samples_per_s=baseline_speed,
-        speedup=estimate / baseline_speed if baseline_speed else None,
+        speedup=paired[0] if paired else (estimate / baseline_speed if baseline_speed else None),
+        speedup_low=paired[1] if paired else None,
+        speedup_high=paired[2] if paired else None,
         exclusions=exclusions,
         trials=sorted(records, key=lambda r: r.number),
         platform=platform,

@@ -92,6 +92,16 @@ class MeasurementSettings(BaseModel):
 
     warmup_steps: int = _TRIAL["warmup_steps"]  # type: ignore[assignment]
     measured_steps: int = _TRIAL["measured_steps"]  # type: ignore[assignment]
+    min_measure_s: float = _TRIAL["min_measure_s"]  # type: ignore[assignment]
+    max_measure_s: float = _TRIAL["max_measure_s"]  # type: ignore[assignment]
+    target_interval: float = _TRIAL["target_interval"]  # type: ignore[assignment]
+    prune_ratio: float = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="Stop a search trial early once it is clearly slower than this share of "
+        "the incumbent's samples/s (0: never prune).",
+    )
     trial_timeout_s: float = Field(
         _TRIAL["timeout_s"].default,
         gt=0,
@@ -106,8 +116,13 @@ class FinishingSettings(BaseModel):
 
     model_config = _FROZEN
 
-    top_k: int = Field(3, ge=1, description="Best configurations re-measured at the end.")
-    remeasure: int = Field(2, ge=0, description="Extra measurements of each of the top k.")
+    top_k: int = Field(3, ge=1, description="Finalists raced at the end: the best k of the search.")
+    race_rounds: int = Field(
+        4,
+        ge=2,
+        description="Most interleaved pairs of runs per challenger in the race; fewer when "
+        "the paired comparison is already decided.",
+    )
     verify_factor: int = Field(4, ge=1, description="Verification run: this many times longer.")
 
 

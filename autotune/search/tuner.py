@@ -1,5 +1,6 @@
-"""The search's sequence: baseline, proposals run until a budget is spent, re-measurement of the
-best few, verification of the winner.
+"""The search's sequence: baseline, proposals run until a budget is spent (each stopped early
+once it is clearly slower than the incumbent), a race of the best few and the baseline,
+verification of the winner.
 
 Propose (``Proposer``), decide (duplicates, the memory pre-check), run (the ``Executor``),
 record (``StudyLog``) and recommend (``recommend``) are separate; this module only sequences
@@ -19,11 +20,12 @@ from autotune.result import Platform, TrialResult
 from autotune.runner.executor import Executor, PlacementError, run_to_end
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
+from autotune.search import race
 from autotune.search.log import StudyLog, to_record
 from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
-from autotune.search.recommendation import finalists, recommend, runs_of, score
+from autotune.search.recommendation import finalists, recommend
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
 
@@ -62,26 +64,38 @@ class Tuner:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _request(self, config: TrainConfig, longer: int = 1) -> TrialRequest:
-        s = self.settings
+    def _request(self, config: TrainConfig, longer: int = 1, prune: bool = False) -> TrialRequest:
+        s, m = self.settings, self.settings.measurement
         limit = None
         if s.memory.enforce_memory_budget:  # on CPU the host budget is shared by the ranks
             cpu = self.platform.device_type == "cpu"
             limit = self.budget_bytes // config.processes if cpu else self.budget_bytes
+        incumbent = self.log.best() if prune and m.prune_ratio > 0 else None
         options = TrialOptions(
-            warmup_steps=s.measurement.warmup_steps,
-            measured_steps=s.measurement.measured_steps * longer,
-            timeout_s=s.measurement.trial_timeout_s * longer,
-            seed=s.measurement.seed,
+            warmup_steps=m.warmup_steps,
+            measured_steps=m.measured_steps,
+            min_measure_s=m.min_measure_s,
+            max_measure_s=m.max_measure_s,
+            target_interval=m.target_interval,
+            timeout_s=m.trial_timeout_s,
+            seed=m.seed,
             memory_limit_bytes=limit,
-        )
+            prune_below_samples_per_s=(
+                incumbent.samples_per_s * m.prune_ratio
+                if incumbent and incumbent.samples_per_s
+                else None
+            ),
+        ).longer(longer)
         return TrialRequest(config=config, workload=self.workload, options=options)
 
-    def _record(self, role: Role, result: TrialResult, number: int = -1) -> TrialRecord:
-        return to_record(number, role, result, self.platform.device_type, self.limit_bytes)
+    def _record(
+        self, role: Role, result: TrialResult, race_round: int | None = None
+    ) -> TrialRecord:
+        device = self.platform.device_type
+        return to_record(-1, role, result, device, self.limit_bytes, race_round)
 
     def _run_one(
-        self, config: TrainConfig, role: Role, longer: int = 1
+        self, config: TrainConfig, role: Role, longer: int = 1, race_round: int | None = None
     ) -> tuple[TrialRecord, TrialResult]:
         """Run one trial to its end and store it (the sampler learns from it too)."""
         self.reporter.trial_started(role, config)
@@ -89,7 +103,7 @@ class Tuner:
             result = run_to_end(self.executor, self._request(config, longer))
         except PlacementError as error:
             result = TrialResult(config=config, status="invalid", message=str(error))
-        record = self.proposer.add(self._record(role, result))
+        record = self.proposer.add(self._record(role, result, race_round))
         self.reporter.trial_finished(record, self.log.best())
         return record, result
 
@@ -177,7 +191,7 @@ class Tuner:
                     unproductive = 0
                     pending = proposal
                 assert pending.config is not None
-                request = self._request(pending.config)
+                request = self._request(pending.config, prune=True)
                 if running and not self.executor.fits_now(request):
                     break  # wait for a running trial to free its devices
                 proposal, pending = pending, None
@@ -207,43 +221,47 @@ class Tuner:
                 record = self.proposer.record(proposal, self._record("search", result))
                 self.reporter.trial_finished(record, self.log.best())
 
-    def remeasure(self) -> None:
-        """Measure the best few, and the baseline, again: noise then neither picks the winner
-        nor inflates its speed-up."""
-        self.reporter.phase(
-            f"re-measuring the best {self.settings.finishing.top_k} and the baseline"
+    def race(self) -> list[TrainConfig]:
+        """Race the best few and the baseline in interleaved rounds until the winner is
+        decided (see ``race``); return the candidates, best first."""
+        finishing = self.settings.finishing
+        candidates = finalists(self.log.records, finishing.top_k)
+        base = self.log.baseline()
+        baseline = base.config if base is not None and base.fits else None
+        if baseline is not None and baseline not in candidates:
+            candidates.append(baseline)
+        alive = list(candidates)
+        for number in range(1, finishing.race_rounds + 1):
+            self.reporter.phase(f"race round {number}: {len(alive)} configurations, interleaved")
+            for config in race.rotated(alive, number):
+                self._run_one(config, "race", race_round=number)
+            alive = race.still_in(self.log.records, alive, baseline, number)
+            if race.decided(alive, baseline, number):
+                break
+        return race.ranking(
+            self.log.records,
+            [c for c in candidates if c != baseline] + ([baseline] if baseline is not None else []),
         )
-        configs = finalists(self.log.records, self.settings.finishing.top_k)
-        baseline = self.log.baseline()
-        if baseline is not None and baseline.status == "ok" and baseline.config not in configs:
-            assert baseline.config is not None
-            configs.append(baseline.config)
-        for config in configs:
-            while len(runs_of(self.log.records, config)) < 1 + self.settings.finishing.remeasure:
-                if self._run_one(config, "remeasure")[0].status != "ok":
-                    break
 
-    def verify(self) -> tuple[TrainConfig, TrialResult]:
-        """Pick the winner on repeated measurements and confirm it in a longer run; a finalist
-        whose longer run fails or does not fit gives way to the next."""
-        candidates = finalists(self.log.records, self.settings.finishing.top_k)
-        if not candidates:
-            raise SearchError(
-                "no configuration fits the memory budget of "
-                f"{self.budget_bytes / 2**30:.2f} GiB (limit {self.limit_bytes / 2**30:.2f} GiB "
-                "after the safety margin); raise --memory-budget or allow checkpointing and "
-                "accumulation in the search space"
-            )
-        scored = [(score(self.log.records, c), c) for c in candidates]
-        ranked = sorted(((s, c) for s, c in scored if s is not None), key=lambda p: -p[0])
+    def verify(self, ranked: list[TrainConfig]) -> tuple[TrainConfig, TrialResult]:
+        """Confirm the race's winner in a longer run; a finalist whose longer run fails or
+        does not fit gives way to the next."""
         if not ranked:
+            if not finalists(self.log.records, self.settings.finishing.top_k):
+                raise SearchError(
+                    "no configuration fits the memory budget of "
+                    f"{self.budget_bytes / 2**30:.2f} GiB (limit "
+                    f"{self.limit_bytes / 2**30:.2f} GiB after the safety margin); raise "
+                    "--memory-budget or allow checkpointing and accumulation in the search space"
+                )
+            candidates = finalists(self.log.records, self.settings.finishing.top_k)
             lost = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c in candidates)
             raise SearchError(
-                f"every finalist failed its re-measurement ({lost}); all "
+                f"every finalist failed in the race ({lost}); all "
                 f"{len(self.log.records)} trials are stored: see `autotune show`"
             )
         fallback: tuple[TrainConfig, TrialResult] | None = None
-        for _, config in ranked:
+        for config in ranked:
             self.reporter.phase(
                 f"verifying in a {self.settings.finishing.verify_factor}x longer run"
             )
@@ -257,10 +275,10 @@ class Tuner:
         return fallback
 
     def _last_failure(self, config: TrainConfig) -> str:
-        tried = [r for r in self.log.records if r.config == config and r.role == "remeasure"]
+        tried = [r for r in self.log.records if r.config == config and r.role == "race"]
         last = tried[-1] if tried else None
         if last is None:
-            return "not re-measured"
+            return "not raced"
         if last.status == "ok":
             return "over the memory limit"
         return f"{last.status}: {last.message}"[:120]
@@ -269,8 +287,7 @@ class Tuner:
         """The whole search, and its recommendation."""
         self.baseline()
         self.search()
-        self.remeasure()
-        winner, verification = self.verify()
+        winner, verification = self.verify(self.race())
         return recommend(
             self.log.records,
             winner,

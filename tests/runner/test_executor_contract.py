@@ -27,7 +27,7 @@ from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.space import parse_space
 
-QUICK = TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=120)
+QUICK = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=120)
 DDP = {"parallel": "ddp", "world_size": 2}
 
 
@@ -43,6 +43,14 @@ class Case:
 
 CASES = {
     "ok": Case("tests.fixtures.models:Small", DDP, "ok", (), recorded={"status": "ok"}),
+    "pruned below the incumbent": Case(
+        "tests.fixtures.models:Small",
+        DDP,
+        "pruned",
+        ("pruned: ",),
+        options=TrialOptions(warmup_steps=1, timeout_s=120, prune_below_samples_per_s=1e9),
+        recorded={"status": "ok"},
+    ),
     "rank abort": Case(
         "tests.fixtures.models:Aborting",
         DDP,
@@ -55,7 +63,7 @@ CASES = {
         DDP,
         "timed_out",
         ("timeout_s=15", "still running in warm-up step 1"),
-        options=TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=15),
+        options=TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=15),
     ),
     "out of memory under a limit": Case(
         "tests.fixtures.models:MemoryHog",
@@ -170,8 +178,30 @@ def test_every_executor_classifies_the_outcome_the_same_way(
     for text in case.says:
         assert text in result.message, result.message
     assert result.total_s < case.options.timeout_s + 15  # ended by the watchdog, not later
-    if case.status == "ok":
+    if case.status in ("ok", "pruned"):  # a pruned trial keeps its partial measurement
         assert result.samples_per_s and result.samples_per_s > 0
         assert result.peak_memory_bytes and result.peak_memory_bytes > 0
-    if kind == "ray" and case.status != "ok":
+    if kind == "ray" and case.status not in ("ok", "pruned"):
         _assert_no_rank_actor_left()  # a failed gang is killed at once, not at shutdown
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster", "no_leftover_processes")
+def test_a_pruned_trial_stops_early_and_its_gang_runs_the_next_trial() -> None:
+    from autotune.runner.ray_executor import RayExecutor
+
+    executor = RayExecutor(detect_platform("cpu"), cpus_per_rank=1.0)
+    config = _config(CASES["ok"])
+    workload = WorkloadSpec(model="tests.fixtures.models:Small")
+    try:
+        slow = TrialOptions(warmup_steps=1, timeout_s=120, prune_below_samples_per_s=1e9)
+        pruned = run_to_end(executor, TrialRequest(config=config, workload=workload, options=slow))
+        # its first (warm-up) step is already hopeless: 1 step, not the 5-step floor
+        assert pruned.status == "pruned" and pruned.measured_steps == 1
+        gang = _rank_actors()
+        assert len(gang) == 2
+        ok = run_to_end(executor, TrialRequest(config=config, workload=workload, options=QUICK))
+        assert ok.status == "ok" and _rank_actors() == gang  # the same processes, reused
+    finally:
+        executor.shutdown()
+    _assert_no_rank_actor_left()

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 def _trial(model: str, options: TrialOptions | None = None, **values: object) -> TrialResult:
     config = make_config({"global_batch_size": 16, "device": "cpu", **values})
-    options = options or TrialOptions(warmup_steps=1, measured_steps=3, timeout_s=120)
+    options = options or TrialOptions(
+        warmup_steps=1, measured_steps=3, target_interval=0, timeout_s=120
+    )
     return run_trial(config, WorkloadSpec(model=model), options)
 
 
@@ -44,7 +46,7 @@ def test_two_rank_trial_is_measured(parallel: str) -> None:
 
 
 def test_fp16_hook_runs_on_sync_steps_only_and_optimizer_steps_once_per_accumulation() -> None:
-    options = TrialOptions(warmup_steps=1, measured_steps=3, timeout_s=120)
+    options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, timeout_s=120)
     result = _trial(
         "workloads.mlp:mlp_tiny",
         options,
@@ -57,10 +59,11 @@ def test_fp16_hook_runs_on_sync_steps_only_and_optimizer_steps_once_per_accumula
     for rank in result.ranks:
         diagnostics = rank.diagnostics
         assert diagnostics is not None
-        assert diagnostics.optimizer_steps == 4  # 1 warm-up + 3 measured
-        assert diagnostics.micro_steps == 16
+        # 1 warm-up + 3 measured + 1 that starts a new epoch (its cost is measured too)
+        assert diagnostics.optimizer_steps == 5
+        assert diagnostics.micro_steps == 20
         calls = diagnostics.comm_hook_calls_per_micro_step
-        for step in range(4):
+        for step in range(5):
             accumulating, last = calls[step * 4 : step * 4 + 3], calls[step * 4 + 3]
             assert accumulating == [0, 0, 0]
             assert last >= 1  # one call per gradient bucket
@@ -70,7 +73,7 @@ def test_powersgd_compressing_on_gloo_ends_with_a_status() -> None:
     # PowerSGD that really compresses (from step 2) can abort a gloo rank with SIGABRT or leave
     # it hanging in a collective; whichever happens, the trial must end with a status within its
     # timeout and leave no process behind. When it runs, the hook ran on every synced step.
-    options = TrialOptions(warmup_steps=1, measured_steps=3, timeout_s=30)
+    options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, timeout_s=30)
     result = _trial(
         "workloads.mlp:mlp_tiny",
         options,
@@ -90,7 +93,7 @@ def test_powersgd_compressing_on_gloo_ends_with_a_status() -> None:
 
 @pytest.mark.slow
 def test_checkpointing_lowers_measured_peak_memory_on_the_transformer() -> None:
-    options = TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=300)
+    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=300)
     plain = _trial("workloads.gpt:gpt_long_context", options, global_batch_size=8)
     checkpointed = _trial(
         "workloads.gpt:gpt_long_context", options, global_batch_size=8, checkpoint_segments=6
@@ -103,7 +106,7 @@ def test_checkpointing_lowers_measured_peak_memory_on_the_transformer() -> None:
 
 @pytest.mark.slow
 def test_a_dataloader_worker_lowers_the_data_wait_share() -> None:
-    options = TrialOptions(warmup_steps=2, measured_steps=15, timeout_s=300)
+    options = TrialOptions(warmup_steps=2, measured_steps=15, target_interval=0, timeout_s=300)
     inline = _trial("workloads.mlp:mlp_loading_bound", options, global_batch_size=32)
     worker = _trial(
         "workloads.mlp:mlp_loading_bound",
@@ -122,27 +125,28 @@ def test_a_dataloader_worker_lowers_the_data_wait_share() -> None:
 def test_warm_up_consumes_the_batches_workers_prefetched() -> None:
     # 2 workers x prefetch 4 = 8 queued micro-batches = 4 optimizer steps at accumulation 2:
     # measured steps must not be served from that queue, or loading looks free.
-    options = TrialOptions(warmup_steps=1, measured_steps=2, timeout_s=120)
+    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=120)
     config = {"num_workers": 2, "prefetch_factor": 4, "grad_accum_steps": 2}
     result = _trial("tests.fixtures.models:Small", options, **config)
     assert result.status == "ok", result.message
     assert result.warmup_steps == 1 + 4 and result.measured_steps == 2
     diagnostics = result.ranks[0].diagnostics
-    assert diagnostics is not None and diagnostics.optimizer_steps == 1 + 4 + 2
+    assert diagnostics is not None and diagnostics.optimizer_steps == 1 + 4 + 2 + 1  # boundary
     inline = _trial("tests.fixtures.models:Small", options, grad_accum_steps=2)
     assert inline.warmup_steps == 1
 
 
 def test_persistent_workers_survive_epochs() -> None:
-    # 256 samples / 16 per step = 16 steps an epoch; 40 steps cross two epoch boundaries.
-    options = TrialOptions(warmup_steps=1, measured_steps=39, timeout_s=120)
+    # 256 samples / 16 per step = 16 steps an epoch; 40 steps cross two epoch boundaries, and
+    # the step that measures one boundary starts a fourth epoch.
+    options = TrialOptions(warmup_steps=1, measured_steps=39, target_interval=0, timeout_s=120)
     kept = _trial("tests.fixtures.models:Small", options, num_workers=1, persistent_workers=True)
     fresh = _trial("tests.fixtures.models:Small", options, num_workers=1)
     kept_pids = kept.ranks[0].diagnostics.dataloader_worker_pids  # type: ignore[union-attr]
     fresh_pids = fresh.ranks[0].diagnostics.dataloader_worker_pids  # type: ignore[union-attr]
-    assert len(kept_pids) == len(fresh_pids) == 3
+    assert len(kept_pids) == len(fresh_pids) == 4
     assert len({tuple(p) for p in kept_pids}) == 1
-    assert len({tuple(p) for p in fresh_pids}) == 3
+    assert len({tuple(p) for p in fresh_pids}) == 4
 
 
 def test_an_aborting_rank_is_a_crash_with_its_signal() -> None:

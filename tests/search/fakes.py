@@ -94,7 +94,7 @@ def make_tuner(
         "safety_margin": 0.0,
         "trials": 6,
         "top_k": 2,
-        "remeasure": 1,
+        "race_rounds": 3,
         **settings,
     }
     return Tuner(

@@ -60,9 +60,7 @@ def test_search_returns_a_verified_feasible_recommendation(tmp_path: Path) -> No
         assert recommendation.throughput_verdict == (
             "confirmed" if abs(error) <= tolerance else "not confirmed"
         )
-    assert recommendation.throughput_confirmed == (
-        recommendation.throughput_verdict == "confirmed"
-    )
+    assert recommendation.throughput_confirmed == (recommendation.throughput_verdict == "confirmed")
     assert recommendation.verified == recommendation.throughput_confirmed
     assert recommendation.verification.measured_steps == 6
     assert recommendation.baseline is not None and recommendation.baseline.samples_per_s

@@ -105,8 +105,8 @@ def test_an_unknown_or_bad_setting_names_itself_and_what_is_accepted() -> None:
     with pytest.raises(ConfigError, match=r"unknown setting .trails.; known settings: .*trials"):
         make_settings({"global_batch_size": 8, "trails": 5})
     with pytest.raises(ConfigError) as error:
-        make_settings({"global_batch_size": 8, "remeasure": -1})
-    assert str(error.value).startswith("invalid search settings: remeasure=-1:")
+        make_settings({"global_batch_size": 8, "race_rounds": 1})
+    assert str(error.value).startswith("invalid search settings: race_rounds=1:")
 
 
 def test_trial_option_errors_list_the_trial_options_fields() -> None:

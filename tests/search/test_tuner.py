@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.records import TrialRecord
 from autotune.report import format_recommendation, format_study
 from autotune.result import TrialResult
 from autotune.search.proposer import Proposal
@@ -105,7 +107,7 @@ def test_verification_falls_back_to_the_next_finalist() -> None:
 
     def outcome(config: TrainConfig, before: int) -> TrialResult:
         is_best = all(getattr(config, k) == v for k, v in best.items())
-        if is_best and before == 2:  # search, re-measurement, then the verification run
+        if is_best and before == 4:  # search, three race rounds, then the verification run
             return failed(config, "crashed", "rank 1: killed by SIGABRT")
         return steady(config, before)
 
@@ -117,23 +119,23 @@ def test_verification_falls_back_to_the_next_finalist() -> None:
     assert recommendation.memory_confirmed
 
 
-def test_every_finalist_failing_its_remeasurement_ends_clearly_keeping_every_trial() -> None:
+def test_every_finalist_failing_in_the_race_ends_clearly_keeping_every_trial() -> None:
     def outcome(config: TrainConfig, before: int) -> TrialResult:
         return ok(config, speed(config), 2000.0) if before == 1 else steady(config, before)
 
     executor = FakeExecutor(outcome)
     tuner = make_tuner(executor, SPACE, trials=4)
-    with pytest.raises(SearchError, match="every finalist failed its re-measurement"):
+    with pytest.raises(SearchError, match="every finalist failed in the race"):
         tuner.run([], "s.db", "s")
     study = tuner.proposer.study
     finished = [t for t in study.trials if t.state != optuna.trial.TrialState.RUNNING]
     assert len(finished) == len(study.trials) == len(tuner.log.records)
-    assert sum(r.role == "remeasure" for r in tuner.log.records) >= 2
+    assert sum(r.role == "race" for r in tuner.log.records) >= 2
 
 
 def test_measurements_noisier_than_the_tolerance_are_not_called_verified() -> None:
     def outcome(config: TrainConfig, before: int) -> TrialResult:
-        noisy = speed(config) * (0.7 if before == 1 else 1.0)  # the re-measurement is 30% off
+        noisy = speed(config) * (0.7 if before == 1 else 1.0)  # the first race round: 30% off
         return ok(config, noisy, memory(config))
 
     recommendation = make_tuner(FakeExecutor(outcome), SPACE, trials=6).run([], "s.db", "s")
@@ -157,3 +159,60 @@ def test_a_failed_baseline_is_reported_with_its_reason_not_as_1x() -> None:
     text = format_recommendation(recommendation)
     assert "baseline crashed: rank 1: killed by SIGSEGV" in text
     assert "1.00x" not in text
+
+
+def test_the_race_corrects_a_lucky_first_measurement_and_reports_intervals() -> None:
+    rng = random.Random(0)
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        true = speed(config)
+        lucky = config.grad_accum_steps == 2 and config.num_workers == 1 and before == 0
+        return ok(config, 1500.0 if lucky else true * rng.gauss(1, 0.01), memory(config))
+
+    tuner = make_tuner(FakeExecutor(outcome), SPACE, trials=6)
+    recommendation = tuner.run([], "s.db", "s")
+    # the search's best single sample was the lucky one; the race found the faster config
+    assert (recommendation.config.grad_accum_steps, recommendation.config.num_workers) == (1, 1)
+    assert recommendation.samples_per_s == pytest.approx(1050, rel=0.02)
+    low, high = recommendation.samples_per_s_low, recommendation.samples_per_s_high
+    assert low is not None and high is not None and low < recommendation.samples_per_s < high
+    # the baseline (accum 1, no worker) ran in the same rounds: a paired speed-up with interval
+    assert recommendation.speedup == pytest.approx(1050 / 1000, rel=0.02)
+    assert recommendation.speedup_low is not None and recommendation.speedup_high is not None
+    assert recommendation.speedup_low < recommendation.speedup < recommendation.speedup_high
+    rounds = Counter(r.race_round for r in recommendation.trials if r.role == "race")
+    assert rounds[1] == 3  # two finalists and the baseline, interleaved round by round
+
+
+def test_a_challenger_within_the_noise_never_replaces_the_incumbent() -> None:
+    rng = random.Random(1)
+    flat = {"parallel": ["ddp"], "world_size": [2], "num_workers": [0, 1]}
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        bump = 1.3 if config.num_workers == 1 and before == 0 else 1.0  # the search's pick
+        return ok(config, 1000.0 * bump * rng.gauss(1, 0.05), 100.0)
+
+    tuner = make_tuner(FakeExecutor(outcome), flat, trials=2, top_k=2, race_rounds=4)
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.config.num_workers == 1  # a coin toss does not change the answer
+    assert sum(r.role == "race" for r in recommendation.trials) >= 2 * 2
+
+
+def test_search_trials_are_pruned_against_the_incumbent_and_the_sampler_hears_it() -> None:
+    executor = FakeExecutor(steady)
+    tuner = make_tuner(executor, SPACE, trials=4, prune_ratio=0.5)
+    tuner.baseline()
+    tuner.search()
+    baseline, *search = executor.runs
+    assert baseline.options.prune_below_samples_per_s is None  # nothing to compare with yet
+    assert all(r.options.prune_below_samples_per_s for r in search)
+    best = max(r.samples_per_s or 0 for r in tuner.log.records if r.fits)
+    assert search[-1].options.prune_below_samples_per_s <= 0.5 * best  # type: ignore[operator]
+
+    record = TrialRecord(
+        number=-1, role="search", status="pruned", config=baseline.config, samples_per_s=10.0
+    )
+    stored = tuner.proposer.add(record)
+    trial = tuner.proposer.study.trials[stored.number]
+    assert trial.state == optuna.trial.TrialState.PRUNED and trial.intermediate_values == {0: 10.0}
+    assert not stored.fits and stored.counts_toward_budget  # it ran, it cost, it never wins

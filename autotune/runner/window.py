@@ -1,0 +1,105 @@
+"""How long a trial measures, and when it gives up: the measured window as a decision per step.
+
+The window adapts to the model, as benchmark harnesses do (``torch.utils.benchmark``'s
+``adaptive_autorange``, pyperf): it measures at least ``measured_steps`` steps and at least
+``min_measure_s`` seconds, then stops as soon as the 95% interval of the mean step time is
+within ``target_interval`` of it, or at ``max_measure_s`` whether tight or not. A model whose
+steps take a millisecond gets thousands of steps; one whose steps take seconds gets a few.
+
+With ``prune_below_samples_per_s`` set (the search sets it from the incumbent), a trial that is
+clearly slower than that stops early: once the interval's fast end is still below it, or as soon
+as one step (warm-up included, whose first step carries one-time costs) takes
+``WARMUP_PRUNE_FACTOR`` times longer than a step at that throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from autotune.runner.request import TrialOptions
+from autotune.stats import Interval, mean_interval
+
+Decision = Literal["measure", "done", "prune"]
+
+BATCHES = 10
+"""Batch means: the steps are cut into this many consecutive runs for the interval."""
+
+WARMUP_PRUNE_FACTOR = 10.0
+"""One step this many times longer than a step at the pruning throughput ends the trial at
+once: a configuration 100x slower than the incumbent stops after its first step."""
+
+
+@dataclass
+class Window:
+    """The measured steps so far, and what to do after each one."""
+
+    options: TrialOptions
+    global_batch_size: int
+    steps: list[float] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def _slow_step_s(self) -> float | None:
+        """The step time of the pruning throughput (None: no pruning)."""
+        floor = self.options.prune_below_samples_per_s
+        return self.global_batch_size / floor if floor else None
+
+    def interval(self) -> Interval:
+        """The 95% interval of the mean step time. From ``BATCHES * 2`` steps on, by batch
+        means: consecutive steps are not independent (a step that waited for data is followed
+        by fast ones while the refilled queue lasts), and the means of long runs of steps are
+        nearly so. Treating such steps as independent overstates the noise of a loading-bound
+        pipeline many times over."""
+        n = len(self.steps)
+        if n < 2 * BATCHES:
+            return mean_interval(self.steps)
+        size = n // BATCHES
+        used = self.steps[n - size * BATCHES :]  # the latest steps: warm-up effects fade
+        means = [sum(used[i * size : (i + 1) * size]) / size for i in range(BATCHES)]
+        interval = mean_interval(means)
+        return Interval(sum(self.steps) / n, interval.half_width, n)
+
+    def warmup_step(self, step_s: float) -> Decision:
+        """After a warm-up step: prune only a step that is hopeless on its own."""
+        return "prune" if self._hopeless(step_s) else "measure"
+
+    def measured_step(self, step_s: float, elapsed_s: float) -> Decision:
+        """After a measured step, ``elapsed_s`` into the window."""
+        self.steps.append(step_s)
+        if self._hopeless(step_s) or self._clearly_slow():
+            return "prune"
+        options, n = self.options, len(self.steps)
+        if n < options.measured_steps:
+            return "measure"
+        if options.target_interval == 0:
+            return "done"
+        if elapsed_s < options.min_measure_s:
+            return "measure"
+        if self.interval().relative <= options.target_interval:
+            return "done"
+        return "done" if elapsed_s >= options.max_measure_s else "measure"
+
+    def _hopeless(self, step_s: float) -> bool:
+        slow = self._slow_step_s
+        if slow is None or step_s <= WARMUP_PRUNE_FACTOR * slow:
+            return False
+        self.reason = (
+            f"one step took {step_s:.3g} s, over {WARMUP_PRUNE_FACTOR:g}x the "
+            f"{slow:.3g} s of a step at {self.options.prune_below_samples_per_s:.4g} samples/s"
+        )
+        return True
+
+    def _clearly_slow(self) -> bool:
+        slow = self._slow_step_s
+        if slow is None or len(self.steps) < 2:
+            return False
+        interval = self.interval()
+        if interval.low <= slow:
+            return False
+        fastest = self.global_batch_size / interval.low
+        self.reason = (
+            f"at most {fastest:.4g} samples/s (95% interval over {len(self.steps)} steps), "
+            f"below {self.options.prune_below_samples_per_s:.4g}"
+        )
+        return True

@@ -1,0 +1,139 @@
+"""The race of the finalists: who wins is decided on paired, interleaved evidence.
+
+After the search, the best few configurations (and the baseline) are run in rounds, as irace
+and SMAC's intensification do: every round runs each candidate still in once, in an order that
+rotates from round to round (A B C, B C A, C A B), so that drift on a shared machine hits them
+all. Rounds pair the runs: the evidence that B is faster than A is the mean log ratio of their
+runs round by round, with a Student's t interval. A candidate leaves the race once it is
+slower than the leader with confidence (one-sided 95%), or when one of its runs fails or does
+not fit; the baseline stays at least ``BASELINE_ROUNDS`` rounds so that the speed-up has an
+interval. The search's best (the incumbent) is replaced only by a challenger that is faster
+with confidence: a coin toss never changes the answer.
+
+Everything here is a pure function of the stored records, so a resumed study decides the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from autotune.config import TrainConfig
+from autotune.records import TrialRecord
+from autotune.stats import Interval, mean_interval
+
+DECIDE_CONFIDENCE = 0.90
+"""Two-sided level of the interval a decision needs: its one end is a one-sided 95% test."""
+MIN_ROUNDS = 2
+BASELINE_ROUNDS = 3
+
+Verdict = Literal["faster", "slower", "open"]
+
+
+def race_runs(records: Sequence[TrialRecord], config: TrainConfig) -> dict[int, TrialRecord]:
+    """The race runs of ``config``, by round."""
+    key = config.key()
+    return {
+        r.race_round: r
+        for r in records
+        if r.role == "race" and r.race_round is not None and r.config and r.config.key() == key
+    }
+
+
+def out_of_race(records: Sequence[TrialRecord], config: TrainConfig) -> bool:
+    """One of its race runs failed, was pruned or went over the memory limit."""
+    return any(not r.fits for r in race_runs(records, config).values())
+
+
+def log_ratios(
+    records: Sequence[TrialRecord], base: TrainConfig, other: TrainConfig
+) -> list[float]:
+    """log(other / base) samples/s, one per round in which both ran and fitted."""
+    a, b = race_runs(records, base), race_runs(records, other)
+    return [
+        math.log(b[n].samples_per_s / a[n].samples_per_s)  # type: ignore[operator]
+        for n in sorted(set(a) & set(b))
+        if a[n].fits and b[n].fits and a[n].samples_per_s and b[n].samples_per_s
+    ]
+
+
+def compare(ratios: Sequence[float], confidence: float = DECIDE_CONFIDENCE) -> Verdict:
+    """Whether the other configuration is faster, slower, or not yet known to be either."""
+    if len(ratios) < MIN_ROUNDS:
+        return "open"
+    interval = mean_interval(ratios, confidence)
+    if interval.low > 0:
+        return "faster"
+    return "slower" if interval.high < 0 else "open"
+
+
+def mean_log_speed(records: Sequence[TrialRecord], config: TrainConfig) -> float:
+    runs = [r.samples_per_s for r in race_runs(records, config).values() if r.samples_per_s]
+    return sum(math.log(s) for s in runs) / len(runs) if runs else -math.inf
+
+
+def rotated(candidates: Sequence[TrainConfig], round_number: int) -> list[TrainConfig]:
+    """The running order of a round: shifted by one each round."""
+    if not candidates:
+        return []
+    shift = (round_number - 1) % len(candidates)
+    return list(candidates[shift:]) + list(candidates[:shift])
+
+
+def still_in(
+    records: Sequence[TrialRecord],
+    candidates: Sequence[TrainConfig],
+    baseline: TrainConfig | None,
+    round_number: int,
+) -> list[TrainConfig]:
+    """The candidates that stay in the race after ``round_number``."""
+    alive = [c for c in candidates if not out_of_race(records, c)]
+    if round_number < MIN_ROUNDS or not alive:
+        return alive
+    leader = max(alive, key=lambda c: mean_log_speed(records, c))
+    kept = []
+    for config in alive:
+        slower = config != leader and compare(log_ratios(records, leader, config)) == "slower"
+        if config == baseline and round_number < BASELINE_ROUNDS:
+            slower = False  # the speed-up needs its rounds
+        if not slower:
+            kept.append(config)
+    return kept
+
+
+def decided(alive: Sequence[TrainConfig], baseline: TrainConfig | None, round_number: int) -> bool:
+    """Nothing is left to decide: one candidate, and the baseline has had its rounds."""
+    challengers = [c for c in alive if c != baseline]
+    return len(challengers) <= 1 and (baseline not in alive or round_number >= BASELINE_ROUNDS)
+
+
+def ranking(records: Sequence[TrialRecord], candidates: Sequence[TrainConfig]) -> list[TrainConfig]:
+    """The candidates, best first: the incumbent (the first that never failed a race run)
+    unless a challenger is faster with confidence; then the rest by mean speed."""
+    fit = [c for c in candidates if not out_of_race(records, c) and race_runs(records, c)]
+    if not fit:
+        return []
+    incumbent = fit[0]
+    faster = [c for c in fit[1:] if compare(log_ratios(records, incumbent, c)) == "faster"]
+    best = max(faster, key=lambda c: mean_log_speed(records, c)) if faster else incumbent
+    rest = sorted((c for c in fit if c != best), key=lambda c: -mean_log_speed(records, c))
+    return [best, *rest]
+
+
+def throughput(records: Sequence[TrialRecord], config: TrainConfig) -> Interval:
+    """Mean samples/s over ``config``'s race runs, with its 95% interval."""
+    runs = [r.samples_per_s or 0.0 for r in race_runs(records, config).values() if r.fits]
+    return mean_interval(runs)
+
+
+def speedup(
+    records: Sequence[TrialRecord], config: TrainConfig, baseline: TrainConfig
+) -> tuple[float, float, float] | None:
+    """Speed-up of ``config`` over ``baseline`` from their paired rounds: (estimate, low,
+    high) at 95%; None without two paired rounds."""
+    ratios = log_ratios(records, baseline, config)
+    if len(ratios) < 2:
+        return None
+    interval = mean_interval(ratios)
+    return math.exp(interval.mean), math.exp(interval.low), math.exp(interval.high)

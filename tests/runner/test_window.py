@@ -1,0 +1,105 @@
+"""The measured window: how long a trial measures and when it stops early (no processes)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.result import RankReport, summarise_steps
+from autotune.runner.request import TrialOptions
+from autotune.runner.window import Window
+from autotune.stats import mean_interval, t_quantile
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"), [(1, 12.706), (2, 4.303), (3, 3.182), (5, 2.571), (10, 2.228), (30, 2.042)]
+)
+def test_t_quantiles_match_the_tables(df: int, expected: float) -> None:
+    assert t_quantile(df) == pytest.approx(expected, rel=0.002)  # 0.1% off at df 3
+
+
+def test_t_quantile_at_90_percent() -> None:
+    assert t_quantile(2, 0.90) == pytest.approx(2.920, abs=0.002)
+    assert t_quantile(4, 0.90) == pytest.approx(2.132, abs=0.002)
+
+
+def _run(window: Window, steps: list[float]) -> tuple[str, int]:
+    """Feed ``steps`` (seconds each) until the window decides; return (decision, steps used)."""
+    elapsed = 0.0
+    for i, step in enumerate(steps, start=1):
+        elapsed += step
+        decision = window.measured_step(step, elapsed)
+        if decision != "measure":
+            return decision, i
+    return "measure", len(steps)
+
+
+def test_a_fixed_window_measures_exactly_its_steps() -> None:
+    window = Window(TrialOptions(measured_steps=4, target_interval=0), 32)
+    assert _run(window, [0.01] * 100) == ("done", 4)
+
+
+def test_fast_steady_steps_measure_for_the_minimum_time() -> None:
+    window = Window(TrialOptions(measured_steps=5, min_measure_s=1.0), 32)
+    rng = random.Random(0)
+    decision, n = _run(window, [0.001 * (1 + rng.uniform(-0.05, 0.05)) for _ in range(5000)])
+    assert decision == "done" and 990 <= n <= 1010  # one second of 1 ms steps
+    assert window.interval().relative <= 0.03
+
+
+def test_noisy_steps_measure_until_the_interval_is_tight() -> None:
+    rng = random.Random(1)
+    steps = [0.05 * (1 + rng.gauss(0, 0.3)) for _ in range(2000)]
+    window = Window(TrialOptions(measured_steps=5, min_measure_s=0.0, max_measure_s=1e9), 32)
+    decision, n = _run(window, steps)
+    # 30% noise per step needs ~ (1.96 * 0.3 / 0.03)^2 = 384 steps for +-3%
+    assert decision == "done" and 200 <= n <= 800
+    assert window.interval().relative <= 0.03
+    assert mean_interval(steps[:n]).relative <= 0.04  # independent steps: either way agrees
+
+
+def test_the_window_ends_at_its_maximum_time_even_when_loose() -> None:
+    rng = random.Random(2)
+    steps = [1.0 * (1 + rng.gauss(0, 0.5)) ** 2 for _ in range(100)]
+    window = Window(TrialOptions(measured_steps=2, min_measure_s=0, max_measure_s=10.0), 32)
+    decision, n = _run(window, steps)
+    assert decision == "done" and sum(steps[:n]) >= 10.0 and sum(steps[: n - 1]) < 10.0
+
+
+def test_a_hopeless_step_is_pruned_at_once_even_in_warm_up() -> None:
+    # pruning below 100 samples/s at global batch 32: a step at that speed takes 0.32 s
+    window = Window(TrialOptions(prune_below_samples_per_s=100.0), 32)
+    assert window.warmup_step(0.32 * 5) == "measure"  # slow, but a first step may be
+    assert window.warmup_step(0.32 * 11) == "prune"
+    assert "over 10x" in window.reason
+
+
+def test_a_clearly_slower_trial_is_pruned_after_two_steps_and_a_close_one_is_not() -> None:
+    slow = Window(TrialOptions(prune_below_samples_per_s=100.0), 32)
+    assert _run(slow, [0.64, 0.65, 0.66, 0.64]) == ("prune", 2)  # half the threshold's speed
+    assert "below 100" in slow.reason
+    close = Window(TrialOptions(prune_below_samples_per_s=100.0, target_interval=0), 32)
+    rng = random.Random(3)
+    noisy = [0.30 * (1 + rng.gauss(0, 0.2)) for _ in range(5)]  # faster than the threshold
+    assert _run(close, noisy) == ("done", 5)
+
+
+def test_one_epoch_boundary_is_spread_over_the_steps_of_an_epoch() -> None:
+    config = TrainConfig(global_batch_size=32, device="cpu", grad_accum_steps=2)
+    report = RankReport(
+        rank=0,
+        status="ok",
+        measured_s=1.0,
+        step_times_s=[0.1] * 10,
+        epoch_boundary_s=0.5,
+        batches_per_epoch=40,  # 20 optimizer steps an epoch at accumulation 2
+    )
+    summary = summarise_steps(config, [report])
+    assert summary["steady_samples_per_s"] == pytest.approx(320.0)
+    # 10 steps are half an epoch: a long run pays half a boundary per 10 steps
+    assert summary["samples_per_s"] == pytest.approx(32 * 10 / (1.0 + 0.25))
+    assert summary["steps_per_epoch"] == 20
+    crossed = report.model_copy(update={"epochs_crossed": 1})  # already paid in the window
+    assert summarise_steps(config, [crossed])["samples_per_s"] == pytest.approx(320.0)
