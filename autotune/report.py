@@ -15,14 +15,27 @@ def format_trial(result: TrialResult) -> str:
     """A few aligned lines describing one trial; the JSON record holds everything else."""
     config = result.config
     lines = [f"trial {result.status}  {config.summary()}"]
-    if not result.ok:
+    if result.status not in ("ok", "pruned"):
         lines.append(f"  reason        {result.message}")
     else:
+        if result.status == "pruned":
+            lines.append(f"  reason        {result.message} (a partial measurement)")
         assert result.samples_per_s is not None and result.step_time_median_s is not None
         assert result.step_time_p10_s is not None and result.step_time_p90_s is not None
+        interval = ""
+        if result.samples_per_s_low is not None and result.samples_per_s_high is not None:
+            interval = f" [95%: {result.samples_per_s_low:,.1f}-{result.samples_per_s_high:,.1f}]"
+        epoch = ""
+        if result.epoch_boundary_s is not None and result.steps_per_epoch:
+            epoch = (
+                f"  epoch         a boundary costs {result.epoch_boundary_s * 1e3:.1f} ms every "
+                f"{result.steps_per_epoch:g} steps: included (window alone "
+                f"{result.steady_samples_per_s or 0:,.1f} samples/s)"
+            )
         lines += [
-            f"  throughput    {result.samples_per_s:,.1f} samples/s "
+            f"  throughput    {result.samples_per_s:,.1f} samples/s{interval} "
             f"(global batch {config.global_batch_size}, micro-batch {config.micro_batch_size})",
+            *([epoch] if epoch else []),
             f"  step time     median {result.step_time_median_s * 1e3:.1f} ms, "
             f"p10-p90 {result.step_time_p10_s * 1e3:.1f}-{result.step_time_p90_s * 1e3:.1f} ms "
             f"(spread {result.step_time_spread:.0%}) over {result.measured_steps} steps",
@@ -92,6 +105,13 @@ def verification_line(r: Recommendation) -> str:
     )
 
 
+def _range(low: float | None, high: float | None, spec: str) -> str:
+    """ " [95%: low-high]" for an interval, "" when there is none."""
+    if low is None or high is None:
+        return ""
+    return f" [95%: {low:{spec}}-{high:{spec}}]"
+
+
 def format_recommendation(recommendation: Recommendation, out: str | None = None) -> str:
     """The recommendation against the baseline, what was excluded, and where things are."""
     r = recommendation
@@ -104,11 +124,15 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     rows.append(
         (
             "samples/s",
-            f"{r.samples_per_s:,.1f} (spread {r.spread:.0%}, {len(r.samples_per_s_runs)} runs)",
+            f"{r.samples_per_s:,.1f}{_range(r.samples_per_s_low, r.samples_per_s_high, ',.1f')} "
+            f"({len(r.samples_per_s_runs)} race runs, spread {r.spread:.0%})",
             base_speed,
         )
     )
-    rows.append(("speed-up", f"{r.speedup:.2f}x" if r.speedup else "-", base_speedup))
+    speedup = (
+        f"{r.speedup:.2f}x{_range(r.speedup_low, r.speedup_high, '.2f')}" if r.speedup else "-"
+    )
+    rows.append(("speed-up", speedup, base_speedup))
     rows.append(
         (
             "peak memory",
