@@ -85,20 +85,22 @@ def _watch_parent(parent: int) -> None:
 
 
 class _Agreement:
-    """Makes every rank see the same step time (the slowest rank's), so that all of them stop
-    measuring, or prune, after the same step; one-process trials need nothing."""
+    """Makes every rank decide on the same numbers (the slowest rank's step time and elapsed
+    time), so that all of them stop measuring, or prune, after the same step: a rank that
+    stopped alone would leave the others in a collective. One-process trials need nothing."""
 
     def __init__(self, device: torch.device | None) -> None:
         self.device, self.spent_s = device, 0.0
 
-    def __call__(self, step_s: float) -> float:
+    def __call__(self, step_s: float, elapsed_s: float = 0.0) -> tuple[float, float]:
         if self.device is None:
-            return step_s
+            return step_s, elapsed_s
         started = time.perf_counter()
-        value = torch.tensor([step_s], dtype=torch.float64, device=self.device)
+        value = torch.tensor([step_s, elapsed_s], dtype=torch.float64, device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         self.spent_s += time.perf_counter() - started
-        return float(value.item())
+        agreed_step, agreed_elapsed = value.tolist()
+        return agreed_step, agreed_elapsed
 
 
 def _agreement(config: TrainConfig, device: torch.device) -> _Agreement:
@@ -180,19 +182,21 @@ def _measure(
     agree = _agreement(config, device)
     data_wait = 0.0
 
-    def run_step() -> float:
+    def run_step(since: float | None = None) -> tuple[float, float]:
+        """One step; (step time, seconds since ``since`` less agreement), as all ranks agree."""
         stats = step.run(batches)
         losses.append(stats.loss)
         hook_calls.extend(stats.hook_calls)
         nonlocal data_wait
         data_wait += stats.data_wait_s
-        return agree(stats.wall_s)  # every rank decides on the same (slowest) step time
+        elapsed = 0.0 if since is None else time.perf_counter() - since - agree.spent_s
+        return agree(stats.wall_s, elapsed)
 
     decision: Decision = "measure"
     warm_start = time.perf_counter()
     for i in range(options.warmup_for(config)):
         progress(f"warm-up step {i + 1}")
-        step_s = run_step()
+        step_s, _ = run_step()
         decision = window.warmup_step(step_s)
         if decision == "prune":
             window.steps.append(step_s)  # the partial measurement: the hopeless step itself
@@ -201,22 +205,22 @@ def _measure(
 
     tracker = MemoryTracker(device)
     tracker.start()
-    data_wait, paused, epochs_before = 0.0, 0.0, training.epochs_started
+    data_wait, epochs_before = 0.0, training.epochs_started
+    agree.spent_s = 0.0  # from here on, the agreement's time is not the training's
     measure_start = time.perf_counter()
     while decision == "measure":
         progress(f"measured step {len(window.steps) + 1}")
-        before = agree.spent_s
-        step_s = run_step()
-        paused += agree.spent_s - before  # the agreement is not part of training
-        decision = window.measured_step(step_s, time.perf_counter() - measure_start - paused)
+        step_s, elapsed_s = run_step(since=measure_start)
+        decision = window.measured_step(step_s, elapsed_s)
     # At least the steps themselves: a trial pruned in warm-up measured that one step.
-    report["measured_s"] = max(time.perf_counter() - measure_start - paused, sum(window.steps))
+    elapsed = time.perf_counter() - measure_start - agree.spent_s
+    report["measured_s"] = max(elapsed, sum(window.steps))
     report["epochs_crossed"] = training.epochs_started - epochs_before
     report["data_wait_s"] = data_wait
     if decision == "done" and training.batches_per_epoch:
         progress("measuring an epoch boundary")
         training.start_next_epoch()
-        report["epoch_boundary_s"] = max(0.0, run_step() - window.interval().mean)
+        report["epoch_boundary_s"] = max(0.0, run_step()[0] - window.interval().mean)
         report["batches_per_epoch"] = training.batches_per_epoch
     if decision == "prune":
         report["pruned"] = window.reason

@@ -29,6 +29,8 @@ SEARCH = [
     "2",
     "--measured-steps",
     "3",
+    "--target-interval",
+    "0",
     "--warmup-steps",
     "1",
     "--quiet",
