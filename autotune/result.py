@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.config import TrainConfig
-from autotune.stats import mean_interval
+from autotune.stats import step_time_interval
 
 TrialStatus = Literal["ok", "pruned", "oom", "crashed", "timed_out", "error", "invalid"]
 """pruned: stopped early because it was clearly slower than the incumbent; its partial
@@ -187,7 +187,7 @@ def summarise_steps(config: TrainConfig, reports: list[RankReport]) -> dict[str,
         crossed = max(r.epochs_crossed for r in reports)
         extra_s = max(0.0, n / per_epoch - crossed) * boundary_s
     speed = config.global_batch_size * n / (measured_s + extra_s)
-    relative = mean_interval(steps).relative
+    relative = step_time_interval(steps).relative  # the one the window stopped on
     return {
         "samples_per_s": speed,
         "samples_per_s_low": speed / (1 + relative) if relative < 1 else 0.0,

@@ -1,7 +1,8 @@
 """Small-sample statistics for deciding on measurements: Student's t intervals, no SciPy.
 
 Used where a number must be good enough before it decides something: a trial's step-time
-window (``autotune.runner.window``) and the race of the finalists (``autotune.search.race``).
+window (``autotune.runner.window``) and the interval it reports (``autotune.result``), and the
+race of the finalists (``autotune.search.race``).
 """
 
 from __future__ import annotations
@@ -67,3 +68,22 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
         return Interval(mean, math.inf, n)
     sd = statistics.stdev(values)
     return Interval(mean, t_quantile(n - 1, confidence) * sd / math.sqrt(n), n)
+
+
+BATCHES = 10
+"""Batch means: long runs of step times are cut into this many consecutive batches."""
+
+
+def step_time_interval(steps: Sequence[float]) -> Interval:
+    """The 95% interval of the mean of consecutive step times. From ``BATCHES * 2`` steps on, by
+    batch means: consecutive steps are not independent (a step that waited for data is followed
+    by fast ones while the refilled queue lasts), and the means of long runs of steps nearly
+    are. Treating such steps as independent overstates the noise of a loading-bound pipeline
+    many times over."""
+    n = len(steps)
+    if n < 2 * BATCHES:
+        return mean_interval(steps)
+    size = n // BATCHES
+    used = steps[n - size * BATCHES :]  # the latest steps: warm-up effects fade
+    means = [sum(used[i * size : (i + 1) * size]) / size for i in range(BATCHES)]
+    return Interval(sum(steps) / n, mean_interval(means).half_width, n)

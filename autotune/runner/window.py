@@ -18,12 +18,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from autotune.runner.request import TrialOptions
-from autotune.stats import Interval, mean_interval
+from autotune.stats import Interval, step_time_interval
 
 Decision = Literal["measure", "done", "prune"]
-
-BATCHES = 10
-"""Batch means: the steps are cut into this many consecutive runs for the interval."""
 
 WARMUP_PRUNE_FACTOR = 10.0
 """One step this many times longer than a step at the pruning throughput ends the trial at
@@ -46,19 +43,8 @@ class Window:
         return self.global_batch_size / floor if floor else None
 
     def interval(self) -> Interval:
-        """The 95% interval of the mean step time. From ``BATCHES * 2`` steps on, by batch
-        means: consecutive steps are not independent (a step that waited for data is followed
-        by fast ones while the refilled queue lasts), and the means of long runs of steps are
-        nearly so. Treating such steps as independent overstates the noise of a loading-bound
-        pipeline many times over."""
-        n = len(self.steps)
-        if n < 2 * BATCHES:
-            return mean_interval(self.steps)
-        size = n // BATCHES
-        used = self.steps[n - size * BATCHES :]  # the latest steps: warm-up effects fade
-        means = [sum(used[i * size : (i + 1) * size]) / size for i in range(BATCHES)]
-        interval = mean_interval(means)
-        return Interval(sum(self.steps) / n, interval.half_width, n)
+        """The 95% interval of the mean step time (batch means once there are enough)."""
+        return step_time_interval(self.steps)
 
     def warmup_step(self, step_s: float) -> Decision:
         """After a warm-up step: prune only a step that is hopeless on its own."""

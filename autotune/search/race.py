@@ -21,7 +21,7 @@ from typing import Literal
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
-from autotune.stats import Interval, mean_interval
+from autotune.stats import mean_interval
 
 DECIDE_CONFIDENCE = 0.90
 """Two-sided level of the interval a decision needs: its one end is a one-sided 95% test."""
@@ -119,12 +119,6 @@ def ranking(records: Sequence[TrialRecord], candidates: Sequence[TrainConfig]) -
     best = max(faster, key=lambda c: mean_log_speed(records, c)) if faster else incumbent
     rest = sorted((c for c in fit if c != best), key=lambda c: -mean_log_speed(records, c))
     return [best, *rest]
-
-
-def throughput(records: Sequence[TrialRecord], config: TrainConfig) -> Interval:
-    """Mean samples/s over ``config``'s race runs, with its 95% interval."""
-    runs = [r.samples_per_s or 0.0 for r in race_runs(records, config).values() if r.fits]
-    return mean_interval(runs)
 
 
 def speedup(

@@ -46,14 +46,6 @@ def finalists(records: list[TrialRecord], top_k: int) -> list[TrainConfig]:
     return list(unique.values())[:top_k]
 
 
-def score(records: list[TrialRecord], config: TrainConfig) -> float | None:
-    """Median samples/s over the runs of ``config``; None if any run did not fit (or none ran)."""
-    runs = runs_of(records, config)
-    if not runs or not all(r.feasible for r in runs):
-        return None
-    return statistics.median(r.samples_per_s or 0.0 for r in runs)
-
-
 def verdict(spread: float, error: float | None) -> ThroughputVerdict:
     if error is None:
         return "not measured"
