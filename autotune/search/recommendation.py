@@ -46,6 +46,13 @@ def finalists(records: list[TrialRecord], top_k: int) -> list[TrainConfig]:
     return list(unique.values())[:top_k]
 
 
+def _evidence(records: list[TrialRecord], config: TrainConfig) -> list[TrialRecord]:
+    """The runs a configuration's throughput is estimated from: its race runs that fitted,
+    else (a study without a race) every earlier measurement."""
+    raced = [r for r in race.race_runs(records, config).values() if r.fits]
+    return raced or runs_of(records, config)
+
+
 def verdict(spread: float, error: float | None) -> ThroughputVerdict:
     if error is None:
         return "not measured"
@@ -69,8 +76,7 @@ def recommend(
     block_class: str | None = None,
 ) -> Recommendation:
     """The recommendation of ``winner``, from the records alone (and the verification run)."""
-    raced = [r for r in race.race_runs(records, winner).values() if r.fits]
-    runs = raced or runs_of(records, winner)
+    runs = _evidence(records, winner)
     if not runs or not all(r.feasible for r in runs):
         raise ValueError(f"the winner {winner.summary()} has no fitting measurement")
     samples = [r.samples_per_s or 0.0 for r in runs]
@@ -92,8 +98,7 @@ def recommend(
     baseline = next((r for r in reversed(records) if r.role == "baseline"), None)
     baseline_speed, paired = None, None
     if baseline is not None and baseline.status == "ok" and baseline.config is not None:
-        base_raced = [r for r in race.race_runs(records, baseline.config).values() if r.fits]
-        base_runs = base_raced or runs_of(records, baseline.config)
+        base_runs = _evidence(records, baseline.config)
         baseline_speed = statistics.fmean(r.samples_per_s or 0.0 for r in base_runs)
         if baseline.config.key() != winner.key():
             paired = race.speedup(records, winner, baseline.config)
