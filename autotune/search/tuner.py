@@ -238,10 +238,7 @@ class Tuner:
             alive = race.still_in(self.log.records, alive, baseline, number)
             if race.decided(alive, baseline, number):
                 break
-        return race.ranking(
-            self.log.records,
-            [c for c in candidates if c != baseline] + ([baseline] if baseline is not None else []),
-        )
+        return race.ranking(self.log.records, candidates)  # the search's order: best first
 
     def verify(self, ranked: list[TrainConfig]) -> tuple[TrainConfig, TrialResult]:
         """Confirm the race's winner in a longer run; a finalist whose longer run fails or
