@@ -20,9 +20,11 @@ from autotune.bench.replay import (
     replay_measure,
     replay_random,
     replay_tuner,
+    replayed_steps,
     trials_to_reach,
 )
 from autotune.config import TrainConfig
+from autotune.runner.request import TrialOptions
 
 LANDSCAPE = Path(__file__).resolve().parent.parent / "data" / "landscape.json"
 SEEDS = range(5)
@@ -88,6 +90,34 @@ def test_replayed_noise_follows_the_recorded_spread(landscape: Landscape) -> Non
     assert landscape.run_noise > 0  # the landscape measured some configurations 3 times
     expected = (point.value or 0) * (within**2 + landscape.run_noise**2) ** 0.5
     assert statistics.stdev(draws) == pytest.approx(expected, rel=0.25)
+
+
+def test_run_noise_leaves_out_the_first_run_the_repeats_were_chosen_on(
+    landscape: Landscape,
+) -> None:
+    """The grid repeats the points whose first run was among the fastest; that run is biased
+    upward, so only the repeats say how much one run moves."""
+    point = next(p for p in landscape.points if p.status == "ok")
+    run = point.runs[0]
+    repeats = [run.model_copy(update={"samples_per_s": v}) for v in (950.0, 1050.0)]
+    lucky = run.model_copy(update={"samples_per_s": 3000.0})
+    points = [point.model_copy(update={"runs": [lucky, *repeats]})]
+    fields = {name: getattr(landscape, name) for name in Landscape.model_fields}
+    one = Landscape(**{**fields, "points": points})  # a new object: no cached noise
+    assert one.run_noise == pytest.approx(statistics.stdev([950.0, 1050.0]) / 1000.0)
+
+
+def test_a_shorter_window_is_replayed_with_proportionally_fewer_steps(
+    landscape: Landscape,
+) -> None:
+    point = max(landscape.points, key=lambda p: p.runs[0].measured_s)
+    run = point.runs[0]
+    assert replayed_steps(point, None) == run.measured_steps
+    assert replayed_steps(point, TrialOptions(max_measure_s=100.0)) == run.measured_steps
+    half = TrialOptions(measured_steps=2, min_measure_s=run.measured_s / 2).floor()
+    assert replayed_steps(point, half) == round(run.measured_steps / 2)
+    fixed = TrialOptions(measured_steps=3, min_measure_s=0.0).floor()
+    assert replayed_steps(point, fixed) == 3
 
 
 def _base(landscape: Landscape) -> dict[str, object]:

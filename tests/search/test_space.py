@@ -95,10 +95,13 @@ def test_enumerating_the_benchmark_space_gives_every_valid_configuration_once() 
     from autotune.search.space import enumerate_configs
 
     configs = enumerate_configs(load_space("bench"), {"global_batch_size": 32, "device": "cpu"})
-    # parallel: single + ddp x 2 hooks + fsdp = 4; amp 2; ckpt 2; accum 2; loader 1 + 1 x 2.
-    assert len(configs) == 4 * 2 * 2 * 2 * 3
+    # parallel: single + ddp x 2 hooks + fsdp = 4; amp 2; ckpt 2; accum 2; loader: no workers,
+    # or one worker x 2 prefetch x persistent or not.
+    assert len(configs) == 4 * 2 * 2 * 2 * (1 + 2 * 2)
     assert len({c.key() for c in configs}) == len(configs)
     assert all((c.prefetch_factor is None) == (c.num_workers == 0) for c in configs)
+    assert any(c.persistent_workers for c in configs)
+    assert not any(c.persistent_workers for c in configs if c.num_workers == 0)
     assert all(c.comm_hook == "none" for c in configs if c.parallel != "ddp")
 
 
