@@ -2,7 +2,8 @@
 
 A replayed measurement is the point's median samples/s with Gaussian noise of two kinds: the
 size its recorded step-time spread implies for a mean over the trial's steps (spread = (p90 -
-p10) / median of one step, and p90 - p10 is 2.56 standard deviations of a normal distribution),
+p10) / median of one step, and p90 - p10 is 2.56 standard deviations of a normal distribution;
+a request with a shorter window than the recorded run's gets proportionally fewer steps),
 and the landscape's run-to-run noise (from the configurations it measured more than once), so
 strategies meet the noise the live search met. A request with a pruning threshold is answered
 "pruned" when the drawn value is below it, as a live trial stops early. The tuner is the real
@@ -22,7 +23,7 @@ from typing import Any
 from autotune.bench.landscape import Landscape, Measure, Measured, Point, fastest_fitting
 from autotune.config import TrainConfig
 from autotune.result import RankReport, TrialResult
-from autotune.runner.request import TrialRequest
+from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.progress import Reporter
 from autotune.search.settings import make_settings
@@ -32,9 +33,23 @@ from autotune.search.tuner import Tuner
 P10_P90_SIGMAS = 2.56
 
 
-def noisy_value(point: Point, rng: random.Random, run_noise: float = 0.0) -> float:
+def replayed_steps(point: Point, options: TrialOptions | None) -> int:
+    """The steps a request would measure: the recorded run's, fewer for a shorter window (a
+    race run measures the floor) in proportion to the time."""
+    run = point.runs[0]
+    if options is None:
+        return max(1, run.measured_steps)
+    if options.target_interval == 0:
+        return options.measured_steps
+    share = min(1.0, options.max_measure_s / run.measured_s) if run.measured_s > 0 else 1.0
+    return max(1, options.measured_steps, round(run.measured_steps * share))
+
+
+def noisy_value(
+    point: Point, rng: random.Random, run_noise: float = 0.0, steps: int | None = None
+) -> float:
     value = point.value or 0.0
-    steps = max(1, point.runs[0].measured_steps)
+    steps = max(1, steps if steps is not None else point.runs[0].measured_steps)
     within = point.spread / P10_P90_SIGMAS / math.sqrt(steps)
     sigma = math.hypot(within, run_noise)
     return max(0.0, value * (1 + rng.gauss(0.0, sigma)))
@@ -48,7 +63,7 @@ class ReplayExecutor:
         self._done: list[tuple[int, TrialResult]] = []
         self._next = 0
 
-    def result(self, config: TrainConfig, prune_below: float | None = None) -> TrialResult:
+    def result(self, config: TrainConfig, options: TrialOptions | None = None) -> TrialResult:
         point = self.landscape.lookup(config)
         if point is None:
             return TrialResult(config=config, status="invalid", message="not in the landscape")
@@ -57,7 +72,9 @@ class ReplayExecutor:
             return TrialResult(config=config, status=run.status, message=run.message)
         # One report carrying the judged memory: the sum on CPU and the max on CUDA agree.
         report = RankReport(rank=0, status="ok", peak_memory_bytes=point.memory_used_bytes or 0)
-        value = noisy_value(point, self.rng, self.landscape.run_noise)
+        steps = replayed_steps(point, options)
+        value = noisy_value(point, self.rng, self.landscape.run_noise, steps)
+        prune_below = options.prune_below_samples_per_s if options is not None else None
         pruned = prune_below is not None and value < prune_below
         return TrialResult(
             config=config,
@@ -65,7 +82,7 @@ class ReplayExecutor:
             message="below the pruning line (replayed)" if pruned else "",
             samples_per_s=value,
             peak_memory_bytes=point.memory_used_bytes,
-            measured_steps=point.runs[0].measured_steps,
+            measured_steps=steps,
             ranks=[report],
         )
 
@@ -74,8 +91,7 @@ class ReplayExecutor:
 
     def submit(self, request: TrialRequest) -> int:
         self._next += 1
-        prune_below = request.options.prune_below_samples_per_s
-        self._done.append((self._next, self.result(request.config, prune_below)))
+        self._done.append((self._next, self.result(request.config, request.options)))
         return self._next
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, TrialResult]]:

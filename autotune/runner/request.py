@@ -68,6 +68,14 @@ class TrialOptions(BaseModel):
             }
         )
 
+    def floor(self) -> TrialOptions:
+        """These options measuring only the floor, ``measured_steps`` and ``min_measure_s``,
+        with no interval target: for a run whose evidence is its place among many runs (a
+        race round), since one run's interval cannot see the run-to-run noise."""
+        if self.min_measure_s == 0:
+            return self.model_copy(update={"target_interval": 0.0})
+        return self.model_copy(update={"max_measure_s": self.min_measure_s})
+
     @field_validator("memory_limit_bytes", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:

@@ -71,7 +71,9 @@ class Tuner:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _request(self, config: TrainConfig, longer: int = 1, prune: bool = False) -> TrialRequest:
+    def _request(
+        self, config: TrainConfig, longer: int = 1, prune: bool = False, floor: bool = False
+    ) -> TrialRequest:
         s, m = self.settings, self.settings.measurement
         limit = None
         if s.memory.enforce_memory_budget:  # on CPU the host budget is shared by the ranks
@@ -93,6 +95,8 @@ class Tuner:
                 else None
             ),
         ).longer(longer)
+        if floor:
+            options = options.floor()
         return TrialRequest(config=config, workload=self.workload, options=options)
 
     def _record(
@@ -107,7 +111,8 @@ class Tuner:
         """Run one trial to its end and store it (the sampler learns from it too)."""
         self.reporter.trial_started(role, config)
         try:
-            result = run_to_end(self.executor, self._request(config, longer))
+            request = self._request(config, longer, floor=role == "race")
+            result = run_to_end(self.executor, request)
         except PlacementError as error:
             result = TrialResult(config=config, status="invalid", message=str(error))
         record = self.proposer.add(self._record(role, result, race_round))

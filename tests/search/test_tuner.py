@@ -13,6 +13,7 @@ from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.report import format_recommendation, format_study
 from autotune.result import TrialResult
+from autotune.runner.request import TrialOptions
 from autotune.search import race
 from autotune.search.proposer import Proposal
 from autotune.search.tuner import SearchError
@@ -208,6 +209,28 @@ def test_the_race_mean_decides_not_the_search_s_lucky_sample(lucky: int) -> None
     assert other is not None
     # the mean decided: a confident test would have left the question open
     assert race.compare(race.log_ratios(records, other, recommendation.config)) == "open"
+
+
+def test_race_runs_measure_the_floor_and_the_search_and_verification_measure_until_sure() -> None:
+    executor = FakeExecutor(steady)
+    tuner = make_tuner(executor, SPACE, trials=4, min_measure_s=1.5, max_measure_s=8.0)
+    tuner.run([], "s.db", "s")
+    roles = [r.role for r in tuner.log.records if r.status not in ("duplicate", "skipped")]
+    assert len(roles) == len(executor.runs) and "race" in roles
+    for role, request in zip(roles, executor.runs, strict=True):
+        options = request.options
+        if role == "race":  # the rounds are the evidence: each run measures the floor
+            assert (options.min_measure_s, options.max_measure_s) == (1.5, 1.5)
+        elif role == "verify":
+            assert options.max_measure_s == 8.0 * tuner.settings.finishing.verify_factor
+        else:
+            assert options.max_measure_s == 8.0 and options.target_interval > 0
+
+
+def test_the_floor_of_a_window_without_a_minimum_time_is_its_fixed_steps() -> None:
+    options = TrialOptions(measured_steps=7, min_measure_s=0.0, max_measure_s=5.0)
+    assert options.floor().target_interval == 0  # exactly measured_steps
+    assert TrialOptions(min_measure_s=2.0).floor().max_measure_s == 2.0
 
 
 def test_search_trials_are_pruned_against_the_incumbent_and_the_sampler_hears_it() -> None:
