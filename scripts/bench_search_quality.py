@@ -376,7 +376,12 @@ def run_judge(platform: Platform, spec: WorkloadSpec, args: Any, landscape: Land
             speeds[config.key()].append(measured.samples_per_s if measured.fits else None)
     wall_s = live.close()
     best = speeds[optimum.key()]
-    judged: dict[str, Any] = {"rounds": JUDGE_ROUNDS, "wall_s": wall_s, "methods": {}}
+    judged: dict[str, Any] = {
+        "rounds": JUDGE_ROUNDS,
+        "wall_s": wall_s,
+        "optimum_runs": best,
+        "methods": {},
+    }
     for method, config in picks.items():
         if config is None or config.key() not in speeds:
             continue
