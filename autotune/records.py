@@ -62,6 +62,9 @@ class TrialRecord(BaseModel):
     feasible: bool | None = None
     samples_per_s_low: float | None = Field(None, description="95% interval of samples_per_s.")
     samples_per_s_high: float | None = None
+    steady_samples_per_s: float | None = Field(
+        None, description="Samples/s of the measured steps alone, without the epoch boundary."
+    )
     race_round: int | None = Field(None, description="The round of the race this run was in.")
     message: str = ""
     overhead_s: float = 0.0

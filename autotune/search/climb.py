@@ -3,10 +3,12 @@
 Training knobs mostly act one at a time (workers help a loading-bound model whatever the
 parallel mode; bf16 on a CPU is slow everywhere), so a neighbour's speed is estimated as its
 anchor's speed times what the same move (knob, from, to) did between two measured
-configurations one knob apart: the geometric mean of those ratios, or 1 for a move not seen
-yet. Its memory is estimated likewise, and a neighbour estimated over the memory limit is not
-proposed (on CPU a second rank doubles a trial's resident memory whatever else changes). The
-climb proposes the untried neighbour with the highest estimate, among the neighbours of the
+configurations one knob apart: the geometric mean of those ratios, or 1 for a move not seen yet
+(making DataLoader workers persistent, not seen yet, is estimated at the anchor's speed without
+its measured epoch boundary: a short trial times one boundary, and restarting the workers is
+most of it). Its memory is estimated likewise, and a neighbour estimated over the memory limit
+is not proposed (on CPU a second rank doubles a trial's resident memory whatever else changes).
+The climb proposes the untried neighbour with the highest estimate, among the neighbours of the
 ``CLIMB_FROM`` fastest configurations that fit (of the baseline while nothing fits), and stops,
 leaving the sampler to explore, once no estimate reaches ``floor``.
 """
@@ -71,11 +73,13 @@ def _key(params: dict[str, Any], complete: Complete) -> str | None:
 
 @dataclass(frozen=True)
 class Seen:
-    """A measured configuration: its samples/s and its peak memory (None: not known)."""
+    """A measured configuration: its samples/s and its peak memory (None: not known), and its
+    samples/s without the epoch boundary's cost (None: not known)."""
 
     config: TrainConfig
     samples_per_s: float
     memory_bytes: int | None = None
+    steady_samples_per_s: float | None = None
 
 
 def _move_effects(
@@ -103,6 +107,16 @@ def _scale(value: float, logs: list[float]) -> float:
     return value * math.exp(sum(logs) / len(logs)) if logs else value
 
 
+def _unseen_estimate(anchor: Seen, move: Move) -> float:
+    """A move nobody has measured yet: the anchor's speed, except that keeping DataLoader
+    workers alive across epochs is estimated at the anchor's speed without its epoch boundary
+    (the boundary's measured cost is what persistence can save, at most)."""
+    steady = anchor.steady_samples_per_s
+    if move.knob == "persistent_workers" and move.new is True and steady:
+        return max(anchor.samples_per_s, steady)
+    return anchor.samples_per_s
+
+
 def next_move(
     space: SearchSpace,
     complete: Complete,
@@ -124,7 +138,11 @@ def next_move(
             if key is None or key in tried:
                 continue
             speed_logs, memory_logs = effects.get((move.knob, move.old, move.new), ([], []))
-            estimate = _scale(anchor.samples_per_s, speed_logs)
+            estimate = (
+                _scale(anchor.samples_per_s, speed_logs)
+                if speed_logs
+                else _unseen_estimate(anchor, move)
+            )
             if (
                 limit_bytes is not None
                 and anchor.memory_bytes

@@ -51,6 +51,7 @@ def to_record(
         samples_per_s=result.samples_per_s,
         samples_per_s_low=result.samples_per_s_low,
         samples_per_s_high=result.samples_per_s_high,
+        steady_samples_per_s=result.steady_samples_per_s,
         race_round=race_round,
         memory_used_bytes=used,
         feasible=feasible,

@@ -52,7 +52,7 @@ class Proposer:
         """The climb's next point (``autotune.search.climb``), or None to let the sampler
         choose."""
         fastest = [
-            Seen(r.config, r.samples_per_s or 0.0, r.memory_used_bytes)
+            Seen(r.config, r.samples_per_s or 0.0, r.memory_used_bytes, r.steady_samples_per_s)
             for r in self.log.fastest()
             if r.config is not None
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autotune.config import TrainConfig
+from autotune.result import TrialResult
 from autotune.search.climb import Seen, moves, next_move
 from autotune.search.space import parse_space
 from tests.search.fakes import FakeExecutor, make_tuner, ok
@@ -91,3 +92,66 @@ def test_the_search_climbs_to_an_optimum_two_knobs_from_the_baseline() -> None:
         4,
     )
     assert executor.ran(amp="bf16") == 1  # seen once to be slow, never tried again
+
+
+def test_persistent_workers_are_estimated_at_the_speed_without_the_epoch_boundary() -> None:
+    space = parse_space(
+        {
+            **SPACE,
+            "persistent_workers": {"choices": [False, True], "when_not": {"num_workers": [0]}},
+        },
+        "test",
+    )
+    worker = config(parallel="single", world_size=1, num_workers=1, prefetch_factor=2)
+    tried = {worker.key()}
+    # The same anchor, with and without a measured epoch boundary (steady: the window alone).
+    plain = next_move(space, complete, [Seen(worker, 100.0)], [], tried, floor=50.0)
+    assert plain is not None and plain["parallel"] == "ddp"  # unseen moves tie at 1x: the
+    assert plain["persistent_workers"] is False  # first knob of the space goes first
+    restarts = Seen(worker, 100.0, steady_samples_per_s=112.0)
+    chosen = next_move(space, complete, [restarts], [], tried, floor=50.0)
+    assert chosen is not None and chosen["persistent_workers"] is True
+    assert {k: v for k, v in chosen.items() if k != "persistent_workers"} == {
+        "parallel": "single",
+        "amp": "off",
+        "num_workers": 1,
+        "prefetch_factor": 2,
+    }
+    # once persistence has been measured somewhere, what it did decides, not the boundary
+    kept = config(parallel="single", world_size=1, num_workers=1, prefetch_factor=2,
+                  persistent_workers=True)  # fmt: skip
+    measured = [Seen(worker, 100.0), Seen(kept, 90.0)]
+    again = Seen(config(num_workers=1, prefetch_factor=2), 100.0, steady_samples_per_s=112.0)
+    tried |= {kept.key(), again.config.key()}
+    chosen = next_move(space, complete, [again], measured, tried, floor=50.0)
+    assert chosen is not None and not chosen.get("persistent_workers")
+
+
+def test_the_search_makes_workers_persistent_once_a_trial_measured_their_epoch_restart() -> None:
+    space = {
+        "parallel": ["ddp"],
+        "world_size": [2],
+        "num_workers": [0, 1],
+        "prefetch_factor": {"choices": [2, 4], "when_not": {"num_workers": [0]}},
+        "persistent_workers": {"choices": [False, True], "when_not": {"num_workers": [0]}},
+    }
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        steady = 1000.0 + 300.0 * config.num_workers
+        restarts = config.num_workers > 0 and not config.persistent_workers
+        result = ok(config, steady * (0.88 if restarts else 1.0), 100.0)
+        return result.model_copy(update={"steady_samples_per_s": steady})
+
+    executor = FakeExecutor(outcome)
+    tuner = make_tuner(executor, space, trials=3, top_k=1)
+    tuner.baseline()
+    tuner.search()
+    measured = [r.config for r in executor.runs]
+    # baseline (no worker), then a worker (restarted each epoch: 12% lost at its boundary),
+    # then, ahead of prefetch 4, the same worker kept alive
+    assert [(c.num_workers, c.persistent_workers) for c in measured] == [
+        (0, False),
+        (1, False),
+        (1, True),
+    ]
+    assert measured[2].prefetch_factor == 2
