@@ -45,11 +45,9 @@ def replayed_steps(point: Point, options: TrialOptions | None) -> int:
     return max(1, options.measured_steps, round(run.measured_steps * share))
 
 
-def noisy_value(
-    point: Point, rng: random.Random, run_noise: float = 0.0, steps: int | None = None
-) -> float:
+def noisy_value(point: Point, rng: random.Random, run_noise: float, steps: int) -> float:
+    """A draw of ``point``'s throughput over ``steps`` steps (``replayed_steps``)."""
     value = point.value or 0.0
-    steps = max(1, steps if steps is not None else point.runs[0].measured_steps)
     within = point.spread / P10_P90_SIGMAS / math.sqrt(steps)
     sigma = math.hypot(within, run_noise)
     return max(0.0, value * (1 + rng.gauss(0.0, sigma)))
