@@ -64,6 +64,9 @@ class StepDiagnostics(BaseModel):
         description="DataLoader worker PIDs seen in each epoch (same PIDs: persistent workers)."
     )
     grad_scaler_scale: float | None = Field(description="Final GradScaler scale (fp16 only).")
+    powersgd_lowrank_calls: int = Field(
+        0, description="PowerSGD hook calls that sent low-rank factors (compression happened)."
+    )
     compiled_graphs: int = Field(0, description="Graphs torch.compile compiled in this trial.")
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, WorkloadError
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
-from autotune.runner.memory import MemoryTracker, release_free_heap
+from autotune.runner.memory import MemoryTracker, release_earlier_trials
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
@@ -141,11 +141,10 @@ def _measure(
 ) -> None:
     config, options = request.config, request.options
     device = device_for(config, int(os.environ.get("LOCAL_RANK", rank)))
-    if device.type == "cuda" and options.memory_limit_bytes is not None:
+    if device.type == "cuda":  # every trial sets it: the process may have run a limited one
+        limit = options.memory_limit_bytes
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(
-            min(1.0, options.memory_limit_bytes / total), device
-        )
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (limit or total) / total), device)
     # On CPU, compute threads and DataLoader workers share the cores: leave the workers theirs,
     # or OpenMP's spinning threads starve them.
     cores = usable_cpus() // config.processes
@@ -161,7 +160,7 @@ def _measure(
     compiling = config.compile != "off"  # dynamo's import costs ~1 s: only when compiling
     graphs_before = _compiled_graphs() if compiling else 0
     progress("building the workload")
-    release_free_heap()  # earlier trials' freed memory must not count in this one's peak
+    release_earlier_trials(device)  # what earlier trials held must not count in this one's peak
     torch.manual_seed(options.seed)
     workload = workloads.get(request.workload) if workloads else build_workload(request.workload)
     progress("applying the configuration")
@@ -248,6 +247,7 @@ def _measure(
             repeated_blocks=training.repeated_blocks,
             dataloader_worker_pids=training.worker_pids,
             grad_scaler_scale=step.scaler.get_scale() if step.scaler else None,
+            powersgd_lowrank_calls=step.hooks.lowrank_calls,
             compiled_graphs=_compiled_graphs() - graphs_before if compiling else 0,
         ),
     )

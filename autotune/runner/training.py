@@ -33,13 +33,18 @@ class HookCounter:
     """Counts invocations of a DDP comm hook (one per gradient bucket per synced backward)."""
 
     calls: int = 0
+    lowrank_calls: int = 0  # PowerSGD calls that compressed (not its plain-allreduce start)
 
     def wrap(self, hook: Callable[..., Any]) -> Callable[..., Any]:
         # DDP checks the hook's annotations, so the wrapper must carry the hook's own.
         @functools.wraps(hook)
         def counted(state: Any, bucket: Any) -> Any:
             self.calls += 1
-            return hook(state, bucket)
+            future = hook(state, bucket)
+            # PowerSGD allocates a bucket's low-rank factors only on its compressing path.
+            if bucket.index() in getattr(state, "p_memory_dict", {}):
+                self.lowrank_calls += 1
+            return future
 
         return counted
 

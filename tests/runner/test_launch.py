@@ -91,6 +91,28 @@ def test_powersgd_compressing_on_gloo_ends_with_a_status() -> None:
         assert all(c >= 1 for c in result.ranks[0].diagnostics.comm_hook_calls_per_micro_step)
 
 
+@pytest.mark.parametrize(("start", "compressing"), [(2, True), (1000, False)])
+def test_powersgd_sends_low_rank_factors_only_from_its_start_iteration(
+    start: int, compressing: bool
+) -> None:
+    # One gloo rank: the hook runs on every synced backward whatever the world size, without
+    # the two-rank gloo abort above.
+    options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, timeout_s=60)
+    result = _trial(
+        "workloads.mlp:mlp_tiny",
+        options,
+        parallel="ddp",
+        world_size=1,
+        comm_hook="powersgd",
+        powersgd_start_iter=start,
+        powersgd_rank=1,
+    )
+    assert result.status == "ok", result.message
+    diagnostics = result.ranks[0].diagnostics
+    assert diagnostics is not None and all(diagnostics.comm_hook_calls_per_micro_step)
+    assert (diagnostics.powersgd_lowrank_calls > 0) is compressing
+
+
 @pytest.mark.slow
 def test_checkpointing_lowers_measured_peak_memory_on_the_transformer() -> None:
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=300)
