@@ -1,7 +1,11 @@
 """Peak memory of one rank over the measured window.
 
 CUDA: the caching allocator's peak (allocated and reserved, reset when the window opens) and the
-device-level memory in use as NVML reports it, sampled in a background thread.
+device-level memory in use as NVML reports it, sampled in a background thread. A trial is judged
+by the reserved peak: what the process takes from the device, fragmentation and CUDA graphs'
+private pools included (these can be far above the allocated peak: 5 GiB allocated against
+43 GiB reserved for GPT-2 small under torch.compile's reduce-overhead on an H100). Reserved
+memory only grows until released, so its peak in the window covers the warm-up too.
 
 CPU: the rank process's resident high-water mark (``VmHWM``, reset through
 ``/proc/self/clear_refs`` when the window opens, so it is exact, short spikes included) plus the
@@ -114,21 +118,30 @@ class MemoryTracker:
         return MemoryPeak(peak_bytes=_status_kib("VmHWM") * 1024 + self._sampled_peak)
 
 
-def release_free_heap() -> None:
-    """Collect garbage and hand free heap pages back to the OS; called as a trial starts.
+def release_earlier_trials(device: torch.device) -> None:
+    """Give back what earlier trials in this process still hold; called as a trial starts.
 
-    A rank that runs trial after trial keeps the freed memory of earlier trials resident (glibc
-    holds on to it), so without this the resident figure of a trial grows with what ran before
-    it in the same process: the same configuration was measured up to ~100 MiB apart. Called
-    before the build, not when the window opens, so the trial's own warm heap stays warm.
+    A rank that runs trial after trial keeps the freed memory of earlier trials: glibc holds on
+    to freed heap pages, so without this the resident figure of a trial grows with what ran
+    before it in the same process (the same configuration was measured up to ~100 MiB apart).
+    On CUDA, torch.compile's caches keep the compiled graphs and, with mode=reduce-overhead,
+    the CUDA graphs' private memory pools alive (seen on an H100: 38 GiB of pools from one
+    trial made the next trial, an uncompiled one that fitted before, run out of memory), and
+    the caching allocator keeps what it reserved. Called before the build, not when the window
+    opens, so the trial's own warm heap stays warm.
     """
     import contextlib
     import ctypes
     import gc
+    import sys
 
+    if "torch._dynamo" in sys.modules:  # only a process that compiled has anything to reset
+        torch._dynamo.reset()
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: retained heap then counts
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _nvml_handle(index: int) -> Any:

@@ -22,9 +22,14 @@ from autotune.search.study import ATTR_PREFIX
 
 
 def memory_used(result: TrialResult, device_type: str) -> int | None:
-    """The memory a trial is judged by: the per-device peak on CUDA, all ranks' peaks together
-    on CPU (the ranks share the host); None when the trial did not finish."""
-    peaks = [r.peak_memory_bytes for r in result.ranks if r.status == "ok"]
+    """The memory a trial is judged by: the per-device peak on CUDA (what the caching allocator
+    reserved: CUDA graph pools and fragmentation are memory the run takes too), all ranks' peaks
+    together on CPU (the ranks share the host); None when the trial did not finish."""
+    peaks = [
+        max(r.peak_memory_bytes, r.peak_reserved_bytes or 0)
+        for r in result.ranks
+        if r.status == "ok"
+    ]
     if result.status not in ("ok", "pruned") or not peaks:
         return None
     return max(peaks) if device_type == "cuda" else sum(peaks)
