@@ -21,6 +21,8 @@ CommHook = Literal["none", "fp16", "bf16", "powersgd"]
 Amp = Literal["off", "fp16", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
 Compile = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+GRAPH_CAPTURING_MODES = ("reduce-overhead", "max-autotune")
+"""torch.compile modes that capture CUDA graphs on CUDA (Inductor's cudagraph trees)."""
 
 
 class TrainConfig(BaseModel):
@@ -126,6 +128,17 @@ class TrainConfig(BaseModel):
             problems.append(
                 f"compile={self.compile} cannot be combined with parallel=dp (DataParallel "
                 "replicates the module every step); use ddp, fsdp or single"
+            )
+        if (
+            self.compile in GRAPH_CAPTURING_MODES
+            and self.device != "cpu"
+            and self.grad_accum_steps > 1
+        ):
+            # The backward graph's output becomes .grad and the next micro-step's replay
+            # overwrites it (pytorch/pytorch#169545, open; seen on an H100 with torch 2.11).
+            problems.append(
+                f"compile={self.compile} (CUDA graphs) cannot be combined with grad_accum_steps="
+                f"{self.grad_accum_steps} on CUDA; use grad_accum_steps=1 or compile=default"
             )
         if self.pin_memory and self.device == "cpu":
             problems.append("pin_memory=true needs device=cuda, got device=cpu")

@@ -46,6 +46,15 @@ def test_config_is_frozen() -> None:
             "static_graph=true cannot be combined with grad_accum_steps=2",
         ),
         (
+            {
+                "global_batch_size": 8,
+                "device": "cuda",
+                "compile": "reduce-overhead",
+                "grad_accum_steps": 2,
+            },
+            "compile=reduce-overhead (CUDA graphs) cannot be combined with grad_accum_steps=2",
+        ),
+        (
             {"global_batch_size": 8, "parallel": "dp", "world_size": 2, "device": "cpu"},
             "parallel=dp (DataParallel) needs device=cuda, got device=cpu",
         ),

@@ -30,7 +30,14 @@ from autotune.errors import AutotuneError
 from autotune.result import Platform, RankReport, TrialResult
 from autotune.runner.executor import PlacementError, Watchdog, stopped_message
 from autotune.runner.outcome import assemble_result
-from autotune.runner.ray_gang import Gang, GangShape, gang_shape, quiet_raylet_errors, start_gang
+from autotune.runner.ray_gang import (
+    Gang,
+    GangShape,
+    gang_shape,
+    quiet_raylet_errors,
+    reusable,
+    start_gang,
+)
 from autotune.runner.request import TrialRequest
 
 SHIP_EXCLUDES = [".git", ".venv", "venv", "__pycache__", "*.pyc", "*.db", "*.pt", "*.ckpt"]
@@ -227,10 +234,10 @@ class RayExecutor:
     def _finish(self, trial: _Running) -> TrialResult:
         del self._running[trial.ticket]
         reports = [trial.reports[r] for r in sorted(trial.reports)]
-        if all(r.status == "ok" for r in reports):
+        if all(r.status == "ok" for r in reports) and reusable(trial.request):
             self._idle.append(trial.gang)
         else:
-            trial.gang.kill()  # fresh processes after any failure
+            trial.gang.kill()  # fresh processes after any failure, or state no reset reaches
         return assemble_result(
             trial.request,
             self.platform,

@@ -17,6 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from autotune.config import GRAPH_CAPTURING_MODES
 from autotune.runner.launch import free_port
 from autotune.runner.rank import Progress, apply_memory_limit, run_rank
 from autotune.runner.request import TrialRequest
@@ -95,6 +96,19 @@ def _actor_class() -> Any:
         options: Any = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
         _remote_actor = ray.remote(**options)(_RankActor)
     return _remote_actor
+
+
+def reusable(request: TrialRequest) -> bool:
+    """Whether a gang may run another trial after this one finished ok.
+
+    Not after CUDA graphs (compile=reduce-overhead or max-autotune on CUDA): their trees and
+    private memory pools live in the state of the thread that ran the trial, and an actor runs
+    its trials on either of its two threads, so the next trial's reset cannot reach them. Seen
+    on an H100: a GPT-2 trial's pools (38 GiB) stayed, and the next trial, which had fitted,
+    ran out of memory.
+    """
+    config = request.config
+    return not (config.device == "cuda" and config.compile in GRAPH_CAPTURING_MODES)
 
 
 GangShape = tuple[int, float, float]  # (rank processes, CPUs per rank, GPUs per rank)
