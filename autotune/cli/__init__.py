@@ -159,7 +159,7 @@ def _search(args: argparse.Namespace) -> int:
 
     _check_cost_flags(args)
     checked = make_settings(given(args, "set_"))
-    reporter = make_reporter(args.quiet or args.json, checked.budget.trials)
+    reporter = make_reporter(args.quiet, checked.budget.trials)  # --json: progress on stderr
     recommendation = tune(
         args.model,
         data=args.data,
