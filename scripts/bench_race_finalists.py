@@ -1,0 +1,127 @@
+"""Where replay's picks are lost: in the search, in choosing the finalists, or in the race.
+
+    python scripts/bench_race_finalists.py [--top-k 3 5] [--trials 20] [--seeds 20]
+        [--landscapes results/landscapes/*.json] [--out results/race_finalists.json]
+
+For each landscape, seed and top_k, the real Tuner runs on the replaying executor (as
+``bench_search_quality.py --replay`` does) and three counts are kept, each "seeds in which a
+configuration within --share of the optimum was ...": measured by the search, among the
+finalists (the top_k by their single search measurement), and picked by the race. The drop
+from one column to the next says which stage loses the answer; race runs per search say what
+a larger top_k costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def one_seed(landscape: Any, seed: int, trials: int, top_k: int) -> dict[str, float]:
+    import optuna
+
+    from autotune.bench.replay import ReplayExecutor
+    from autotune.runner.workload import WorkloadSpec
+    from autotune.search.progress import Reporter
+    from autotune.search.recommendation import finalists
+    from autotune.search.settings import make_settings
+    from autotune.search.study import make_sampler
+    from autotune.search.tuner import Tuner
+
+    settings = make_settings(
+        dict(
+            global_batch_size=landscape.global_batch_size,
+            memory_budget=landscape.memory_limit_bytes,
+            safety_margin=0.0,
+            trials=trials,
+            seed=seed,
+            warmup_steps=landscape.warmup_steps,
+            measured_steps=landscape.measured_steps,
+            top_k=top_k,
+        )
+    )
+    tuner = Tuner(
+        study=optuna.create_study(direction="maximize", sampler=make_sampler(seed)),
+        executor=ReplayExecutor(landscape, random.Random(seed)),
+        workload=WorkloadSpec(model=landscape.workload),
+        settings=settings,
+        space=landscape.space,
+        platform=landscape.platform,
+        devices=landscape.devices,
+        reporter=Reporter(),
+    )
+    tuner.baseline()
+    tuner.search()
+    measured = [r.config for r in tuner.log.measured().values() if r.config is not None]
+    chosen = finalists(tuner.log.records, top_k)
+    pick = tuner.verify(tuner.race())[0]
+    return {
+        "measured": max((landscape.ratio(c) for c in measured), default=0.0),
+        "finalists": max((landscape.ratio(c) for c in chosen), default=0.0),
+        "pick": landscape.ratio(pick) if pick is not None else 0.0,
+        "race_runs": sum(1 for r in tuner.log.records if r.role == "race"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--landscapes", nargs="+", default=None)
+    parser.add_argument("--top-k", nargs="+", type=int, default=[3, 5])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--share", type=float, default=0.97)
+    parser.add_argument("--out", default="results/race_finalists.json")
+    args = parser.parse_args()
+
+    import optuna
+
+    from autotune.bench.landscape import Landscape
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    paths = args.landscapes or sorted(str(p) for p in Path("results/landscapes").glob("*.json"))
+    rows = []
+    print(
+        f"seeds (of {args.seeds}) with a configuration within {args.share} of the optimum, "
+        f"{args.trials} search trials"
+    )
+    print(
+        f"{'landscape':<14}{'top_k':>6}{'measured':>10}{'finalists':>11}{'picked':>8}"
+        f"{'worst pick':>12}{'race runs':>11}"
+    )
+    for path in paths:
+        landscape = Landscape.load(Path(path))
+        for top_k in args.top_k:
+            seeds = [one_seed(landscape, s, args.trials, top_k) for s in range(args.seeds)]
+            row = {
+                "landscape": path,
+                "top_k": top_k,
+                **{
+                    k: sum(s[k] >= args.share for s in seeds)
+                    for k in ("measured", "finalists", "pick")
+                },
+                "worst_pick": min(s["pick"] for s in seeds),
+                "race_runs_mean": statistics.mean(s["race_runs"] for s in seeds),
+                "raw": seeds,
+            }
+            rows.append(row)
+            print(
+                f"{Path(path).stem:<14}{top_k:>6}{row['measured']:>10}{row['finalists']:>11}"
+                f"{row['pick']:>8}{row['worst_pick']:>12.3f}{row['race_runs_mean']:>11.1f}",
+                flush=True,
+            )
+    out = {"trials": args.trials, "seeds": args.seeds, "share": args.share, "rows": rows}
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
