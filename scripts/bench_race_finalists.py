@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,38 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def one_seed(landscape: Any, seed: int, trials: int, top_k: int) -> dict[str, float]:
-    import optuna
-
-    from autotune.bench.replay import ReplayExecutor
-    from autotune.runner.workload import WorkloadSpec
-    from autotune.search.progress import Reporter
+    from autotune.bench.replay import make_replay_tuner
     from autotune.search.recommendation import finalists
-    from autotune.search.settings import make_settings
-    from autotune.search.study import make_sampler
-    from autotune.search.tuner import Tuner
 
-    settings = make_settings(
-        dict(
-            global_batch_size=landscape.global_batch_size,
-            memory_budget=landscape.memory_limit_bytes,
-            safety_margin=0.0,
-            trials=trials,
-            seed=seed,
-            warmup_steps=landscape.warmup_steps,
-            measured_steps=landscape.measured_steps,
-            top_k=top_k,
-        )
-    )
-    tuner = Tuner(
-        study=optuna.create_study(direction="maximize", sampler=make_sampler(seed)),
-        executor=ReplayExecutor(landscape, random.Random(seed)),
-        workload=WorkloadSpec(model=landscape.workload),
-        settings=settings,
-        space=landscape.space,
-        platform=landscape.platform,
-        devices=landscape.devices,
-        reporter=Reporter(),
-    )
+    tuner = make_replay_tuner(landscape, seed, trials, top_k=top_k)
     tuner.baseline()
     tuner.search()
     measured = [r.config for r in tuner.log.measured().values() if r.config is not None]
@@ -81,12 +51,8 @@ def main() -> None:
     parser.add_argument("--out", default="results/race_finalists.json")
     args = parser.parse_args()
 
-    import optuna
-
     from autotune.bench.landscape import Landscape
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     paths = args.landscapes or sorted(str(p) for p in Path("results/landscapes").glob("*.json"))
     rows = []
     print(

@@ -121,6 +121,48 @@ class Replay:
     pick: TrainConfig | None
 
 
+def make_replay_tuner(
+    landscape: Landscape,
+    seed: int,
+    trials: int,
+    *,
+    climb: bool = True,
+    sampler: Any = None,
+    **settings: Any,
+) -> Tuner:
+    """The real Tuner over a replaying executor, with the landscape's budget and window;
+    ``settings`` adds search settings (e.g. ``top_k``)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    sampler = sampler if sampler is not None else make_sampler(seed)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    checked = make_settings(
+        dict(
+            global_batch_size=landscape.global_batch_size,
+            memory_budget=landscape.memory_limit_bytes,
+            safety_margin=0.0,
+            trials=trials,
+            seed=seed,
+            warmup_steps=landscape.warmup_steps,
+            measured_steps=landscape.measured_steps,
+            climb=climb,
+            **settings,
+        )
+    )
+    return Tuner(
+        study=study,
+        executor=ReplayExecutor(landscape, random.Random(seed)),
+        workload=WorkloadSpec(model=landscape.workload),
+        settings=checked,
+        space=landscape.space,
+        platform=landscape.platform,
+        devices=landscape.devices,
+        reporter=Reporter(),
+    )
+
+
 def replay_tuner(
     landscape: Landscape,
     seed: int,
@@ -133,34 +175,7 @@ def replay_tuner(
     """The tuner's search (baseline first) with ``trials`` measured trials; with ``finish``
     its race and verification pick the winner, as in a live search. ``climb`` and ``sampler``
     (default: the tool's) let set-ups be compared."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    sampler = sampler if sampler is not None else make_sampler(seed)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    settings = make_settings(
-        dict(
-            global_batch_size=landscape.global_batch_size,
-            memory_budget=landscape.memory_limit_bytes,
-            safety_margin=0.0,
-            trials=trials,
-            seed=seed,
-            warmup_steps=landscape.warmup_steps,
-            measured_steps=landscape.measured_steps,
-            climb=climb,
-        )
-    )
-    tuner = Tuner(
-        study=study,
-        executor=ReplayExecutor(landscape, random.Random(seed)),
-        workload=WorkloadSpec(model=landscape.workload),
-        settings=settings,
-        space=landscape.space,
-        platform=landscape.platform,
-        devices=landscape.devices,
-        reporter=Reporter(),
-    )
+    tuner = make_replay_tuner(landscape, seed, trials, climb=climb, sampler=sampler)
     tuner.baseline()
     tuner.search()
     # Each configuration is measured at most once, so this is in the order they were run.
