@@ -139,7 +139,8 @@ def gpt_medium() -> GPT:
 
 
 def gpt2_124m() -> GPT:
-    """GPT-2 small's shape (124M parameters): real size, for a GPU."""
+    """GPT-2 small's shape, for a GPU: 124M parameters with GPT-2's tied head; 163M here, where
+    the output head is a separate matrix (38.6M)."""
     return GPT(
         GPTConfig(vocab=50304, seq_len=1024, width=768, heads=12, layers=12, samples=200_000)
     )
