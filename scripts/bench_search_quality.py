@@ -82,9 +82,11 @@ SPLIT_PARTS = ("measured", "warm-up", "overhead", "pruned", "race", "verify", "d
 (launch, start-up, build), whole pruned trials, the race, the verification, the driver."""
 TOP_K, RACE_ROUNDS, VERIFY_FACTOR = 3, 4, 2  # finishing: the tool's race, a 2x verification
 JUDGE_ROUNDS = 5
-REPLAY_CAP = 40
 """The paired check of the picks: the optimum and every method's pick, this many interleaved
 rounds, each pick's mean log ratio to the optimum with its 95% interval."""
+REPLAY_CAP = 40
+"""Replay's search for trials-to-share stops here (or at half the grid): the sampler's cost
+grows with its history."""
 
 
 @dataclass

@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def flops_per_sample(model_ref: str) -> int:
-    import torch
     from torch.utils.data import default_collate
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -35,7 +34,6 @@ def flops_per_sample(model_ref: str) -> int:
     with counter:
         loss = workload.loss(workload.model(*args, **kwargs), target)
         loss.backward()
-    torch.set_grad_enabled(True)
     return int(counter.get_total_flops())
 
 
