@@ -82,6 +82,7 @@ class _RankActor:
         node = ray.get_runtime_context().get_node_id()
         return report.model_copy(update={"node": node}).model_dump_json()
 
+    @ray.method(concurrency_group="phase")
     def phase(self) -> str:
         return self.progress.phase
 
@@ -92,8 +93,15 @@ _remote_actor: Any = None
 def _actor_class() -> Any:
     global _remote_actor
     if _remote_actor is None:
-        # Two threads per actor: run() in one, phase() answers from the other while it runs.
-        options: Any = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
+        # phase() answers from a thread of its own while run() runs. Every trial runs on the
+        # one thread of the default group: trials that alternated between two threads measured
+        # ~10% apart by thread alone (gpt_tiny on a 2-core CPU: one thread slower in 5 of 6
+        # pairs), noise the race then had to average away.
+        options: Any = {
+            "max_restarts": 0,
+            "max_task_retries": 0,
+            "concurrency_groups": {"phase": 1},
+        }
         _remote_actor = ray.remote(**options)(_RankActor)
     return _remote_actor
 
@@ -102,10 +110,11 @@ def reusable(request: TrialRequest) -> bool:
     """Whether a gang may run another trial after this one finished ok.
 
     Not after CUDA graphs (compile=reduce-overhead or max-autotune on CUDA): their trees and
-    private memory pools live in the state of the thread that ran the trial, and an actor runs
-    its trials on either of its two threads, so the next trial's reset cannot reach them. Seen
-    on an H100: a GPT-2 trial's pools (38 GiB) stayed, and the next trial, which had fitted,
-    ran out of memory.
+    private memory pools live in the state of the thread that ran the trial. Seen on an H100
+    while an actor ran its trials on either of two threads: a GPT-2 trial's pools (38 GiB)
+    stayed, and the next trial, which had fitted, ran out of memory. Trials now share one
+    thread, so the next trial's reset may reach them, but that has not run on a GPU: until it
+    has, such a gang is not reused.
     """
     config = request.config
     return not (config.device == "cuda" and config.compile in GRAPH_CAPTURING_MODES)

@@ -56,3 +56,28 @@ def test_a_gang_is_not_reused_after_cuda_graphs(device: str, compile: str, reuse
     spec = WorkloadSpec(model="m:M")
     request = TrialRequest(config=config, workload=spec, options=TrialOptions())
     assert reusable(request) is reused
+
+
+def test_a_rank_actor_runs_every_call_on_one_thread_and_answers_its_phase_meanwhile() -> None:
+    """Trials that alternated between two threads of one actor measured ~10% apart by thread
+    alone; the phase must still be readable while a trial runs (a hung trial reports it)."""
+    import threading
+    import time
+
+    import ray
+
+    from autotune.runner.ray_gang import _actor_class
+
+    actor = _actor_class().remote()
+    try:
+        threads = {ray.get(actor.__ray_call__.remote(lambda _: threading.get_ident()))
+                   for _ in range(6)}  # fmt: skip
+        assert len(threads) == 1
+        busy = actor.__ray_call__.remote(lambda _: time.sleep(3) or threading.get_ident())
+        time.sleep(0.5)
+        started = time.perf_counter()
+        assert ray.get(actor.phase.remote(), timeout=2.0) == "starting"
+        assert time.perf_counter() - started < 2.0  # answered while the call still sleeps
+        assert ray.get(busy) in threads
+    finally:
+        ray.kill(actor)
