@@ -76,7 +76,9 @@ WORKLOADS = {
     },
 }
 TARGET_RATIO, TARGET_WALL_SHARE, TARGET_ERROR = 0.97, 0.15, 0.05
-ORACLE_TOP, ORACLE_REPEATS = 5, 2
+ORACLE_TOP, ORACLE_REPEATS = 8, 3
+"""The grid's optimum is the best median of its eight fastest (that fit) after three more runs
+each, in rounds: a single run moves by several percent on a shared CPU."""
 SPLIT_PARTS = ("measured", "warm-up", "overhead", "pruned", "race", "verify", "driver")
 """Where the tuner's wall time goes: search trials' measured steps, warm-up and overhead
 (launch, start-up, build), whole pruned trials, the race, the verification, the driver."""
