@@ -65,6 +65,9 @@ class TrialRecord(BaseModel):
     steady_samples_per_s: float | None = Field(
         None, description="Samples/s of the measured steps alone, without the epoch boundary."
     )
+    data_wait_share: float | None = Field(
+        None, description="Share of the measured time spent waiting for data (slowest rank)."
+    )
     race_round: int | None = Field(None, description="The round of the race this run was in.")
     message: str = ""
     overhead_s: float = 0.0

@@ -81,6 +81,8 @@ class Run(BaseModel):
     total_s: float = 0.0
     measured_s: float = 0.0
     message: str = ""
+    steady_samples_per_s: float | None = None
+    data_wait_share: float | None = None
 
     @classmethod
     def of(cls, result: TrialResult, memory_used_bytes: int | None) -> Run:
@@ -93,6 +95,8 @@ class Run(BaseModel):
             total_s=result.total_s,
             measured_s=result.measured_s,
             message=result.message[:200],
+            steady_samples_per_s=result.steady_samples_per_s,
+            data_wait_share=result.data_wait_share,
         )
 
 
@@ -123,6 +127,20 @@ class Point(BaseModel):
         """The largest peak seen over its runs."""
         peaks = [r.memory_used_bytes for r in self.ok_runs if r.memory_used_bytes is not None]
         return max(peaks) if peaks else None
+
+    @property
+    def steady_ratio(self) -> float | None:
+        """Median samples/s without the epoch boundary over samples/s with it (None: not
+        recorded)."""
+        ratios = [r.steady_samples_per_s / r.samples_per_s for r in self.ok_runs
+                  if r.steady_samples_per_s and r.samples_per_s]  # fmt: skip
+        return statistics.median(ratios) if ratios else None
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """Median share of the measured time spent waiting for data (None: not recorded)."""
+        shares = [r.data_wait_share for r in self.ok_runs if r.data_wait_share is not None]
+        return statistics.median(shares) if shares else None
 
     @property
     def spread(self) -> float:

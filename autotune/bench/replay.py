@@ -74,11 +74,14 @@ class ReplayExecutor:
         value = noisy_value(point, self.rng, self.landscape.run_noise, steps)
         prune_below = options.prune_below_samples_per_s if options is not None else None
         pruned = prune_below is not None and value < prune_below
+        steady = point.steady_ratio
         return TrialResult(
             config=config,
             status="pruned" if pruned else "ok",
             message="below the pruning line (replayed)" if pruned else "",
             samples_per_s=value,
+            steady_samples_per_s=value * steady if steady else None,
+            data_wait_share=point.data_wait_share,
             peak_memory_bytes=point.memory_used_bytes,
             measured_steps=steps,
             ranks=[report],
