@@ -52,13 +52,26 @@ class Proposer:
         """The climb's next point (``autotune.search.climb``), or None to let the sampler
         choose."""
         fastest = [
-            Seen(r.config, r.samples_per_s or 0.0, r.memory_used_bytes, r.steady_samples_per_s)
+            Seen(
+                r.config,
+                r.samples_per_s or 0.0,
+                r.memory_used_bytes,
+                r.steady_samples_per_s,
+                r.data_wait_share,
+            )
             for r in self.log.fastest()
             if r.config is not None
         ]
         start = self.log.baseline()
         if not fastest and start is not None and start.config is not None:  # nothing fits yet
-            fastest = [Seen(start.config, start.samples_per_s or 0.0, start.memory_used_bytes)]
+            fastest = [
+                Seen(
+                    start.config,
+                    start.samples_per_s or 0.0,
+                    start.memory_used_bytes,
+                    data_wait_share=start.data_wait_share,
+                )
+            ]
         measured = [
             Seen(r.config, r.samples_per_s, r.memory_used_bytes)
             for r in self.log.measured().values()
