@@ -107,6 +107,23 @@ def test_run_noise_leaves_out_the_first_run_the_repeats_were_chosen_on(
     assert one.run_noise == pytest.approx(statistics.stdev([950.0, 1050.0]) / 1000.0)
 
 
+def test_replay_returns_the_recorded_data_wait_and_throughput_without_the_boundary(
+    landscape: Landscape,
+) -> None:
+    """The climb reads both from a trial; a replay without them would judge another climb."""
+    point = next(p for p in landscape.points if p.status == "ok")
+    run = point.runs[0]
+    recorded = [run.model_copy(update={"steady_samples_per_s": (run.samples_per_s or 0) * k,
+                                       "data_wait_share": share})
+                for k, share in ((1.2, 0.3), (1.1, 0.5), (1.3, 0.4))]  # fmt: skip
+    fields = {name: getattr(landscape, name) for name in Landscape.model_fields}
+    one = Landscape(**{**fields, "points": [point.model_copy(update={"runs": recorded})]})
+    result = ReplayExecutor(one, random.Random(0)).result(point.config)
+    assert result.data_wait_share == pytest.approx(0.4)  # the median over the runs
+    assert result.steady_samples_per_s == pytest.approx((result.samples_per_s or 0) * 1.2)
+    assert ReplayExecutor(landscape, random.Random(0)).result(point.config).data_wait_share is None
+
+
 def test_a_shorter_window_is_replayed_with_proportionally_fewer_steps(
     landscape: Landscape,
 ) -> None:
