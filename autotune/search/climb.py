@@ -2,8 +2,10 @@
 
 Training knobs mostly act one at a time (a second rank over the memory line is over it whatever
 else changes), so a neighbour's speed is estimated as its anchor's speed times what the same
-move (knob, from, to) did between two measured configurations one knob apart: the geometric
-mean of those ratios, or 1 for a move not seen yet. Two DataLoader moves not seen yet are
+move (knob, from, to) did between two measured configurations one knob apart: the mean of
+those log ratios, each weighted by how close the configuration it moved from is to the anchor
+(``CONTEXT_WEIGHT`` per other knob that differs, since what a knob does depends on the rest),
+or 1 for a move not seen yet. Two DataLoader moves not seen yet are
 estimated at what they can save at most, as measured on the anchor: persistent workers its
 epoch boundary (a short trial times one, and restarting the workers is most of it), more
 workers its wait for data. So a loading-bound model gets its workers first, before a compute
@@ -29,6 +31,12 @@ from autotune.search.space import SearchSpace
 
 CLIMB_FROM = 3
 """How many of the fastest configurations so far the climb looks around."""
+CONTEXT_WEIGHT = 0.3
+"""What a move did counts this much less for each other knob in which the configuration it
+moved from differs from the anchor: effects depend on context (on mlp, accumulation 2 was
+faster without a DataLoader worker and slower with one)."""
+NO_EFFECT_WEIGHT = 0.1
+"""The weight of "no effect" among a move's observations (1 for one in the anchor's context)."""
 MAX_WAIT_SHARE = 0.9
 """A data-wait share counts at most this much: more workers are estimated 10x at most."""
 
@@ -88,22 +96,25 @@ class Seen:
     data_wait_share: float | None = None
 
 
+Effect = tuple[list[tuple[float, TrainConfig]], list[float]]
+"""What one move did: (log ratio of samples/s, the configuration it moved from) per measured
+pair, and the log ratios of memory."""
+
+
 def _move_effects(
     space: SearchSpace, complete: Complete, measured: list[Seen]
-) -> dict[tuple[str, Value, Value], tuple[list[float], list[float]]]:
-    """Per move (knob, from, to): the log ratios of samples/s and of memory it showed between
-    measured configurations one knob apart."""
+) -> dict[tuple[str, Value, Value], Effect]:
+    """Per move (knob, from, to): what it showed between measured configurations one knob
+    apart."""
     by_key = {seen.config.key(): seen for seen in measured}
-    effects: dict[tuple[str, Value, Value], tuple[list[float], list[float]]] = defaultdict(
-        lambda: ([], [])
-    )
+    effects: dict[tuple[str, Value, Value], Effect] = defaultdict(lambda: ([], []))
     for seen in measured:
         for move in moves(space, seen.config) if seen.samples_per_s > 0 else ():
             other = by_key.get(_key(move.params, complete) or "")
             if other is None or other.samples_per_s <= 0:
                 continue
             speed, memory = effects[(move.knob, move.old, move.new)]
-            speed.append(math.log(other.samples_per_s / seen.samples_per_s))
+            speed.append((math.log(other.samples_per_s / seen.samples_per_s), seen.config))
             if seen.memory_bytes and other.memory_bytes:
                 memory.append(math.log(other.memory_bytes / seen.memory_bytes))
     return effects
@@ -111,6 +122,23 @@ def _move_effects(
 
 def _scale(value: float, logs: list[float]) -> float:
     return value * math.exp(sum(logs) / len(logs)) if logs else value
+
+
+def _in_context(
+    space: SearchSpace, anchor: TrainConfig, move: Move, seen: list[tuple[float, TrainConfig]]
+) -> float:
+    """The log speed ratio ``move`` is expected to give from ``anchor``: each pair's ratio
+    weighted by ``CONTEXT_WEIGHT`` to the power of the knobs (other than the moved one) in
+    which the configuration it moved from differs from ``anchor``, shrunk towards no effect by
+    ``NO_EFFECT_WEIGHT``."""
+    total = weight_sum = 0.0
+    for log_ratio, start in seen:
+        apart = sum(
+            1 for n in space.params if n != move.knob and getattr(start, n) != getattr(anchor, n)
+        )
+        weight = CONTEXT_WEIGHT**apart
+        total, weight_sum = total + weight * log_ratio, weight_sum + weight
+    return total / (weight_sum + NO_EFFECT_WEIGHT)
 
 
 def _unseen_estimate(anchor: Seen, move: Move) -> float:
@@ -147,10 +175,10 @@ def next_move(
             key = _key(move.params, complete)
             if key is None or key in tried:
                 continue
-            speed_logs, memory_logs = effects.get((move.knob, move.old, move.new), ([], []))
+            speed_seen, memory_logs = effects.get((move.knob, move.old, move.new), ([], []))
             estimate = (
-                _scale(anchor.samples_per_s, speed_logs)
-                if speed_logs
+                anchor.samples_per_s * math.exp(_in_context(space, anchor.config, move, speed_seen))
+                if speed_seen
                 else _unseen_estimate(anchor, move)
             )
             if (

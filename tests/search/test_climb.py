@@ -48,8 +48,9 @@ def test_a_move_seen_to_help_goes_first_and_one_seen_to_hurt_is_left_out() -> No
     anchors = sorted(measured, key=lambda m: -m.samples_per_s)
     tried = {m.config.key() for m in measured}
     chosen = next_move(space, complete, anchors, measured, tried, floor=75.0)
-    # From the worker config (150): single is 150 * 1.2 = 180; from single (120): a worker
-    # is 120 * 1.5 = 180 too, the same point. bf16 anywhere is estimated at a tenth: skipped.
+    # From the worker config (150): single, seen to give 1.2x from DDP, one knob away; from
+    # single (120): a worker, seen to give 1.5x from DDP, one knob away: the same point either
+    # way. bf16, seen to cut speed tenfold, stays under the floor.
     assert chosen == {"parallel": "single", "amp": "off", "num_workers": 1, "prefetch_factor": 2}
     tried.add(TrainConfig(**chosen, **FIXED).key())  # type: ignore[arg-type]
     rest = next_move(space, complete, anchors, measured, tried, floor=75.0)
@@ -125,6 +126,25 @@ def test_persistent_workers_are_estimated_at_the_speed_without_the_epoch_boundar
     tried |= {kept.key(), again.config.key()}
     chosen = next_move(space, complete, [again], measured, tried, floor=50.0)
     assert chosen is not None and not chosen.get("persistent_workers")
+
+
+def test_what_a_move_did_counts_less_the_further_its_context_is_from_the_anchor() -> None:
+    """Effects depend on context (on mlp, accumulation 2 was faster without a DataLoader worker
+    and slower with one): a gain seen where the other knobs were as in the anchor outranks a
+    larger gain seen where they were not."""
+    space = parse_space(SPACE, "test")
+    anchor = config(parallel="single", world_size=1, num_workers=1, prefetch_factor=2)
+    near = config(parallel="single", world_size=1, amp="bf16", num_workers=1, prefetch_factor=2)
+    far = config(parallel="single", world_size=1, amp="bf16")  # amp and workers differ
+    measured = [
+        Seen(near, 100.0),
+        Seen(near.model_copy(update={"prefetch_factor": 4}), 120.0),  # prefetch 4: 1.2x, near
+        Seen(far, 100.0),
+        Seen(config(amp="bf16"), 130.0),  # DDP: 1.3x, two knobs away from the anchor
+    ]
+    tried = {m.config.key() for m in measured} | {anchor.key()}
+    chosen = next_move(space, complete, [Seen(anchor, 100.0)], measured, tried, floor=50.0)
+    assert chosen == {"parallel": "single", "amp": "off", "num_workers": 1, "prefetch_factor": 4}
 
 
 def test_a_worker_goes_first_from_a_configuration_that_waited_for_data() -> None:
