@@ -336,7 +336,7 @@ def run_fidelity(platform: Platform, spec: WorkloadSpec, args: Any, landscape: L
                  pick: TrainConfig, estimate: float) -> dict[str, Any]:  # fmt: skip
     """The pick's estimate (the mean of its race runs, each the window's floor) against one run
     ``--fidelity-factor`` times the floor, on a gang warmed by an ordinary run first: the two
-    differ in length only. (Before 2026-11-23 the long run was the first trial of a fresh Ray
+    differ in length only. (Until 2026-11-23 the long run was the first trial of a fresh Ray
     instance and had an adaptive window, which stays open longer while steps are noisy, and
     on this machine noisy stretches are slow ones: 8 of 9 errors were positive.)"""
     live = Live(platform, spec, args, landscape.memory_limit_bytes)

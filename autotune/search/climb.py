@@ -121,7 +121,7 @@ def _move_effects(
 
 
 def _scale(value: float, logs: list[float]) -> float:
-    return value * math.exp(sum(logs) / len(logs)) if logs else value
+    return value * math.exp(sum(logs) / len(logs))
 
 
 def _in_context(

@@ -32,6 +32,18 @@ class Proposal:
         return int(self.trial.number)
 
 
+def _seen(record: TrialRecord) -> Seen:
+    """What the climb reads of a measured trial (one with a configuration)."""
+    assert record.config is not None
+    return Seen(
+        record.config,
+        record.samples_per_s or 0.0,
+        record.memory_used_bytes,
+        record.steady_samples_per_s,
+        record.data_wait_share,
+    )
+
+
 class Proposer:
     """Optuna's sampler over ``space``; ``fixed`` fields (global batch, device) are given."""
 
@@ -51,29 +63,12 @@ class Proposer:
     def _next_move(self) -> dict[str, Any] | None:
         """The climb's next point (``autotune.search.climb``), or None to let the sampler
         choose."""
-        fastest = [
-            Seen(
-                r.config,
-                r.samples_per_s or 0.0,
-                r.memory_used_bytes,
-                r.steady_samples_per_s,
-                r.data_wait_share,
-            )
-            for r in self.log.fastest()
-            if r.config is not None
-        ]
+        fastest = [_seen(r) for r in self.log.fastest() if r.config is not None]
         start = self.log.baseline()
         if not fastest and start is not None and start.config is not None:  # nothing fits yet
-            fastest = [
-                Seen(
-                    start.config,
-                    start.samples_per_s or 0.0,
-                    start.memory_used_bytes,
-                    data_wait_share=start.data_wait_share,
-                )
-            ]
+            fastest = [_seen(start)]
         measured = [
-            Seen(r.config, r.samples_per_s, r.memory_used_bytes)
+            _seen(r)
             for r in self.log.measured().values()
             if r.config is not None and r.samples_per_s
         ]
