@@ -1,0 +1,162 @@
+"""The machine's own drift: how much a fixed computation's speed moves, with no tool involved.
+
+    python scripts/bench_machine_noise.py                  # 300 s of 1-s windows
+    python scripts/bench_machine_noise.py --seconds 600 --threads 1
+
+One process multiplies the same two matrices for --seconds, counting multiplications per
+1-s window (a race run's floor). Nothing of autotune runs: what this measures is the floor under
+every number the benchmark reports on this machine. Printed and written to
+results/machine_noise.json:
+
+  scale     the coefficient of variation of the mean speed over windows of 1, 5, 20 and 60 s
+            (independent 1-s windows would shrink it by the square root of the window count;
+            slow and fast stretches keep it up);
+  lag-1     the autocorrelation of neighbouring 1-s windows;
+  fidelity  the benchmark's fidelity check replayed on this series: an estimate from --runs
+            1-s windows --gap s apart (the race runs of the pick), against a --long s window
+            starting --wait s after the last of them (the 20x run after the search ends); the
+            median and 90th percentile of |error| over every start, and the share within 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+TARGET_ERROR = 0.05
+
+
+def window_speeds(seconds: int, threads: int, size: int = 384) -> list[float]:
+    """Matrix multiplications per second in each of ``seconds`` consecutive 1-s windows."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(20):  # warm the caches and the thread pool
+        a @ b
+    speeds = []
+    for _ in range(seconds):
+        start, done = time.perf_counter(), 0
+        while (elapsed := time.perf_counter() - start) < 1.0:
+            for _ in range(5):
+                a @ b
+            done += 5
+        speeds.append(done / elapsed)
+    return speeds
+
+
+def cv_at(series: list[float], width: int) -> float | None:
+    """Coefficient of variation of the means of consecutive ``width``-window blocks (None with
+    fewer than three blocks)."""
+    blocks = [
+        statistics.fmean(series[i : i + width]) for i in range(0, len(series) - width + 1, width)
+    ]
+    if len(blocks) < 3:
+        return None
+    return statistics.stdev(blocks) / statistics.fmean(blocks)
+
+
+def lag1(series: list[float]) -> float:
+    mean = statistics.fmean(series)
+    deviations = [v - mean for v in series]
+    spread = sum(d * d for d in deviations)
+    return sum(x * y for x, y in itertools.pairwise(deviations)) / spread if spread else 0.0
+
+
+def fidelity_errors(series: list[float], runs: int, gap: int, wait: int, long: int) -> list[float]:
+    """For every start: (mean of ``runs`` windows ``gap`` apart) / (mean of the ``long``
+    windows starting ``wait`` after the last of them) - 1."""
+    span = (runs - 1) * gap + wait + long
+    errors = []
+    for start in range(len(series) - span + 1):
+        estimate = statistics.fmean(series[start + i * gap] for i in range(runs))
+        first = start + (runs - 1) * gap + wait
+        errors.append(estimate / statistics.fmean(series[first : first + long]) - 1)
+    return errors
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def summarize(series: list[float], args: Any) -> dict[str, Any]:
+    errors = [abs(e) for e in fidelity_errors(series, args.runs, args.gap, args.wait, args.long)]
+    return {
+        "windows": len(series),
+        "mean_per_s": statistics.fmean(series),
+        "cv_by_window_s": {str(w): cv_at(series, w) for w in (1, 5, 20, 60)},
+        "lag1_autocorrelation": lag1(series),
+        "fidelity": {
+            "runs": args.runs,
+            "gap_s": args.gap,
+            "wait_s": args.wait,
+            "long_s": args.long,
+            "starts": len(errors),
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "p90_abs_error": percentile(errors, 0.9) if errors else None,
+            "share_within_5pct": (
+                sum(e <= TARGET_ERROR for e in errors) / len(errors) if errors else None
+            ),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--runs", type=int, default=4, help="Race runs behind an estimate.")
+    parser.add_argument("--gap", type=int, default=6, help="Seconds between them.")
+    parser.add_argument("--wait", type=int, default=30, help="Seconds until the long run.")
+    parser.add_argument("--long", type=int, default=20, help="Seconds of the long run.")
+    parser.add_argument("--out", default="results/machine_noise.json")
+    args = parser.parse_args()
+    if args.seconds < (args.runs - 1) * args.gap + args.wait + args.long:
+        parser.error(f"--seconds {args.seconds}: shorter than one fidelity check's span")
+
+    import torch
+
+    from autotune.runner.platform import detect_platform
+
+    host = detect_platform("cpu")
+    machine = f"{host.device_name}, {host.cpu_count} cores"
+    print(f"{args.seconds} windows of 1 s, {args.threads} thread(s), torch {torch.__version__}")
+    series = window_speeds(args.seconds, args.threads)
+    summary = summarize(series, args)
+    print(f"{'window':>8}{'CV':>8}{'if independent':>16}")
+    one = summary["cv_by_window_s"]["1"]
+    for width, cv in summary["cv_by_window_s"].items():
+        alone = f"{one / int(width) ** 0.5:.1%}" if one else "-"
+        print(f"{width + ' s':>8}{(f'{cv:.1%}' if cv is not None else '-'):>8}{alone:>16}")
+    f = summary["fidelity"]
+    print(f"lag-1 autocorrelation of 1-s windows: {summary['lag1_autocorrelation']:.2f}")
+    print(
+        f"fidelity check on the machine alone ({f['runs']} 1-s runs {f['gap_s']} s apart vs a "
+        f"{f['long_s']} s run {f['wait_s']} s later, {f['starts']} starts): median |error| "
+        f"{f['median_abs_error']:.1%}, 90th percentile {f['p90_abs_error']:.1%}, "
+        f"within 5%: {f['share_within_5pct']:.0%}"
+    )
+    out = {
+        "machine": machine,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        **summary,
+        "per_window": series,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"results: {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
