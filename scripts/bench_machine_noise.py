@@ -2,6 +2,7 @@
 
     python scripts/bench_machine_noise.py                  # 300 s of 1-s windows
     python scripts/bench_machine_noise.py --seconds 600 --threads 1
+    python scripts/bench_machine_noise.py --series results/machine_noise.json --wait 60
 
 One process multiplies the same two matrices for --seconds, counting multiplications per
 1-s window (a race run's floor). Nothing of autotune runs: what this measures is the floor under
@@ -15,7 +16,9 @@ results/machine_noise.json:
   fidelity  the benchmark's fidelity check replayed on this series: an estimate from --runs
             1-s windows --gap s apart (the race runs of the pick), against a --long s window
             starting --wait s after the last of them (the 20x run after the search ends); the
-            median and 90th percentile of |error| over every start, and the share within 5%.
+            median and 90th percentile of |error| over every start, and the share within 5%;
+  referee   the same for a perfect estimate, the mean of the whole series: how often a single
+            --long s run lies within 5% of it. Below 100%, the long run is itself a draw.
 """
 
 from __future__ import annotations
@@ -84,13 +87,35 @@ def fidelity_errors(series: list[float], runs: int, gap: int, wait: int, long: i
     return errors
 
 
+def referee_errors(series: list[float], long: int) -> list[float]:
+    """For every start: (mean of the whole series) / (mean of ``long`` windows there) - 1."""
+    mean = statistics.fmean(series)
+    return [
+        mean / statistics.fmean(series[start : start + long]) - 1
+        for start in range(len(series) - long + 1)
+    ]
+
+
+def _spread(errors: list[float]) -> dict[str, Any]:
+    errors = [abs(e) for e in errors]
+    if not errors:
+        return {"starts": 0, "median_abs_error": None, "p90_abs_error": None,
+                "share_within_5pct": None}  # fmt: skip
+    return {
+        "starts": len(errors),
+        "median_abs_error": statistics.median(errors),
+        "p90_abs_error": percentile(errors, 0.9),
+        "share_within_5pct": sum(e <= TARGET_ERROR for e in errors) / len(errors),
+    }
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def summarize(series: list[float], args: Any) -> dict[str, Any]:
-    errors = [abs(e) for e in fidelity_errors(series, args.runs, args.gap, args.wait, args.long)]
+    errors = fidelity_errors(series, args.runs, args.gap, args.wait, args.long)
     return {
         "windows": len(series),
         "mean_per_s": statistics.fmean(series),
@@ -101,13 +126,9 @@ def summarize(series: list[float], args: Any) -> dict[str, Any]:
             "gap_s": args.gap,
             "wait_s": args.wait,
             "long_s": args.long,
-            "starts": len(errors),
-            "median_abs_error": statistics.median(errors) if errors else None,
-            "p90_abs_error": percentile(errors, 0.9) if errors else None,
-            "share_within_5pct": (
-                sum(e <= TARGET_ERROR for e in errors) / len(errors) if errors else None
-            ),
+            **_spread(errors),
         },
+        "referee": {"long_s": args.long, **_spread(referee_errors(series, args.long))},
     }
 
 
@@ -119,10 +140,15 @@ def main() -> None:
     parser.add_argument("--gap", type=int, default=6, help="Seconds between them.")
     parser.add_argument("--wait", type=int, default=30, help="Seconds until the long run.")
     parser.add_argument("--long", type=int, default=20, help="Seconds of the long run.")
+    parser.add_argument(
+        "--series", help="Analyse the windows saved in this output instead of measuring."
+    )
     parser.add_argument("--out", default="results/machine_noise.json")
     args = parser.parse_args()
-    if args.seconds < (args.runs - 1) * args.gap + args.wait + args.long:
-        parser.error(f"--seconds {args.seconds}: shorter than one fidelity check's span")
+    saved = json.loads(Path(args.series).read_text()) if args.series else None
+    seconds = len(saved["per_window"]) if saved else args.seconds
+    if seconds < (args.runs - 1) * args.gap + args.wait + args.long:
+        parser.error(f"--seconds {seconds}: shorter than one fidelity check's span")
 
     import torch
 
@@ -130,8 +156,12 @@ def main() -> None:
 
     host = detect_platform("cpu")
     machine = f"{host.device_name}, {host.cpu_count} cores"
-    print(f"{args.seconds} windows of 1 s, {args.threads} thread(s), torch {torch.__version__}")
-    series = window_speeds(args.seconds, args.threads)
+    if saved:
+        machine, series, args.threads = saved["machine"], saved["per_window"], saved["threads"]
+        print(f"{len(series)} windows of 1 s from {args.series}, {args.threads} thread(s)")
+    else:
+        print(f"{seconds} windows of 1 s, {args.threads} thread(s), torch {torch.__version__}")
+        series = window_speeds(seconds, args.threads)
     summary = summarize(series, args)
     print(f"{'window':>8}{'CV':>8}{'if independent':>16}")
     one = summary["cv_by_window_s"]["1"]
@@ -146,9 +176,15 @@ def main() -> None:
         f"{f['median_abs_error']:.1%}, 90th percentile {f['p90_abs_error']:.1%}, "
         f"within 5%: {f['share_within_5pct']:.0%}"
     )
+    r = summary["referee"]
+    print(
+        f"referee: the whole series' mean against one {r['long_s']} s run: median |error| "
+        f"{r['median_abs_error']:.1%}, 90th percentile {r['p90_abs_error']:.1%}, within 5%: "
+        f"{r['share_within_5pct']:.0%}"
+    )
     out = {
         "machine": machine,
-        "torch": torch.__version__,
+        "torch": saved["torch"] if saved else torch.__version__,
         "threads": args.threads,
         **summary,
         "per_window": series,

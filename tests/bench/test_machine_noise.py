@@ -38,3 +38,12 @@ def test_blocks_of_independent_windows_vary_less_than_blocks_of_stretches() -> N
     assert noise.cv_at(alternating, 10) == pytest.approx(0.0)
     assert noise.cv_at(stretches, 10) > 0.05
     assert noise.lag1(alternating) < 0 < noise.lag1(stretches)
+
+
+def test_the_referee_is_the_whole_series_mean_against_each_long_window() -> None:
+    series = [100.0] * 20 + [80.0] * 20  # mean 90
+    errors = noise.referee_errors(series, long=20)
+    assert len(errors) == 21
+    assert errors[0] == pytest.approx(90 / 100 - 1)
+    assert errors[10] == pytest.approx(0.0)
+    assert errors[-1] == pytest.approx(90 / 80 - 1)
