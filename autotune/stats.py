@@ -71,6 +71,17 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     return Interval(mean, t_quantile(n - 1, confidence) * sd / math.sqrt(n), n)
 
 
+def ratio_interval(
+    log_ratios: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float, float] | None:
+    """The geometric-mean ratio of paired runs and its interval, (estimate, low, high), from
+    their log ratios; None with fewer than two pairs."""
+    if len(log_ratios) < 2:
+        return None
+    interval = mean_interval(log_ratios, confidence)
+    return math.exp(interval.mean), math.exp(interval.low), math.exp(interval.high)
+
+
 BATCHES = 10
 """Batch means: long runs of step times are cut into this many consecutive batches."""
 

@@ -376,7 +376,7 @@ def run_judge(platform: Platform, spec: WorkloadSpec, args: Any, landscape: Land
     import math
 
     from autotune.search.race import rotated
-    from autotune.stats import mean_interval
+    from autotune.stats import ratio_interval
 
     optimum = landscape.optimum().config
     configs = [optimum]
@@ -404,10 +404,9 @@ def run_judge(platform: Platform, spec: WorkloadSpec, args: Any, landscape: Land
         own = speeds[config.key()]
         ratios = [math.log(b / a) for a, b in zip(best, own, strict=True) if a and b]
         row: dict[str, Any] = {"pick": config.summary(), "runs": own}
-        if len(ratios) >= 2:
-            interval = mean_interval(ratios)
-            row.update(ratio=math.exp(interval.mean), low=math.exp(interval.low),
-                       high=math.exp(interval.high))  # fmt: skip
+        paired = ratio_interval(ratios)
+        if paired is not None:
+            row.update(ratio=paired[0], low=paired[1], high=paired[2])
         judged["methods"][method] = row
     return judged
 

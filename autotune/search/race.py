@@ -24,7 +24,7 @@ from typing import Literal
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
-from autotune.stats import mean_interval
+from autotune.stats import mean_interval, ratio_interval
 
 DECIDE_CONFIDENCE = 0.90
 """Two-sided level of the interval a decision needs: its one end is a one-sided 95% test."""
@@ -123,8 +123,4 @@ def speedup(
 ) -> tuple[float, float, float] | None:
     """Speed-up of ``config`` over ``baseline`` from their paired rounds: (estimate, low,
     high) at 95%; None without two paired rounds."""
-    ratios = log_ratios(records, baseline, config)
-    if len(ratios) < 2:
-        return None
-    interval = mean_interval(ratios)
-    return math.exp(interval.mean), math.exp(interval.low), math.exp(interval.high)
+    return ratio_interval(log_ratios(records, baseline, config))
