@@ -258,6 +258,11 @@ def run_autotune(spec: WorkloadSpec, args: Any, landscape: Landscape, budget: in
         "verification_error": recommendation.verification_error,
         "verification_status": verification.status if verification else None,
         "speedup_vs_baseline": recommendation.speedup,
+        "estimate_interval": (
+            [recommendation.samples_per_s_low, recommendation.samples_per_s_high]
+            if recommendation.samples_per_s_low is not None
+            else None
+        ),
         "time_split": time_split(recommendation.trials, method.wall_s),
     }
     return method
@@ -333,12 +338,15 @@ def _finish(method: Method, live: Live, chosen: Measured | None = None) -> Metho
 
 
 def run_fidelity(platform: Platform, spec: WorkloadSpec, args: Any, landscape: Landscape,
-                 pick: TrainConfig, estimate: float) -> dict[str, Any]:  # fmt: skip
+                 pick: TrainConfig, estimate: float,
+                 interval: list[float] | None) -> dict[str, Any]:  # fmt: skip
     """The pick's estimate (the mean of its race runs, each the window's floor) against one run
     ``--fidelity-factor`` times the floor, on a gang warmed by an ordinary run first: the two
-    differ in length only. (Until 2026-11-23 the long run was the first trial of a fresh Ray
-    instance and had an adaptive window, which stays open longer while steps are noisy, and
-    on this machine noisy stretches are slow ones: 8 of 9 errors were positive.)"""
+    differ in length only; and whether the long run lies inside the estimate's 95% interval
+    (``interval``, as the recommendation reports it; None: it had none). (Until 2026-11-23 the
+    long run was the first trial of a fresh Ray instance and had an adaptive window, which
+    stays open longer while steps are noisy, and on this machine noisy stretches are slow
+    ones: 8 of 9 errors were positive.)"""
     live = Live(platform, spec, args, landscape.memory_limit_bytes)
     warm, _ = live.run(pick)
     long, run = live.run(pick, longer=args.fidelity_factor, floor=True)
@@ -354,6 +362,12 @@ def run_fidelity(platform: Platform, spec: WorkloadSpec, args: Any, landscape: L
         "long_run_samples_per_s": long.samples_per_s,
         "status": long.status,
         "error": error,
+        "estimate_interval": interval,
+        "long_run_in_interval": (
+            interval[0] <= long.samples_per_s <= interval[1]
+            if interval and long.samples_per_s
+            else None
+        ),
         "peak_memory_bytes": long.memory_used_bytes,
         "memory_limit_bytes": landscape.memory_limit_bytes,
         "fits": long.fits,
@@ -490,9 +504,12 @@ def print_table(name: str, result: dict[str, Any]) -> None:
         print_time_split(result["methods"]["autotune"]["time_split"])
     f = result["fidelity"]
     error = f"{f['error']:+.1%}" if f["error"] is not None else "n/a"
+    span = f.get("estimate_interval")
+    inside = {True: "inside", False: "outside"}.get(f.get("long_run_in_interval"), "")
+    band = f" [{span[0]:.1f}, {span[1]:.1f}], long run {inside} it" if span and inside else ""
     print(
         f"  fidelity: {f['steps']}-step run {f['long_run_samples_per_s'] or 0:.1f} samples/s vs "
-        f"estimate {f['estimate_samples_per_s']:.1f} ({error}); peak "
+        f"estimate {f['estimate_samples_per_s']:.1f}{band} ({error}); peak "
         f"{(f['peak_memory_bytes'] or 0) / 2**20:.0f} MiB of {f['memory_limit_bytes'] / 2**20:.0f}"
     )
     if "judge" in result:
@@ -581,8 +598,9 @@ def live(args: argparse.Namespace) -> None:
         tuned = methods["autotune"]
         assert tuned.pick is not None
         fidelity = run_fidelity(
-            platform, spec, args, landscape, tuned.pick, tuned.pick_samples_per_s or 0.0
-        )
+            platform, spec, args, landscape, tuned.pick, tuned.pick_samples_per_s or 0.0,
+            tuned.extra.get("estimate_interval"),
+        )  # fmt: skip
         picks = {k: m.pick for k, m in methods.items() if k != "grid"}
         judged = run_judge(platform, spec, args, landscape, picks)
         rows = {k: summarise(m, landscape, grid) for k, m in methods.items()}
@@ -653,9 +671,12 @@ def rerun(args: argparse.Namespace, what: str) -> None:
         if what == "judge":
             result["judge"] = run_judge(platform, spec, args, landscape, picks)
         else:
-            tuned, estimate = picks["autotune"], result["methods"]["autotune"]["own_samples_per_s"]
+            own = result["methods"]["autotune"]
+            tuned, estimate = picks["autotune"], own["own_samples_per_s"]
             assert tuned is not None
-            result["fidelity"] = run_fidelity(platform, spec, args, landscape, tuned, estimate)
+            result["fidelity"] = run_fidelity(
+                platform, spec, args, landscape, tuned, estimate, own.get("estimate_interval")
+            )
             result["targets"] = targets(result["methods"], result["fidelity"])
         print_table(name, result)
         out_path.write_text(json.dumps(data, indent=1) + "\n")
