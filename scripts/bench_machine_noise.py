@@ -24,7 +24,6 @@ results/machine_noise.json:
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -34,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TARGET_ERROR = 0.05
+from bench_run_noise import lag1_autocorrelation
+from bench_search_quality import TARGET_ERROR
 
 
 def window_speeds(seconds: int, threads: int, size: int = 384) -> list[float]:
@@ -66,13 +67,6 @@ def cv_at(series: list[float], width: int) -> float | None:
     if len(blocks) < 3:
         return None
     return statistics.stdev(blocks) / statistics.fmean(blocks)
-
-
-def lag1(series: list[float]) -> float:
-    mean = statistics.fmean(series)
-    deviations = [v - mean for v in series]
-    spread = sum(d * d for d in deviations)
-    return sum(x * y for x, y in itertools.pairwise(deviations)) / spread if spread else 0.0
 
 
 def fidelity_errors(series: list[float], runs: int, gap: int, wait: int, long: int) -> list[float]:
@@ -120,7 +114,7 @@ def summarize(series: list[float], args: Any) -> dict[str, Any]:
         "windows": len(series),
         "mean_per_s": statistics.fmean(series),
         "cv_by_window_s": {str(w): cv_at(series, w) for w in (1, 5, 20, 60)},
-        "lag1_autocorrelation": lag1(series),
+        "lag1_autocorrelation": lag1_autocorrelation(series),
         "fidelity": {
             "runs": args.runs,
             "gap_s": args.gap,
