@@ -116,6 +116,23 @@ class MeasurementSettings(BaseModel):
     )
     seed: int = _TRIAL["seed"]  # type: ignore[assignment]
 
+    def options(
+        self, memory_limit_bytes: int | None = None, prune_below: float | None = None
+    ) -> TrialOptions:
+        """A trial's options from these settings; ``prune_below``: the samples/s under which
+        it stops early (the search gives ``prune_ratio`` of the incumbent's)."""
+        return TrialOptions(
+            warmup_steps=self.warmup_steps,
+            measured_steps=self.measured_steps,
+            min_measure_s=self.min_measure_s,
+            max_measure_s=self.max_measure_s,
+            target_interval=self.target_interval,
+            timeout_s=self.trial_timeout_s,
+            seed=self.seed,
+            memory_limit_bytes=memory_limit_bytes,
+            prune_below_samples_per_s=prune_below,
+        )
+
 
 class FinishingSettings(BaseModel):
     """How the winner is chosen and confirmed once the budget is spent."""

@@ -18,7 +18,7 @@ from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
 from autotune.runner.executor import Executor, PlacementError, run_to_end
-from autotune.runner.request import TrialOptions, TrialRequest
+from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
 from autotune.search.lessons import accumulation_cut_memory, needs_unused_parameters
@@ -80,21 +80,12 @@ class Tuner:
             cpu = self.platform.device_type == "cpu"
             limit = self.budget_bytes // config.processes if cpu else self.budget_bytes
         incumbent = self.log.best() if prune and m.prune_ratio > 0 else None
-        options = TrialOptions(
-            warmup_steps=m.warmup_steps,
-            measured_steps=m.measured_steps,
-            min_measure_s=m.min_measure_s,
-            max_measure_s=m.max_measure_s,
-            target_interval=m.target_interval,
-            timeout_s=m.trial_timeout_s,
-            seed=m.seed,
-            memory_limit_bytes=limit,
-            prune_below_samples_per_s=(
-                incumbent.samples_per_s * m.prune_ratio
-                if incumbent and incumbent.samples_per_s
-                else None
-            ),
-        ).longer(longer)
+        prune_below = (
+            incumbent.samples_per_s * m.prune_ratio
+            if incumbent and incumbent.samples_per_s
+            else None
+        )
+        options = m.options(limit, prune_below).longer(longer)
         if floor:
             options = options.floor()
         return TrialRequest(config=config, workload=self.workload, options=options)

@@ -101,6 +101,27 @@ def test_measurement_defaults_are_the_trial_options_own() -> None:
     assert measured.trial_timeout_s == defaults.timeout_s and measured.seed == defaults.seed
 
 
+def test_measurement_settings_make_the_trial_options_of_every_field() -> None:
+    measured = make_settings(
+        {
+            "measured_steps": 7,
+            "min_measure_s": 0.5,
+            "target_interval": 0.05,
+            "seed": 3,
+            "trial_timeout_s": 60,
+            "warmup_steps": 4,
+            "max_measure_s": 6,
+        }
+    ).measurement
+    options = measured.options(memory_limit_bytes=1 << 30, prune_below=12.5)
+    assert (options.measured_steps, options.min_measure_s, options.max_measure_s) == (7, 0.5, 6)
+    assert (options.warmup_steps, options.target_interval, options.seed) == (4, 0.05, 3)
+    assert options.timeout_s == 60 and options.memory_limit_bytes == 1 << 30
+    assert options.prune_below_samples_per_s == 12.5
+    plain = measured.options()
+    assert plain.prune_below_samples_per_s is None and plain.memory_limit_bytes is None
+
+
 def test_an_unknown_or_bad_setting_names_itself_and_what_is_accepted() -> None:
     with pytest.raises(ConfigError, match=r"unknown setting .trails.; known settings: .*trials"):
         make_settings({"global_batch_size": 8, "trails": 5})

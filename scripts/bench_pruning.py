@@ -1,0 +1,240 @@
+"""What a hopeless trial costs once pruned (target: a configuration 100x slower than the baseline
+costs at most about two baseline trials' wall time).
+
+    python scripts/bench_pruning.py [--out results/pruning.json]
+
+Per case, on one local Ray instance with the search's own trial options (the tool's defaults,
+``MeasurementSettings.options``), all on one single-rank gang that is reused throughout:
+
+  baseline   the fast configuration, --baseline-runs times, unpruned: its trial wall time;
+  pruned     the slow configuration as a search trial meets it, pruned against prune_ratio
+             (0.5) of the baseline's median samples/s: its wall time, in baseline trials;
+  unpruned   the slow configuration once more without pruning: how much slower it really is
+             (the measured slowdown) and what it would have cost.
+
+Cases:
+
+  convnet fp16   ``workloads.convnet:resnet_tiny``, AMP fp16 against fp32: a real slow knob on a
+                 CPU without fast fp16 kernels (how slow it is depends on the CPU).
+  100x, short    ``Repeats`` below, a 4-layer MLP whose fp32 step takes milliseconds; under fp16
+                 autocast it runs its forward, in fp32, ``REPEATS`` (100) times per step, so the
+                 step does about 100x the work with nothing else changed: a hopeless
+                 configuration of known size.
+  100x, long     the same with wider layers, whose fp32 step takes a tenth of a second or more:
+                 the pruning rule acts between steps, so one step of a hopeless configuration
+                 is paid in full, and this case shows what that costs when steps are long.
+
+Prints a table, writes results/pruning.json. Wall times are the driver's, submit to result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.data import Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+REPEATS = 100
+TARGET_BASELINE_TRIALS = 2.0
+
+
+class Repeats(nn.Module):
+    """An MLP that, under fp16 autocast, computes its forward ``REPEATS`` times in fp32 (the
+    output is their mean, so the backward repeats too); otherwise once."""
+
+    def __init__(self, width: int = 256, depth: int = 4) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, 10)
+        self.width = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        fp16 = torch.is_autocast_enabled(device) and (
+            torch.get_autocast_dtype(device) == torch.float16
+        )
+        repeats = REPEATS if fp16 else 1
+        with torch.autocast(device, enabled=False):
+            x = x.float()
+            return sum(self.head(self.body(x)) for _ in range(repeats)) / repeats
+
+
+class WideRepeats(Repeats):
+    def __init__(self) -> None:
+        super().__init__(width=1536, depth=4)
+
+
+class Features(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Fixed random samples held in memory: loading costs next to nothing."""
+
+    def __init__(self, width: int, length: int = 4096) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(length, width, generator=generator)
+        self.y = torch.randint(0, 10, (length,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+
+def autotune_dataset(model: nn.Module) -> Features:
+    return Features(model.width)  # type: ignore[arg-type]
+
+
+CASES: dict[str, dict[str, Any]] = {  # "judged": the target is about this case
+    "convnet fp16": {"model": "workloads.convnet:resnet_tiny", "judged": False},
+    "100x, short": {"model": "bench_pruning:Repeats", "judged": True},
+    "100x, long": {"model": "bench_pruning:WideRepeats", "judged": True},
+}
+SLOW = {"amp": "fp16"}
+"""What makes each case's configuration slow (the baseline is the plain one: fp32)."""
+
+
+def summarise(case: str, runs: dict[str, list[dict[str, Any]]], judged: bool) -> dict[str, Any]:
+    """One row of the table from a case's runs (each: status, samples_per_s, measured_steps,
+    measured_s, wall_s); ``judged``: whether the target applies (the measured slowdown is
+    reported beside it, so a case that fell short of 100x shows as such)."""
+    base = runs["baseline"]
+    base_wall = statistics.median(r["wall_s"] for r in base)
+    base_speed = statistics.median(r["samples_per_s"] for r in base)
+    base_step = statistics.median(r["measured_s"] / r["measured_steps"] for r in base)
+    (pruned,) = runs["pruned"]
+    (unpruned,) = runs["unpruned"]
+    slowdown = base_speed / unpruned["samples_per_s"] if unpruned["samples_per_s"] else None
+    cost = pruned["wall_s"] / base_wall
+    return {
+        "case": case,
+        "baseline_step_s": base_step,
+        "baseline_wall_s": base_wall,
+        "baseline_samples_per_s": base_speed,
+        "slowdown": slowdown,
+        "pruned_status": pruned["status"],
+        "pruned_steps": pruned["measured_steps"],
+        "pruned_wall_s": pruned["wall_s"],
+        "pruned_cost_in_baseline_trials": cost,
+        "unpruned_wall_s": unpruned["wall_s"],
+        "saved_s": unpruned["wall_s"] - pruned["wall_s"],
+        "target": f"<= {TARGET_BASELINE_TRIALS:g} baseline trials" if judged else "not judged",
+        "met": (pruned["status"] == "pruned" and cost <= TARGET_BASELINE_TRIALS)
+        if judged
+        else None,
+        "runs": runs,
+    }
+
+
+def print_table(rows: list[dict[str, Any]], machine: str) -> None:
+    head = (
+        f"{'case':<14} {'base step s':>11} {'base trial s':>12} {'slowdown':>8} "
+        f"{'pruned':>7} {'steps':>5} {'pruned s':>8} {'in base trials':>14} "
+        f"{'unpruned s':>10}  target"
+    )
+    print(head)
+    for r in rows:
+        slowdown = f"{r['slowdown']:.0f}x" if r["slowdown"] else "-"
+        verdict = {True: "met", False: "MISSED", None: "-"}[r["met"]]
+        print(
+            f"{r['case']:<14} {r['baseline_step_s']:>11.4f} {r['baseline_wall_s']:>12.2f} "
+            f"{slowdown:>8} {r['pruned_status']:>7} {r['pruned_steps']:>5} "
+            f"{r['pruned_wall_s']:>8.2f} {r['pruned_cost_in_baseline_trials']:>14.2f} "
+            f"{r['unpruned_wall_s']:>10.2f}  {r['target']}: {verdict}"
+        )
+    print(f"\non {machine}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--baseline-runs", type=int, default=3)
+    parser.add_argument("--global-batch-size", type=int, default=32)
+    parser.add_argument("--out", default="results/pruning.json")
+    args = parser.parse_args()
+    if args.baseline_runs < 1:
+        parser.error(f"--baseline-runs {args.baseline_runs}: at least 1")
+
+    from autotune.config import make_config
+    from autotune.runner.platform import detect_platform
+    from autotune.runner.ray_executor import RayExecutor
+    from autotune.runner.request import TrialOptions, TrialRequest
+    from autotune.runner.workload import WorkloadSpec
+    from autotune.search.settings import make_settings
+
+    measurement = make_settings({}).measurement
+    platform = detect_platform("cpu")
+    executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=max(8, os.cpu_count() or 1))
+    here = str(Path(__file__).resolve().parent)
+    search_path = (os.getcwd(), here)
+
+    def run(model: str, values: dict[str, Any], options: TrialOptions) -> dict[str, Any]:
+        config = make_config(
+            {"global_batch_size": args.global_batch_size, "device": "cpu", **values}
+        )
+        request = TrialRequest(
+            config=config,
+            workload=WorkloadSpec(model=model, search_path=search_path),
+            options=options,
+        )
+        started = time.perf_counter()
+        executor.submit(request)
+        ((_, result),) = executor.wait()
+        wall = time.perf_counter() - started
+        if result.status not in ("ok", "pruned"):
+            raise SystemExit(f"{config.summary()} of {model}: {result.status}: {result.message}")
+        return {
+            "config": config.summary(),
+            "status": result.status,
+            "samples_per_s": result.samples_per_s,
+            "measured_steps": result.measured_steps,
+            "measured_s": result.measured_s,
+            "wall_s": wall,
+            "message": result.message,
+        }
+
+    rows = []
+    try:
+        for case in args.cases:
+            spec = CASES[case]
+            run(spec["model"], {}, measurement.options())  # the gang's first trial is cold
+            base = [
+                run(spec["model"], {}, measurement.options()) for _ in range(args.baseline_runs)
+            ]
+            line = statistics.median(r["samples_per_s"] for r in base) * measurement.prune_ratio
+            pruned = run(spec["model"], SLOW, measurement.options(prune_below=line))
+            unpruned = run(spec["model"], SLOW, measurement.options())
+            runs = {"baseline": base, "pruned": [pruned], "unpruned": [unpruned]}
+            rows.append({"model": spec["model"], **summarise(case, runs, spec["judged"])})
+            print(f"{case}: done", flush=True)
+    finally:
+        executor.shutdown()
+
+    machine = f"{platform.device_name}, {platform.cpu_count} cores, torch {platform.torch_version}"
+    print_table(rows, machine)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "machine": machine,
+        "global_batch_size": args.global_batch_size,
+        "prune_ratio": measurement.prune_ratio,
+        "repeats": REPEATS,
+        "cases": rows,
+    }
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
