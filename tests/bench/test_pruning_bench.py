@@ -63,9 +63,12 @@ def test_a_row_measures_the_slowdown_and_the_cost_in_baseline_trials() -> None:
     assert row["slowdown"] == pytest.approx(100.0)
     assert row["baseline_wall_s"] == 5.0 and row["baseline_step_s"] == pytest.approx(0.032)
     assert row["pruned_cost_in_baseline_trials"] == pytest.approx(1.5)
-    assert row["saved_s"] == pytest.approx(32.5) and row["met"] is True
+    assert row["met"] is True and row["target"] == "<= 2 baseline trials"
     over = {**runs, "pruned": [_run("pruned", 12, 10.5, steps=1)]}
     assert bench.summarise("x", over, judged=True)["met"] is False  # 2.1 baseline trials
     not_stopped = {**runs, "pruned": [_run("ok", 10, 7.5)]}
     assert bench.summarise("x", not_stopped, judged=True)["met"] is False
     assert bench.summarise("x", runs, judged=False)["met"] is None
+    milder = {**runs, "unpruned": [_run("ok", 20, 20.0)]}  # 50x: proves less than the target
+    row = bench.summarise("x", milder, judged=True)
+    assert row["met"] is None and "under 100x" in row["target"]
