@@ -8,14 +8,16 @@ pruning, the race of the finalists, verification) replayed on a landscape record
 recorded noise. Per landscape and set-up, over --seeds seeds:
 
   trials to 98%   measured trials until one within 98% of the optimum (median and 90th
-                  percentile; a seed that never gets there within half the grid counts as
-                  half the grid + 1);
+                  percentile; the search is capped at --cap trials, a quarter of the grid by
+                  default, and a seed that never gets there counts as the cap + 1);
   pick >= 0.97    in how many seeds the recommendation, after --budgets search trials and the
                   race, is within 97% of the optimum (and the worst pick's share).
 
 Set-ups: Optuna's TPE (multivariate, group, constant liar) with 3, 5 or 10 random start-up
 trials, random search through the same tuner, and the climb (one-knob moves from the fastest
 configurations first, autotune's default) before TPE. Writes results/search_setup.json.
+--jobs runs the (landscape, set-up) pairs in that many processes: TPE's later trials are slow,
+and the whole study on three landscapes takes about an hour in one process.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,60 +67,71 @@ SETUPS: dict[str, tuple[Callable[[int], Any], bool]] = {
 }
 
 
-def study(landscape: Landscape, seeds: int, budgets: list[int]) -> dict[str, dict[str, Any]]:
-    cap = len(landscape.points) // 2
-    rows = {}
-    for name, (sampler, climb) in SETUPS.items():
-        reach = []
-        for seed in range(seeds):
-            run = replay_tuner(
-                landscape, seed, cap, finish=False, climb=climb, sampler=sampler(seed)
+def study(path: str, name: str, seeds: int, budgets: list[int], cap: int | None) -> dict[str, Any]:
+    """One set-up on one landscape: trials to 98% and the picks, over ``seeds`` seeds."""
+    landscape = Landscape.load(path)
+    cap = cap or len(landscape.points) // 4
+    sampler, climb = SETUPS[name]
+    reach = []
+    for seed in range(seeds):
+        run = replay_tuner(landscape, seed, cap, finish=False, climb=climb, sampler=sampler(seed))
+        reach.append(trials_to_reach(landscape, run.measured, SHARE) or cap + 1)
+    row: dict[str, Any] = {
+        "trials_to_98_median": statistics.median(reach),
+        "trials_to_98_p90": statistics.quantiles(reach, n=10, method="inclusive")[-1],
+    }
+    for budget in budgets:
+        picks = [
+            landscape.ratio(
+                replay_tuner(landscape, s, budget, climb=climb, sampler=sampler(s)).pick
             )
-            reach.append(trials_to_reach(landscape, run.measured, SHARE) or cap + 1)
-        row: dict[str, Any] = {
-            "trials_to_98_median": statistics.median(reach),
-            "trials_to_98_p90": statistics.quantiles(reach, n=10, method="inclusive")[-1],
-        }
-        for budget in budgets:
-            picks = [
-                landscape.ratio(
-                    replay_tuner(landscape, s, budget, climb=climb, sampler=sampler(s)).pick
-                )
-                for s in range(seeds)
-            ]
-            row[f"pick_ge_{PICK}_at_{budget}"] = sum(p >= PICK for p in picks)
-            row[f"worst_pick_at_{budget}"] = round(min(picks), 3)
-        rows[name] = row
-    return rows
+            for s in range(seeds)
+        ]
+        row[f"pick_ge_{PICK}_at_{budget}"] = sum(p >= PICK for p in picks)
+        row[f"worst_pick_at_{budget}"] = round(min(picks), 3)
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("landscapes", nargs="+")
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[10, 14])
+    parser.add_argument("--budgets", type=int, nargs="+", default=[10, 20])
+    parser.add_argument("--cap", type=int, help="trials for 'to 98%%' (a quarter of the grid)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--out", default="results/search_setup.json")
     args = parser.parse_args()
-    results: dict[str, Any] = {"seeds": args.seeds, "budgets": args.budgets, "landscapes": {}}
-    for path in args.landscapes:
-        started = time.perf_counter()
-        landscape = Landscape.load(path)
-        rows = study(landscape, args.seeds, args.budgets)
-        results["landscapes"][path] = rows
-        print(f"\n{path} ({len(landscape.points)} configurations, {args.seeds} seeds, "
-              f"{time.perf_counter() - started:.0f} s)")  # fmt: skip
+    started = time.perf_counter()
+    pairs = [(path, name) for path in args.landscapes for name in SETUPS]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [
+            pool.submit(study, path, name, args.seeds, args.budgets, args.cap)
+            for path, name in pairs
+        ]
+        rows = [f.result() for f in futures]
+    results: dict[str, Any] = {
+        "seeds": args.seeds,
+        "budgets": args.budgets,
+        "cap": args.cap,
+        "landscapes": {},
+    }
+    for (path, name), row in zip(pairs, rows, strict=True):
+        results["landscapes"].setdefault(path, {})[name] = row
+    for path, by_setup in results["landscapes"].items():
+        print(f"\n{path} ({args.seeds} seeds)")
         picks = "".join(f" {f'>=0.97 @{b}':>10} {'worst':>6}" for b in args.budgets)
         print(f"  {'set-up':<20} {'to 98%':>7} {'p90':>5}{picks}")
-        for name, row in rows.items():
+        for name, row in by_setup.items():
             cells = "".join(
                 f" {row[f'pick_ge_{PICK}_at_{b}']:>10} {row[f'worst_pick_at_{b}']:>6.3f}"
                 for b in args.budgets
             )
             print(f"  {name:<20} {row['trials_to_98_median']:>7g} "
                   f"{row['trials_to_98_p90']:>5g}{cells}")  # fmt: skip
+    print(f"\n{time.perf_counter() - started:.0f} s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"\nresults: {args.out}")
+    print(f"results: {args.out}")
 
 
 if __name__ == "__main__":
