@@ -174,6 +174,7 @@ def main() -> None:
         parser.error(f"--baseline-runs {args.baseline_runs}: at least 1")
 
     from autotune.config import make_config
+    from autotune.runner.executor import run_to_end
     from autotune.runner.platform import detect_platform
     from autotune.runner.ray_executor import RayExecutor
     from autotune.runner.request import TrialOptions, TrialRequest
@@ -199,8 +200,7 @@ def main() -> None:
             options=options,
         )
         started = time.perf_counter()
-        executor.submit(request)
-        ((_, result),) = executor.wait()
+        result = run_to_end(executor, request)
         wall = time.perf_counter() - started
         if result.status not in ("ok", "pruned"):
             raise SystemExit(f"{config.summary()} of {model}: {result.status}: {result.message}")

@@ -119,6 +119,7 @@ class Live:
     def run(
         self, config: TrainConfig, longer: int = 1, floor: bool = False
     ) -> tuple[Measured, Run]:
+        from autotune.runner.executor import run_to_end
         from autotune.runner.request import TrialOptions, TrialRequest
         from autotune.search.log import memory_used
 
@@ -132,8 +133,8 @@ class Live:
         ).longer(longer)
         if floor:
             options = options.floor()
-        self.executor.submit(TrialRequest(config=config, workload=self.spec, options=options))
-        ((_, result),) = self.executor.wait()
+        request = TrialRequest(config=config, workload=self.spec, options=options)
+        result = run_to_end(self.executor, request)
         used = memory_used(result, self.platform.device_type)
         fits = within_limit(result.status, used, self.limit)
         measured = Measured(

@@ -34,6 +34,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from autotune.config import make_config
+    from autotune.runner.executor import run_to_end
     from autotune.runner.platform import detect_platform
     from autotune.runner.ray_executor import RayExecutor
     from autotune.runner.request import TrialOptions, TrialRequest
@@ -55,8 +56,7 @@ def main() -> None:
                 workload=WorkloadSpec(model=args.model, search_path=(os.getcwd(),)),
                 options=TrialOptions(warmup_steps=2, measured_steps=8),
             )
-            executor.submit(request)
-            ((_, result),) = executor.wait()
+            result = run_to_end(executor, request)
             assert result.ok, result.message
             rows.append(
                 {
