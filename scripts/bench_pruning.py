@@ -9,6 +9,10 @@ Per case, on one local Ray instance with the search's own trial options (the too
   baseline   the fast configuration, --baseline-runs times, unpruned: its trial wall time;
   pruned     the slow configuration as a search trial meets it, pruned against prune_ratio
              (0.5) of the baseline's median samples/s: its wall time, in baseline trials;
+  after      the baseline once more, right after: when the pruned trial was ended mid-step,
+             the gang's processes were ended with it and this trial starts fresh ones; what
+             that adds to its overhead (wall time outside warm-up and measured steps) over the
+             baseline runs' median is charged to the pruned trial;
   unpruned   the slow configuration once more without pruning, over a fixed window of one
              warm-up and two measured steps: how much slower it really is (the measured
              slowdown), and a lower bound on what it would have cost (the search's own window
@@ -19,13 +23,15 @@ Cases:
   convnet fp16   ``workloads.convnet:resnet_tiny``, AMP fp16 against fp32: a real slow knob on a
                  CPU without fast fp16 kernels (how slow it is depends on the CPU).
   100x, short    ``Repeats`` below, a 4-layer MLP whose fp32 step takes milliseconds; under fp16
-                 autocast it runs its forward, in fp32, ``REPEATS`` (300) times per step, so the
+                 autocast it runs its forward, in fp32, ``REPEATS`` (400) times per step, so the
                  step does more work with nothing else changed: a hopeless configuration whose
                  slowdown is measured (about 100x or more here: the optimizer step and the
                  loading are not repeated).
   100x, long     the same with wider layers, whose fp32 step takes a tenth of a second or more:
-                 the pruning rule acts between steps, so one step of a hopeless configuration
-                 is paid in full, and this case shows what that costs when steps are long.
+                 the first step of the hopeless configuration runs for seconds, past the rule's
+                 limit long before it ends, so the executor ends it from outside
+                 (``autotune.runner.executor.cut_reason``) and the next trial pays for fresh
+                 ranks.
 
 Prints a table, writes results/pruning.json. Wall times are the driver's, submit to result.
 """
@@ -47,7 +53,7 @@ from torch.utils.data import Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-REPEATS = 300
+REPEATS = 400
 TARGET_BASELINE_TRIALS = 2.0
 TARGET_SLOWDOWN = 100.0
 
@@ -119,8 +125,10 @@ def summarise(case: str, runs: dict[str, list[dict[str, Any]]], judged: bool) ->
     base_step = statistics.median(r["measured_s"] / r["measured_steps"] for r in base)
     (pruned,) = runs["pruned"]
     (unpruned,) = runs["unpruned"]
+    (after,) = runs["after"]
     slowdown = base_speed / unpruned["samples_per_s"] if unpruned["samples_per_s"] else None
-    cost = pruned["wall_s"] / base_wall
+    restart = max(0.0, after["overhead_s"] - statistics.median(r["overhead_s"] for r in base))
+    cost = (pruned["wall_s"] + restart) / base_wall
     if judged and (slowdown is None or slowdown < TARGET_SLOWDOWN):
         judged, target = False, f"not judged: slower by under {TARGET_SLOWDOWN:g}x"
     else:
@@ -134,6 +142,7 @@ def summarise(case: str, runs: dict[str, list[dict[str, Any]]], judged: bool) ->
         "pruned_status": pruned["status"],
         "pruned_steps": pruned["measured_steps"],
         "pruned_wall_s": pruned["wall_s"],
+        "restart_charged_s": restart,
         "pruned_cost_in_baseline_trials": cost,
         "unpruned_wall_s": unpruned["wall_s"],
         "target": target,
@@ -147,7 +156,7 @@ def summarise(case: str, runs: dict[str, list[dict[str, Any]]], judged: bool) ->
 def print_table(rows: list[dict[str, Any]], machine: str) -> None:
     head = (
         f"{'case':<14} {'base step s':>11} {'base trial s':>12} {'slowdown':>8} "
-        f"{'pruned':>7} {'steps':>5} {'pruned s':>8} {'in base trials':>14} "
+        f"{'pruned':>7} {'steps':>5} {'pruned s':>8} {'restart s':>9} {'in base trials':>14} "
         f"{'unpruned 1+2 steps s':>20}  target"
     )
     print(head)
@@ -157,7 +166,8 @@ def print_table(rows: list[dict[str, Any]], machine: str) -> None:
         print(
             f"{r['case']:<14} {r['baseline_step_s']:>11.4f} {r['baseline_wall_s']:>12.2f} "
             f"{slowdown:>8} {r['pruned_status']:>7} {r['pruned_steps']:>5} "
-            f"{r['pruned_wall_s']:>8.2f} {r['pruned_cost_in_baseline_trials']:>14.2f} "
+            f"{r['pruned_wall_s']:>8.2f} {r['restart_charged_s']:>9.2f} "
+            f"{r['pruned_cost_in_baseline_trials']:>14.2f} "
             f"{r['unpruned_wall_s']:>20.2f}  {r['target']}: {verdict}"
         )
     print(f"\non {machine}")
@@ -211,6 +221,7 @@ def main() -> None:
             "measured_steps": result.measured_steps,
             "measured_s": result.measured_s,
             "wall_s": wall,
+            "overhead_s": max(0.0, wall - result.warmup_s - result.measured_s),
             "message": result.message,
         }
 
@@ -224,8 +235,14 @@ def main() -> None:
             ]
             line = statistics.median(r["samples_per_s"] for r in base) * measurement.prune_ratio
             pruned = run(spec["model"], SLOW, measurement.options(prune_below=line))
+            after = run(spec["model"], {}, measurement.options())
             unpruned = run(spec["model"], SLOW, unpruned_options)
-            runs = {"baseline": base, "pruned": [pruned], "unpruned": [unpruned]}
+            runs = {
+                "baseline": base,
+                "pruned": [pruned],
+                "after": [after],
+                "unpruned": [unpruned],
+            }
             rows.append({"model": spec["model"], **summarise(case, runs, spec["judged"])})
             print(f"{case}: done", flush=True)
     finally:

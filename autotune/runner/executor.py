@@ -13,8 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from autotune.result import TrialResult
+from autotune.result import RankReport, TrialResult
 from autotune.runner.request import TrialRequest
+from autotune.runner.window import overran
+
+CUT_FLOOR_S = 1.0
+"""A step is never ended from outside before it has run this long (see ``cut_reason``)."""
 
 
 class PlacementError(RuntimeError):
@@ -81,6 +85,30 @@ class Watchdog:
         if self.failed_at is not None and now - self.failed_at > self.failure_grace_s:
             return "after another rank failed"
         return None
+
+
+def cut_reason(
+    request: TrialRequest, phase: str, running_s: float, restart_s: float = 0.0
+) -> str | None:
+    """Why to end the trial now, from outside, as pruned: a rank ``running_s`` into ``phase``
+    is in a step that has run past the pruning rule's limit (``window.overran``), and for
+    longer than ending it costs: ``restart_s``, what fresh ranks for the next trial take, and
+    at least ``CUT_FLOOR_S``. A step short of that is left to end: the rank then prunes itself,
+    with its measurement and memory peak, and its processes serve the next trial. (Waiting as
+    long as a restart costs before paying for one keeps the loss within twice the best choice
+    in hindsight, whatever the step's length.) A rank cannot end its own step: backward runs
+    in C++, and its peers may wait in a collective; so its processes end."""
+    if running_s < max(CUT_FLOOR_S, restart_s):
+        return None
+    return overran(request.options, request.config.global_batch_size, phase, running_s)
+
+
+def cut_report(rank: int, reason: str, running_s: float) -> RankReport:
+    """The report of a rank ended mid-step by ``cut_reason``: pruned, with the step's time so
+    far as its one step time (a lower bound: the trial is at most that fast)."""
+    return RankReport(
+        rank=rank, status="pruned", message=reason, pruned=reason, step_times_s=[running_s]
+    )
 
 
 def stopped_message(phase: str, why: str) -> str:

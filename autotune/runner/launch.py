@@ -23,7 +23,13 @@ from pathlib import Path
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.result import Platform, RankReport, TrialResult
-from autotune.runner.executor import Watchdog, run_to_end, stopped_message
+from autotune.runner.executor import (
+    Watchdog,
+    cut_reason,
+    cut_report,
+    run_to_end,
+    stopped_message,
+)
 from autotune.runner.outcome import assemble_result
 from autotune.runner.platform import detect_platform, resolve_device
 from autotune.runner.request import TrialOptions, TrialRequest
@@ -102,6 +108,7 @@ class _Ranks:
             log.close()
         self.killed_by_us: set[int] = set()
         self.why = ""
+        self.cut: tuple[str, float] | None = None  # why a step was cut, and its time so far
 
     def report(self, rank: int) -> RankReport | None:
         path = self.workdir / f"rank-{rank}.json"
@@ -131,6 +138,20 @@ class _Ranks:
         path = self.workdir / f"phase-{rank}.txt"
         return path.read_text() if path.exists() else "starting"
 
+    def overran(self, request: TrialRequest) -> tuple[str, float] | None:
+        """Why to cut the trial (``executor.cut_reason``), from a running rank's phase file,
+        whose modification time is its phase's start; with the step's time so far."""
+        for rank in self.running():
+            path = self.workdir / f"phase-{rank}.txt"
+            try:
+                phase, running_s = path.read_text(), time.time() - path.stat().st_mtime
+            except OSError:  # not written yet
+                continue
+            why = cut_reason(request, phase, running_s)  # fresh processes every trial anyway
+            if why is not None:
+                return why, running_s
+        return None
+
     def outcome(self, rank: int, oom_killed: bool) -> RankReport:
         """This rank's own report, or one made from how its process ended."""
         report = self.report(rank)
@@ -140,6 +161,8 @@ class _Ranks:
         where = f"in {self.phase(rank)}"
         tail = _last_line(self.workdir / f"stderr-{rank}.txt")
         detail = f" ({tail})" if tail else ""
+        if rank in self.killed_by_us and self.cut is not None:
+            return cut_report(rank, *self.cut)
         if rank in self.killed_by_us:
             message = stopped_message(self.phase(rank), self.why)
             return RankReport(rank=rank, status="timed_out", message=message)
@@ -243,7 +266,9 @@ class LocalExecutor:
                 if trial.ranks.failed():
                     trial.watchdog.rank_failed(now)
                 why = trial.watchdog.expired(now)
-                if why is not None:
+                if why is None and trial.request.options.prune_below_samples_per_s:
+                    trial.ranks.cut = trial.ranks.overran(trial.request)
+                if why is not None or trial.ranks.cut is not None:
                     done.append((ticket, self._finish(ticket, why)))
             if done or not self._running or (deadline is not None and now > deadline):
                 return done

@@ -62,6 +62,16 @@ def assemble_result(
             return TrialResult(status="pruned", message=pruned.pruned, **common, **summary)
         return TrialResult(status="ok", **common, **summary)
     failure = choose_failure(reports)
+    if failure.status == "pruned":  # ended mid-step from outside (``executor.cut_reason``)
+        slowest = max(s for r in reports for s in r.step_times_s)
+        bound = config.global_batch_size / slowest
+        return TrialResult(
+            status="pruned",
+            message=f"{failure.message}: at most {bound:.4g} samples/s",
+            samples_per_s=bound,
+            measured_steps=0,
+            **common,
+        )
     message = f"rank {failure.rank}: {failure.message}"
     if failure.status == "timed_out":
         message = f"no result within timeout_s={options.timeout_s:g}; {message}"

@@ -26,20 +26,26 @@ from autotune.runner.memory import MemoryTracker, release_earlier_trials
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
-from autotune.runner.window import Decision, Window
+from autotune.runner.window import STEP_PHASES, Decision, Window
 from autotune.runner.workload import WorkloadCache, build_workload
 
 
 class Progress:
-    """Writes the current phase to a file so a launcher can say where a hung rank stopped."""
+    """The current phase and since when, also written to a file (whose modification time is
+    the phase's start) so that a launcher can say where a hung rank stopped, and see a step
+    that has run too long."""
 
     def __init__(self, path: Path | None) -> None:
-        self.path, self.phase = path, "starting"
+        self.path, self.phase, self.since = path, "starting", time.perf_counter()
 
     def __call__(self, phase: str) -> None:
-        self.phase = phase
+        self.phase, self.since = phase, time.perf_counter()
         if self.path is not None:
             self.path.write_text(phase)
+
+    def where(self) -> tuple[str, float]:
+        """The current phase and the seconds spent in it so far."""
+        return self.phase, time.perf_counter() - self.since
 
 
 def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
@@ -197,7 +203,7 @@ def _measure(
     warm_start = time.perf_counter()
     compile_step_s = None
     for i in range(options.warmup_for(config)):
-        progress("compiling (first step)" if i == 0 and compiling else f"warm-up step {i + 1}")
+        progress("compiling (first step)" if i == 0 and compiling else f"{STEP_PHASES[0]} {i + 1}")
         step_s, _ = run_step()
         if i == 0 and compiling:
             compile_step_s = step_s  # paid once per run: reported, never judged or measured
@@ -213,7 +219,7 @@ def _measure(
     agree.spent_s = 0.0  # from here on, the agreement's time is not the training's
     measure_start = time.perf_counter()
     while decision == "measure":
-        progress(f"measured step {len(window.steps) + 1}")
+        progress(f"{STEP_PHASES[1]} {len(window.steps) + 1}")
         step_s, elapsed_s = run_step(since=measure_start)
         decision = window.measured_step(step_s, elapsed_s)
     # At least the steps themselves: a trial pruned in warm-up measured that one step.

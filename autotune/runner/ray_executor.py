@@ -28,7 +28,13 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from autotune.errors import AutotuneError
 from autotune.result import Platform, RankReport, TrialResult
-from autotune.runner.executor import PlacementError, Watchdog, stopped_message
+from autotune.runner.executor import (
+    PlacementError,
+    Watchdog,
+    cut_reason,
+    cut_report,
+    stopped_message,
+)
 from autotune.runner.outcome import assemble_result
 from autotune.runner.ray_gang import (
     Gang,
@@ -44,6 +50,8 @@ SHIP_EXCLUDES = [".git", ".venv", "venv", "__pycache__", "*.pyc", "*.db", "*.pt"
 """Left out of the shipped directory besides what ``.gitignore`` names."""
 PLACEMENT_TIMEOUT_S = 30.0
 POLL_S = 0.05
+LOOK_S = 0.25
+"""How often a trial that may be pruned has its ranks' phases read (``executor.cut_reason``)."""
 
 
 @dataclass
@@ -55,6 +63,7 @@ class _Running:
     watchdog: Watchdog
     launch_s: float
     reports: dict[int, RankReport] = field(default_factory=dict)
+    next_look: float = 0.0
 
 
 def _died(rank: int, error: Exception) -> RankReport:
@@ -155,6 +164,7 @@ class RayExecutor:
                 self._idle.remove(gang)
                 return gang
         processes, cpus, gpus = shape
+        started = time.perf_counter()
         bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         group = placement_group([bundle] * processes, strategy="PACK")
         ready, _ = ray.wait([group.ready()], timeout=1.0)
@@ -169,7 +179,9 @@ class RayExecutor:
                 f"the Ray cluster cannot place {processes} ranks of {bundle} within "
                 f"{PLACEMENT_TIMEOUT_S:g} s (available: {ray.available_resources()})"
             )
-        return start_gang(shape, group)
+        gang = start_gang(shape, group)
+        gang.restart_s = time.perf_counter() - started
+        return gang
 
     def fits_now(self, request: TrialRequest) -> bool:
         """Whether the trial could start now without waiting for another one to end."""
@@ -218,26 +230,56 @@ class RayExecutor:
             if report.status != "ok":
                 trial.watchdog.rank_failed(time.perf_counter())
 
+    def _where(self, trial: _Running, timeout_s: float) -> dict[int, tuple[str, float] | None]:
+        """Each running rank's phase and seconds in it; None where the actor did not answer
+        (it may be wedged)."""
+        refs = {rank: trial.gang.actors[rank].where.remote() for rank in trial.futures.values()}
+        found: dict[int, tuple[str, float] | None] = {}
+        for rank, ref in refs.items():
+            try:
+                phase, running_s = ray.get(ref, timeout=timeout_s)
+                found[rank] = (phase, running_s)
+            except Exception:
+                found[rank] = None
+        return found
+
     def _stop(self, trial: _Running, why: str) -> None:
         """Give up on the ranks still running: note where each stood, then kill the gang."""
-        for rank in list(trial.futures.values()):
-            actor = trial.gang.actors[rank]
-            try:
-                phase = ray.get(actor.phase.remote(), timeout=2.0)
-            except Exception:  # the actor may be wedged; its phase is then unknown
-                phase = "an unknown phase"
+        for rank, where in self._where(trial, timeout_s=2.0).items():
+            phase = where[0] if where else "an unknown phase"
             trial.reports[rank] = RankReport(
                 rank=rank, status="timed_out", message=stopped_message(phase, why)
             )
         trial.futures.clear()
 
+    def _cut(self, trial: _Running, now: float) -> None:
+        """End the trial as pruned if one of its ranks is in a step that has run too long
+        (``executor.cut_reason``); looked at every ``LOOK_S``, and only with a pruning line."""
+        if trial.request.options.prune_below_samples_per_s is None or now < trial.next_look:
+            return
+        trial.next_look = now + LOOK_S
+        for where in self._where(trial, timeout_s=1.0).values():
+            if where is None:
+                continue
+            phase, running_s = where
+            why = cut_reason(trial.request, phase, running_s, trial.gang.restart_s)
+            if why is not None:
+                for rank in trial.futures.values():
+                    trial.reports[rank] = cut_report(rank, why, running_s)
+                trial.futures.clear()
+                return
+
     def _finish(self, trial: _Running) -> TrialResult:
         del self._running[trial.ticket]
         reports = [trial.reports[r] for r in sorted(trial.reports)]
+        gang = trial.gang
+        if gang.trials == 0 and reports:  # its start-up ran from submit: the gang's start too
+            gang.restart_s = max([gang.restart_s] + [r.startup_s + r.build_s for r in reports])
+        gang.trials += 1
         if all(r.status == "ok" for r in reports) and reusable(trial.request):
-            self._idle.append(trial.gang)
+            self._idle.append(gang)
         else:
-            trial.gang.kill()  # fresh processes after any failure, or state no reset reaches
+            gang.kill()  # fresh processes after any failure, or state no reset reaches
         return assemble_result(
             trial.request,
             self.platform,
@@ -259,6 +301,8 @@ class RayExecutor:
                 why = trial.watchdog.expired(now) if trial.futures else None
                 if why is not None:
                     self._stop(trial, why)
+                elif trial.futures:
+                    self._cut(trial, now)
                 if not trial.futures:
                     done.append((trial.ticket, self._finish(trial)))
             if done:

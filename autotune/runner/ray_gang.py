@@ -83,8 +83,9 @@ class _RankActor:
         return report.model_copy(update={"node": node}).model_dump_json()
 
     @ray.method(concurrency_group="phase")
-    def phase(self) -> str:
-        return self.progress.phase
+    def where(self) -> tuple[str, float]:
+        """The current phase and the seconds spent in it so far."""
+        return self.progress.where()
 
 
 _remote_actor: Any = None
@@ -93,7 +94,7 @@ _remote_actor: Any = None
 def _actor_class() -> Any:
     global _remote_actor
     if _remote_actor is None:
-        # phase() answers from a thread of its own while run() runs. Every trial runs on the
+        # where() answers from a thread of its own while run() runs. Every trial runs on the
         # one thread of the default group: trials that alternated between two threads measured
         # ~10% apart by thread alone (gpt_tiny on a 2-core CPU: one thread slower in 5 of 6
         # pairs), noise the race then had to average away.
@@ -138,6 +139,11 @@ class Gang:
     shape: GangShape
     group: PlacementGroup
     actors: list[Any]
+    restart_s: float = 0.0
+    """What a fresh gang like this one costs before its first step: its start (placement,
+    processes, process group) and its first trial's start-up and build (imports, the
+    workload), as measured on this gang; its start alone until its first trial is done."""
+    trials: int = 0
 
     def kill(self) -> None:
         for actor in self.actors:

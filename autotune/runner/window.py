@@ -9,7 +9,9 @@ steps take a millisecond gets thousands of steps; one whose steps take seconds g
 With ``prune_below_samples_per_s`` set (the search sets it from the incumbent), a trial that is
 clearly slower than that stops early: once the interval's fast end is still below it, or as soon
 as one step (warm-up included, whose first step carries one-time costs) takes
-``WARMUP_PRUNE_FACTOR`` times longer than a step at that throughput.
+``WARMUP_PRUNE_FACTOR`` times longer than a step at that throughput. A step that long is known
+to be hopeless before it ends: the executors read each rank's phase and how long it has been in
+it, and end a trial whose step has run past that limit (``overran``) rather than wait for it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,31 @@ WARMUP_PRUNE_FACTOR = 10.0
 """One step this many times longer than a step at the pruning throughput ends the trial at
 once: a configuration 100x slower than the incumbent stops after its first step."""
 
+STEP_PHASES = ("warm-up step", "measured step")
+"""How a rank names the phase of a step the rule judges (then the step's number); a first step
+that compiles is named otherwise and never judged."""
+
+
+def step_limit_s(options: TrialOptions, global_batch_size: int) -> float | None:
+    """How long one optimizer step may take before the trial is hopeless; None: no pruning."""
+    floor = options.prune_below_samples_per_s
+    return WARMUP_PRUNE_FACTOR * global_batch_size / floor if floor else None
+
+
+def overran(
+    options: TrialOptions, global_batch_size: int, phase: str, running_s: float
+) -> str | None:
+    """Why a rank ``running_s`` into ``phase`` has already made the trial hopeless (the rule
+    would prune it when the step ends), or None."""
+    limit = step_limit_s(options, global_batch_size)
+    if limit is None or running_s <= limit or not phase.startswith(STEP_PHASES):
+        return None
+    return (
+        f"{phase} still running after {running_s:.3g} s, over {WARMUP_PRUNE_FACTOR:g}x the "
+        f"{limit / WARMUP_PRUNE_FACTOR:.3g} s of a step at the pruning line, "
+        f"{options.prune_below_samples_per_s:.4g} samples/s"
+    )
+
 
 @dataclass
 class Window:
@@ -40,8 +67,8 @@ class Window:
     @property
     def _slow_step_s(self) -> float | None:
         """The step time of the pruning throughput (None: no pruning)."""
-        floor = self.options.prune_below_samples_per_s
-        return self.global_batch_size / floor if floor else None
+        limit = step_limit_s(self.options, self.global_batch_size)
+        return limit / WARMUP_PRUNE_FACTOR if limit else None
 
     def interval(self) -> Interval:
         """The 95% interval of the mean step time (batch means once there are enough)."""

@@ -7,7 +7,8 @@ driver loses nothing that completed. What Optuna is told follows from the record
 (``_outcome``): a measurement, out of memory included, is a completed trial whose memory
 constraint the sampler learns from; a pruned trial (stopped early, clearly slower than the
 incumbent) is told PRUNED with its partial samples/s, which TPE ranks below every completed
-trial; a trial that never ran but whose memory is known (a
+trial, and with its memory constraint when its peak was read (a trial ended mid-step has none,
+and is not told it went over); a trial that never ran but whose memory is known (a
 duplicate, a pre-check skip) is told the same way; anything else failed.
 """
 
@@ -126,6 +127,8 @@ class StudyLog:
     def _constraint(self, record: TrialRecord) -> float | None:
         """The memory constraint ``record`` is told with as a completed trial; None: it failed."""
         violation = self.violation(record)
+        if record.status == "pruned" and record.memory_used_bytes is None:
+            return violation  # ended mid-step from outside: its memory was never read
         if record.status in ("ok", "oom", "pruned"):
             # Out of memory is an infeasible measurement, not a failure: the sampler learns
             # the boundary from it. The value of an infeasible trial is never compared.
@@ -147,20 +150,20 @@ class StudyLog:
                 trial.set_user_attr(key, attr)
             if constraint is not None:
                 trial.set_constraint("memory", constraint)
-            if constraint is None:
-                self.study.tell(trial, state=TrialState.FAIL)
-            elif record.status == "pruned":  # TPE ranks it below complete trials, by value
+            if record.status == "pruned":  # TPE ranks it below complete trials, by value
                 trial.report(value, step=0)
                 self.study.tell(trial, state=TrialState.PRUNED)
+            elif constraint is None:
+                self.study.tell(trial, state=TrialState.FAIL)
             else:
                 self.study.tell(trial, value)
             stored = record.model_copy(update={"number": trial.number})
         else:
-            pruned = record.status == "pruned" and constraint is not None
+            pruned = record.status == "pruned"
             state = TrialState.PRUNED if pruned else TrialState.COMPLETE
             self.study.add_trial(
                 optuna.trial.create_trial(
-                    state=TrialState.FAIL if constraint is None else state,
+                    state=TrialState.FAIL if constraint is None and not pruned else state,
                     value=None if constraint is None or pruned else value,
                     intermediate_values={0: value} if pruned else None,
                     user_attrs=_attributes(record),

@@ -43,13 +43,16 @@ def test_the_hopeless_model_repeats_its_work_only_under_fp16() -> None:
     assert model.head.weight.grad is not None
 
 
-def _run(status: str, speed: float, wall: float, steps: int = 10) -> dict[str, object]:
+def _run(
+    status: str, speed: float, wall: float, steps: int = 10, overhead: float = 0.5
+) -> dict[str, object]:
     return {
         "status": status,
         "samples_per_s": speed,
         "measured_steps": steps,
         "measured_s": steps * 32 / speed,
         "wall_s": wall,
+        "overhead_s": overhead,
     }
 
 
@@ -58,6 +61,7 @@ def test_a_row_measures_the_slowdown_and_the_cost_in_baseline_trials() -> None:
         "baseline": [_run("ok", 1000, 4.0), _run("ok", 1100, 5.0), _run("ok", 900, 6.0)],
         "pruned": [_run("pruned", 12, 7.5, steps=1)],
         "unpruned": [_run("ok", 10, 40.0)],
+        "after": [_run("ok", 1000, 4.0, overhead=0.4)],  # the same gang: nothing to charge
     }
     row = bench.summarise("x", runs, judged=True)
     assert row["slowdown"] == pytest.approx(100.0)
@@ -66,6 +70,11 @@ def test_a_row_measures_the_slowdown_and_the_cost_in_baseline_trials() -> None:
     assert row["met"] is True and row["target"] == "<= 2 baseline trials"
     over = {**runs, "pruned": [_run("pruned", 12, 10.5, steps=1)]}
     assert bench.summarise("x", over, judged=True)["met"] is False  # 2.1 baseline trials
+    cut = {**runs, "after": [_run("ok", 1000, 7.0, overhead=3.5)]}  # fresh ranks: 3 s more
+    row = bench.summarise("x", cut, judged=True)
+    assert row["restart_charged_s"] == pytest.approx(3.0)
+    assert row["pruned_cost_in_baseline_trials"] == pytest.approx((7.5 + 3.0) / 5.0)
+    assert row["met"] is False
     not_stopped = {**runs, "pruned": [_run("ok", 10, 7.5)]}
     assert bench.summarise("x", not_stopped, judged=True)["met"] is False
     assert bench.summarise("x", runs, judged=False)["met"] is None

@@ -39,6 +39,7 @@ class Case:
     says: tuple[str, ...]  # what the message must name
     options: TrialOptions = QUICK
     recorded: dict[str, Any] | None = field(default=None)  # how a landscape recorded it
+    cut: bool = False  # ended mid-step from outside: no memory read, its processes ended
 
 
 CASES = {
@@ -50,6 +51,14 @@ CASES = {
         ("the pruning line",),
         options=TrialOptions(warmup_steps=1, timeout_s=120, prune_below_samples_per_s=1e9),
         recorded={"status": "ok"},
+    ),
+    "a step past the pruning limit": Case(
+        "tests.fixtures.models:Hanging",
+        DDP,
+        "pruned",
+        ("warm-up step 1 still running after", "the pruning line", "at most"),
+        options=TrialOptions(warmup_steps=1, timeout_s=120, prune_below_samples_per_s=1e9),
+        cut=True,
     ),
     "rank abort": Case(
         "tests.fixtures.models:Aborting",
@@ -180,9 +189,30 @@ def test_every_executor_classifies_the_outcome_the_same_way(
     assert result.total_s < case.options.timeout_s + 15  # ended by the watchdog, not later
     if case.status in ("ok", "pruned"):  # a pruned trial keeps its partial measurement
         assert result.samples_per_s and result.samples_per_s > 0
-        assert result.peak_memory_bytes and result.peak_memory_bytes > 0
-    if kind == "ray" and case.status not in ("ok", "pruned"):
+        if not case.cut:
+            assert result.peak_memory_bytes and result.peak_memory_bytes > 0
+    if kind == "ray" and (case.status not in ("ok", "pruned") or case.cut):
         _assert_no_rank_actor_left()  # a failed gang is killed at once, not at shutdown
+
+
+def test_a_step_cut_mid_way_ends_within_its_bound_and_the_next_trial_runs(
+    kind: str, make_executor: Any
+) -> None:
+    case = CASES["a step past the pruning limit"]
+    executor = make_executor(case)
+    hung = TrialRequest(
+        config=_config(case), workload=WorkloadSpec(model=case.model), options=case.options
+    )
+    started = time.perf_counter()
+    result = run_to_end(executor, hung)
+    # cut once the step has run as long as fresh ranks take (a few seconds), not at timeout_s
+    assert result.status == "pruned" and time.perf_counter() - started < 30, result.message
+    ok = TrialRequest(
+        config=_config(case),
+        workload=WorkloadSpec(model="tests.fixtures.models:Small"),
+        options=QUICK,
+    )
+    assert run_to_end(executor, ok).status == "ok"
 
 
 @pytest.mark.slow

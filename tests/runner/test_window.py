@@ -9,7 +9,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.result import RankReport, summarise_steps
 from autotune.runner.request import TrialOptions
-from autotune.runner.window import Window
+from autotune.runner.window import Window, overran, step_limit_s
 from autotune.stats import mean_interval, t_quantile
 
 
@@ -74,6 +74,20 @@ def test_a_hopeless_step_is_pruned_at_once_even_in_warm_up() -> None:
     assert window.warmup_step(0.32 * 5) == "measure"  # slow, but a first step may be
     assert window.warmup_step(0.32 * 11) == "prune"
     assert "over 10x" in window.reason
+
+
+def test_a_step_still_running_past_the_limit_is_known_hopeless_before_it_ends() -> None:
+    options = TrialOptions(prune_below_samples_per_s=100.0)  # 0.32 s a step at the line
+    assert step_limit_s(options, 32) == pytest.approx(3.2)
+    assert step_limit_s(TrialOptions(), 32) is None  # no line, no limit
+    assert overran(options, 32, "warm-up step 1", 3.1) is None
+    why = overran(options, 32, "measured step 4", 3.3)
+    assert why is not None and why.startswith("measured step 4 still running after 3.3 s")
+    assert "over 10x the 0.32 s of a step at the pruning line, 100 samples/s" in why
+    # what the rule never judges: a step that compiles, the epoch boundary, building
+    for phase in ("compiling (first step)", "measuring an epoch boundary", "building the workload"):
+        assert overran(options, 32, phase, 100.0) is None
+    assert overran(TrialOptions(), 32, "warm-up step 1", 1e6) is None
 
 
 def test_a_clearly_slower_trial_is_pruned_after_two_steps_and_a_close_one_is_not() -> None:

@@ -28,3 +28,25 @@ def test_cuda_takes_the_largest_rank_and_cpu_adds_the_ranks_up() -> None:
     assert memory_used(_result("cuda", *ranks), "cuda") == 5 * GIB
     cpu = [RankReport(rank=i, status="ok", peak_memory_bytes=GIB) for i in range(2)]
     assert memory_used(_result("cpu", *cpu), "cpu") == 2 * GIB
+
+
+def test_a_pruned_trial_is_told_its_memory_where_read_and_no_verdict_where_not() -> None:
+    import optuna
+
+    from autotune.records import TrialRecord
+    from autotune.search.log import StudyLog
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    log = StudyLog(optuna.create_study(direction="maximize"), limit_bytes=GIB)
+    config = make_config({"global_batch_size": 8, "device": "cpu"})
+    ended_itself = TrialRecord(
+        number=-1, role="search", status="pruned", config=config, samples_per_s=5.0,
+        memory_used_bytes=GIB // 2, feasible=True,
+    )  # fmt: skip
+    cut = TrialRecord(number=-1, role="search", status="pruned", config=config, samples_per_s=2.0)
+    for record in (ended_itself, cut):
+        log.write(record, log.study.ask())
+    first, second = log.study.trials
+    assert first.state == second.state == optuna.trial.TrialState.PRUNED
+    assert first.constraints == {"memory": -0.5}  # fits: a memory measurement to learn from
+    assert second.constraints == {} and second.intermediate_values == {0: 2.0}  # not "over"

@@ -105,8 +105,10 @@ def test_a_crash_and_a_hang_do_not_stop_the_search(tmp_path: Path) -> None:
         if t.role == "search" and t.config is not None and t.status != "duplicate"
     }
     assert by_amp["bf16"].status == "crashed"
-    assert by_amp["fp16"].status == "timed_out"
-    assert "timeout_s=20" in by_amp["fp16"].message
+    # The hang is a step that never ends: measured against the incumbent, it is cut as hopeless
+    # once it has run past the pruning limit, without waiting for timeout_s.
+    assert by_amp["fp16"].status == "pruned"
+    assert "warm-up step 1 still running after" in by_amp["fp16"].message
     assert recommendation.config.amp == "off"
     assert recommendation.memory_confirmed
 
