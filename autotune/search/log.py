@@ -3,13 +3,13 @@ makes of it.
 
 Every trial, proposed by the sampler or not (baseline, race runs, verification), is
 written by ``StudyLog.write`` as soon as it ends; SQLite commits each write, so killing the
-driver loses nothing that completed. What Optuna is told follows from the record alone
-(``_outcome``): a measurement, out of memory included, is a completed trial whose memory
+driver loses nothing that completed. What Optuna is told follows from the record (and, for a
+duplicate, the trial it repeats): a measurement, out of memory included, is a completed trial whose memory
 constraint the sampler learns from; a pruned trial (stopped early, clearly slower than the
 incumbent) is told PRUNED with its partial samples/s, which TPE ranks below every completed
 trial, and with its memory constraint when its peak was read (a trial ended mid-step has none,
-and is not told it went over); a trial that never ran but whose memory is known (a
-duplicate, a pre-check skip) is told the same way; anything else failed.
+and is not told it went over); a duplicate is told as the trial it repeats, a pre-check skip
+as a completed trial over the limit; anything else failed.
 """
 
 from __future__ import annotations
@@ -137,6 +137,13 @@ class StudyLog:
             return violation  # known from the earlier trial, or predicted
         return None
 
+    def _pruned(self, record: TrialRecord) -> bool:
+        """Told PRUNED: a pruned trial, or a duplicate of one (it hears the earlier outcome)."""
+        if record.status == "duplicate" and record.config is not None:
+            earlier = self.measured().get(record.config.key())
+            return earlier is not None and earlier.status == "pruned"
+        return record.status == "pruned"
+
     def write(self, record: TrialRecord, trial: Any = None) -> TrialRecord:
         """Store ``record``: tell the asked ``trial``, or add a trial the sampler did not
         propose. Returns the record as stored (numbered like its Optuna trial)."""
@@ -145,12 +152,13 @@ class StudyLog:
 
         constraint = self._constraint(record)
         value = record.samples_per_s or 0.0
+        pruned = self._pruned(record)
         if trial is not None:
             for key, attr in _attributes(record).items():
                 trial.set_user_attr(key, attr)
             if constraint is not None:
                 trial.set_constraint("memory", constraint)
-            if record.status == "pruned":  # TPE ranks it below complete trials, by value
+            if pruned:  # TPE ranks it below complete trials, by value
                 trial.report(value, step=0)
                 self.study.tell(trial, state=TrialState.PRUNED)
             elif constraint is None:
@@ -159,7 +167,6 @@ class StudyLog:
                 self.study.tell(trial, value)
             stored = record.model_copy(update={"number": trial.number})
         else:
-            pruned = record.status == "pruned"
             state = TrialState.PRUNED if pruned else TrialState.COMPLETE
             self.study.add_trial(
                 optuna.trial.create_trial(

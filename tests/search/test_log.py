@@ -50,3 +50,10 @@ def test_a_pruned_trial_is_told_its_memory_where_read_and_no_verdict_where_not()
     assert first.state == second.state == optuna.trial.TrialState.PRUNED
     assert first.constraints == {"memory": -0.5}  # fits: a memory measurement to learn from
     assert second.constraints == {} and second.intermediate_values == {0: 2.0}  # not "over"
+    again = TrialRecord(
+        number=-1, role="search", status="duplicate", config=config, samples_per_s=2.0,
+        message="same configuration as trial 1 (pruned)",
+    )  # fmt: skip
+    log.write(again, log.study.ask())  # the sampler hears the earlier outcome, not a failure
+    third = log.study.trials[-1]
+    assert third.state == optuna.trial.TrialState.PRUNED and third.intermediate_values == {0: 2.0}
