@@ -29,6 +29,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from autotune.errors import AutotuneError
 from autotune.result import Platform, RankReport, TrialResult
 from autotune.runner.executor import (
+    CUT_FLOOR_S,
     PlacementError,
     Watchdog,
     cut_reason,
@@ -258,6 +259,8 @@ class RayExecutor:
         if trial.request.options.prune_below_samples_per_s is None or now < trial.next_look:
             return
         trial.next_look = now + LOOK_S
+        if now - trial.watchdog.started < max(CUT_FLOOR_S, trial.gang.restart_s):
+            return  # no step of it can have run that long yet: leave the ranks alone
         for where in self._where(trial, timeout_s=1.0).values():
             if where is None:
                 continue

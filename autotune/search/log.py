@@ -1,15 +1,15 @@
 """The stored trial format: one write path for every trial of a study, and the reads the search
 makes of it.
 
-Every trial, proposed by the sampler or not (baseline, race runs, verification), is
-written by ``StudyLog.write`` as soon as it ends; SQLite commits each write, so killing the
-driver loses nothing that completed. What Optuna is told follows from the record (and, for a
-duplicate, the trial it repeats): a measurement, out of memory included, is a completed trial whose memory
+Every trial, proposed by the sampler or not (baseline, race runs, verification), is written by
+``StudyLog.write`` as soon as it ends; SQLite commits each write, so killing the driver loses
+nothing that completed. What Optuna is told follows from the record (and, for a duplicate, the
+trial it repeats): a measurement, out of memory included, is a completed trial whose memory
 constraint the sampler learns from; a pruned trial (stopped early, clearly slower than the
 incumbent) is told PRUNED with its partial samples/s, which TPE ranks below every completed
 trial, and with its memory constraint when its peak was read (a trial ended mid-step has none,
-and is not told it went over); a duplicate is told as the trial it repeats, a pre-check skip
-as a completed trial over the limit; anything else failed.
+and is not told it went over); a duplicate is told as the trial it repeats, a pre-check skip as
+a completed trial over the limit; anything else failed.
 """
 
 from __future__ import annotations

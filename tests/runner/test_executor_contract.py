@@ -20,7 +20,7 @@ import pytest
 from autotune.bench.landscape import Landscape, Point, Run
 from autotune.bench.replay import ReplayExecutor
 from autotune.config import TrainConfig, make_config
-from autotune.runner.executor import Executor, run_to_end
+from autotune.runner.executor import CUT_FLOOR_S, Executor, run_to_end
 from autotune.runner.launch import LocalExecutor
 from autotune.runner.platform import detect_platform
 from autotune.runner.request import TrialOptions, TrialRequest
@@ -207,6 +207,7 @@ def test_a_step_cut_mid_way_ends_within_its_bound_and_the_next_trial_runs(
     result = run_to_end(executor, hung)
     # cut once the step has run as long as fresh ranks take (a few seconds), not at timeout_s
     assert result.status == "pruned" and time.perf_counter() - started < 30, result.message
+    assert result.samples_per_s <= 16 / CUT_FLOOR_S  # a bound from a step of at least 1 s
     ok = TrialRequest(
         config=_config(case),
         workload=WorkloadSpec(model="tests.fixtures.models:Small"),
