@@ -134,15 +134,19 @@ class _Ranks:
         for process in self.processes:
             process.wait()
 
+    def _phase_file(self, rank: int) -> Path:
+        """Where the rank writes its phase (``rank.Progress``); modified when a phase starts."""
+        return self.workdir / f"phase-{rank}.txt"
+
     def phase(self, rank: int) -> str:
-        path = self.workdir / f"phase-{rank}.txt"
+        path = self._phase_file(rank)
         return path.read_text() if path.exists() else "starting"
 
     def overran(self, request: TrialRequest) -> tuple[str, float] | None:
         """Why to cut the trial (``executor.cut_reason``), from a running rank's phase file,
         whose modification time is its phase's start; with the step's time so far."""
         for rank in self.running():
-            path = self.workdir / f"phase-{rank}.txt"
+            path = self._phase_file(rank)
             try:
                 phase, running_s = path.read_text(), time.time() - path.stat().st_mtime
             except OSError:  # not written yet

@@ -39,19 +39,27 @@ def step_limit_s(options: TrialOptions, global_batch_size: int) -> float | None:
     return WARMUP_PRUNE_FACTOR * global_batch_size / floor if floor else None
 
 
+def _past_the_limit(options: TrialOptions, global_batch_size: int, step_s: float) -> str | None:
+    """Why a step of ``step_s`` (so far) is hopeless on its own, or None: the one rule, for a
+    step that ended and for one still running."""
+    limit = step_limit_s(options, global_batch_size)
+    if limit is None or step_s <= limit:
+        return None
+    return (
+        f"over {WARMUP_PRUNE_FACTOR:g}x the {limit / WARMUP_PRUNE_FACTOR:.3g} s of a step at "
+        f"the pruning line, {options.prune_below_samples_per_s:.4g} samples/s"
+    )
+
+
 def overran(
     options: TrialOptions, global_batch_size: int, phase: str, running_s: float
 ) -> str | None:
     """Why a rank ``running_s`` into ``phase`` has already made the trial hopeless (the rule
     would prune it when the step ends), or None."""
-    limit = step_limit_s(options, global_batch_size)
-    if limit is None or running_s <= limit or not phase.startswith(STEP_PHASES):
+    if not phase.startswith(STEP_PHASES):
         return None
-    return (
-        f"{phase} still running after {running_s:.3g} s, over {WARMUP_PRUNE_FACTOR:g}x the "
-        f"{limit / WARMUP_PRUNE_FACTOR:.3g} s of a step at the pruning line, "
-        f"{options.prune_below_samples_per_s:.4g} samples/s"
-    )
+    why = _past_the_limit(options, global_batch_size, running_s)
+    return f"{phase} still running after {running_s:.3g} s, {why}" if why else None
 
 
 @dataclass
@@ -106,14 +114,10 @@ class Window:
         return "done" if elapsed_s >= options.max_measure_s else "measure"
 
     def _hopeless(self, step_s: float) -> bool:
-        slow = self._slow_step_s
-        if slow is None or step_s <= WARMUP_PRUNE_FACTOR * slow:
+        why = _past_the_limit(self.options, self.global_batch_size, step_s)
+        if why is None:
             return False
-        self.reason = (
-            f"one step took {step_s:.3g} s, over {WARMUP_PRUNE_FACTOR:g}x the "
-            f"{slow:.3g} s of a step at the pruning line, "
-            f"{self.options.prune_below_samples_per_s:.4g} samples/s"
-        )
+        self.reason = f"one step took {step_s:.3g} s, {why}"
         return True
 
     def _clearly_slow(self, interval: Interval) -> bool:
