@@ -17,6 +17,7 @@ from autotune.report import (
     baseline_cells,
     compile_line,
     memory_cell,
+    runner_up_line,
     speedup_cell,
     throughput_cell,
     verification_line,
@@ -197,6 +198,8 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
         ("verification", verification_line(r), ""),
         ("global batch", f"{r.config.global_batch_size} ({r.global_batch_source})", ""),
     ]
+    if (close := runner_up_line(r)) is not None:
+        summary.insert(-2, ("runner-up", close.removeprefix("runner-up "), ""))
     if r.config.compile != "off":
         summary.append(("compile", compile_line(r), ""))
     if base is not None and r.baseline_failed:

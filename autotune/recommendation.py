@@ -16,6 +16,32 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 ThroughputVerdict = Literal["confirmed", "not confirmed", "too noisy", "not measured"]
 
 
+class RunnerUp(BaseModel):
+    """The race's next-fastest finalist, against the recommended configuration over the rounds
+    both ran (the runs were interleaved, so drift hit both)."""
+
+    model_config = _FROZEN
+
+    config: TrainConfig
+    ratio: float | None = Field(
+        None,
+        description="Its samples/s over the recommended's: the geometric mean of the paired "
+        "rounds' ratios (None: fewer than two rounds beside it).",
+    )
+    ratio_low: float | None = Field(
+        None,
+        description="90% interval of the ratio: its high end below 1 is the race's one-sided "
+        "95% test, the level at which a finalist leaves the race.",
+    )
+    ratio_high: float | None = None
+    rounds: int = Field(0, description="Race rounds both ran and fitted in.")
+    ruled_out: bool = Field(
+        False,
+        description="The race showed it slower with that confidence; False: the run-to-run "
+        "noise could not tell the two apart in these rounds.",
+    )
+
+
 class Recommendation(BaseModel):
     """The fastest configuration found whose peak memory stays under the limit."""
 
@@ -65,6 +91,9 @@ class Recommendation(BaseModel):
     )
     speedup_low: float | None = Field(None, description="95% interval of the speed-up.")
     speedup_high: float | None = None
+    runner_up: RunnerUp | None = Field(
+        None, description="The race's next-fastest finalist (None: no other finished the race)."
+    )
     exclusions: list[Exclusion] = Field(default_factory=list)
     trials: list[TrialRecord] = Field(default_factory=list)
     platform: Platform

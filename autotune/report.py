@@ -110,11 +110,30 @@ def verification_line(r: Recommendation) -> str:
     )
 
 
-def _range(low: float | None, high: float | None, spec: str) -> str:
+def _range(low: float | None, high: float | None, spec: str, level: str = "95%") -> str:
     """ " [95%: low-high]" for an interval, "" when there is none."""
     if low is None or high is None:
         return ""
-    return f" [95%: {low:{spec}}-{high:{spec}}]"
+    return f" [{level}: {low:{spec}}-{high:{spec}}]"
+
+
+def runner_up_line(r: Recommendation) -> str | None:
+    """How the race's next-fastest finalist compares, saying so when the race could not tell
+    the two apart; None when no other finalist finished the race."""
+    other = r.runner_up
+    if other is None:
+        return None
+    head = f"runner-up {other.config.summary()}"
+    if other.ratio is None:
+        return f"{head}: raced in fewer than 2 rounds beside the recommended, not compared"
+    interval = _range(other.ratio_low, other.ratio_high, ".2f", "90%")
+    ratio = f"{head}: {other.ratio:.2f}x the recommended's samples/s{interval} over {other.rounds}"
+    if other.ruled_out:
+        return f"{ratio} paired race rounds: slower with confidence"
+    return (
+        f"{ratio} paired race rounds: too close to call on this machine's run-to-run noise, "
+        "either may be the faster"
+    )
 
 
 def compile_line(r: Recommendation) -> str:
@@ -171,6 +190,8 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
         lines.append(f"baseline {base.status}: {base.message} (no speed-up can be given)")
     elif base is not None and base.config == r.config:
         lines.append("the baseline itself is the fastest configuration found: keep it")
+    if (close := runner_up_line(r)) is not None:
+        lines.append(close)
     lines.append(verification_line(r))
     lines.append(f"global batch {r.config.global_batch_size} ({r.global_batch_source})")
     if r.config.compile != "off":

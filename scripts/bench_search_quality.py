@@ -693,12 +693,16 @@ def replay(args: argparse.Namespace) -> None:
         f"(median / worst; '-': not reached by some seed within half the grid, at most "
         f"{REPLAY_CAP} trials, for autotune, the whole grid for random)"
     )
-    print(f"  {'landscape':<28} {'configs':>7} {'autotune':>12} {'random':>12} {'tuner pick':>10}")
+    print(
+        f"  {'landscape':<28} {'configs':>7} {'autotune':>12} {'random':>12} {'tuner pick':>10} "
+        f"{'>=0.97':>6} {'misses said too close':>21}"
+    )
     for path in args.replay:
         landscape = Landscape.load(path)
         n = len(landscape.points)
         counts: dict[str, list[int | None]] = {"autotune": [], "random": []}
-        picks = []
+        picks: list[float] = []
+        told: list[bool | None] = []
         # The sampler's cost grows with its history (and with the duplicates it proposes once
         # most of a grid is measured): half the grid, at most REPLAY_CAP trials.
         cap = min(n // 2, REPLAY_CAP)
@@ -709,16 +713,25 @@ def replay(args: argparse.Namespace) -> None:
             counts["random"].append(trials_to_reach(landscape, randomly.measured, args.share))
             budgeted = replay_tuner(landscape, seed, args.tuner_trials)
             picks.append(landscape.ratio(budgeted.pick))
+            told.append(budgeted.told_apart)
         stats = {"autotune": _stats(counts["autotune"], cap), "random": _stats(counts["random"], n)}
+        missed = [t for p, t in zip(picks, told, strict=True) if p < TARGET_RATIO]
         stats["autotune_pick_ratio"] = {
             "median": statistics.median(picks),
             "worst": min(picks),
             "at_least_0.97": sum(p >= TARGET_RATIO for p in picks),
+            # what the recommendation said of each pick: its runner-up ruled out, or too close
+            "runner_up_ruled_out": sum(t is True for t in told),
+            "misses": len(missed),
+            "misses_said_too_close": sum(t is False for t in missed),
         }
         out["landscapes"][str(path)] = {"configs": n, "tuner_cap": cap, **stats, "raw": counts}
+        ratio = stats["autotune_pick_ratio"]
         print(
             f"  {Path(path).name:<28} {n:>7} {_cell(stats['autotune']):>12} "
-            f"{_cell(stats['random']):>12} {statistics.median(picks):>10.3f}",
+            f"{_cell(stats['random']):>12} {statistics.median(picks):>10.3f} "
+            f"{ratio['at_least_0.97']:>6} {ratio['misses_said_too_close']:>14} of "
+            f"{ratio['misses']:<4}",
             flush=True,
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -184,3 +184,16 @@ def test_a_baseline_that_wins_is_said_to_win() -> None:
     kept = base.model_copy(update={"config": base.baseline.config})
     assert "the baseline itself is the fastest" in format_recommendation(kept)
     assert "the baseline itself" not in format_recommendation(base)
+
+
+def test_the_report_names_the_runner_up_and_whether_the_race_told_them_apart() -> None:
+    from autotune.recommendation import RunnerUp
+
+    r = _recommendation()
+    assert "runner-up" not in render_html(r)  # none finished the race: nothing claimed
+    assert r.baseline is not None and r.baseline.config is not None
+    other = r.baseline.config.model_copy(update={"comm_hook": "none", "num_workers": 1})
+    close = RunnerUp(config=other, ratio=0.97, ratio_low=0.9, ratio_high=1.04, rounds=4)
+    page = render_html(r.model_copy(update={"runner_up": close}))
+    assert "<td>runner-up</td>" in page and "workers=1" in page
+    assert "0.97x" in page and "[90%: 0.90-1.04]" in page and "too close to call" in page

@@ -26,6 +26,7 @@ from autotune.result import RankReport, TrialResult
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.progress import Reporter
+from autotune.search.recommendation import runner_up
 from autotune.search.settings import make_settings
 from autotune.search.study import make_sampler
 from autotune.search.tuner import Tuner
@@ -118,10 +119,13 @@ def replay_measure(landscape: Landscape, rng: random.Random) -> Measure:
 
 @dataclass(frozen=True)
 class Replay:
-    """What one strategy did on a landscape: its measurements in order, and its pick."""
+    """What one strategy did on a landscape: its measurements in order, and its pick; for the
+    tuner, whether its race told the pick from the runner-up with confidence (None: no
+    runner-up finished the race, or no race)."""
 
     measured: list[TrainConfig]
     pick: TrainConfig | None
+    told_apart: bool | None = None
 
 
 def make_replay_tuner(
@@ -183,10 +187,12 @@ def replay_tuner(
     tuner.search()
     # Each configuration is measured at most once, so this is in the order they were run.
     measured = [r.config for r in tuner.log.measured().values() if r.config is not None]
-    pick = None
-    if finish:
-        pick = tuner.verify(tuner.race())[0]
-    return Replay(measured, pick)
+    if not finish:
+        return Replay(measured, None)
+    pick = tuner.verify(tuner.race())[0]
+    base = tuner.log.baseline()
+    close = runner_up(tuner.log.records, pick, base.config if base is not None else None)
+    return Replay(measured, pick, close.ruled_out if close is not None else None)
 
 
 def replay_random(landscape: Landscape, seed: int, trials: int) -> Replay:

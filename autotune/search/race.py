@@ -118,6 +118,16 @@ def ranking(records: Sequence[TrialRecord], candidates: Sequence[TrainConfig]) -
     return sorted(fit, key=lambda c: -mean_log_speed(records, c))
 
 
+def runner_up(
+    records: Sequence[TrialRecord], winner: TrainConfig, baseline: TrainConfig | None
+) -> TrainConfig | None:
+    """The fastest other finalist by its race runs (never the baseline, whose comparison is the
+    speed-up); None when no other finalist finished the race."""
+    raced = {r.config.key(): r.config for r in records if r.role == "race" and r.config}
+    others = [c for c in ranking(records, list(raced.values())) if c != winner and c != baseline]
+    return others[0] if others else None
+
+
 def speedup(
     records: Sequence[TrialRecord], config: TrainConfig, baseline: TrainConfig
 ) -> tuple[float, float, float] | None:

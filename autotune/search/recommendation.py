@@ -12,11 +12,11 @@ from __future__ import annotations
 import statistics
 
 from autotune.config import TrainConfig
-from autotune.recommendation import Recommendation, ThroughputVerdict
+from autotune.recommendation import Recommendation, RunnerUp, ThroughputVerdict
 from autotune.records import Exclusion, TrialRecord
 from autotune.result import Platform, TrialResult
 from autotune.search import race
-from autotune.stats import mean_interval
+from autotune.stats import mean_interval, ratio_interval
 
 THROUGHPUT_TOLERANCE = 0.10
 """Verification confirms throughput within this share of the estimate; never wider."""
@@ -59,6 +59,26 @@ def verdict(spread: float, error: float | None) -> ThroughputVerdict:
     if spread > THROUGHPUT_TOLERANCE:
         return "too noisy"
     return "confirmed" if abs(error) <= THROUGHPUT_TOLERANCE else "not confirmed"
+
+
+def runner_up(
+    records: list[TrialRecord], winner: TrainConfig, baseline: TrainConfig | None
+) -> RunnerUp | None:
+    """How the race's next-fastest finalist compares with ``winner``, at the race's own
+    decision level, so a pick the noise could not separate from the next is reported so."""
+    other = race.runner_up(records, winner, baseline)
+    if other is None:
+        return None
+    ratios = race.log_ratios(records, winner, other)
+    interval = ratio_interval(ratios, race.DECIDE_CONFIDENCE)
+    return RunnerUp(
+        config=other,
+        ratio=interval[0] if interval else None,
+        ratio_low=interval[1] if interval else None,
+        ratio_high=interval[2] if interval else None,
+        rounds=len(ratios),
+        ruled_out=race.compare(ratios) == "slower",
+    )
 
 
 def recommend(
@@ -125,6 +145,7 @@ def recommend(
         speedup=paired[0] if paired else (estimate / baseline_speed if baseline_speed else None),
         speedup_low=paired[1] if paired else None,
         speedup_high=paired[2] if paired else None,
+        runner_up=runner_up(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,
         trials=sorted(records, key=lambda r: r.number),
         platform=platform,

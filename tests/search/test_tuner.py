@@ -10,6 +10,7 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.recommendation import Recommendation
 from autotune.records import TrialRecord
 from autotune.report import format_recommendation, format_study
 from autotune.result import TrialResult
@@ -275,3 +276,46 @@ def test_two_race_runs_far_apart_give_an_interval_that_stays_above_zero() -> Non
                   platform=PLATFORM, exclusions=[], storage="s", study_name="s")  # fmt: skip
     assert r.samples_per_s == 55.0
     assert r.samples_per_s_low == 0.0 and r.samples_per_s_high is not None
+
+
+def test_the_recommendation_says_whether_the_race_could_tell_the_runner_up_apart() -> None:
+    # The fastest is accum 1 with a worker (1050); the baseline, accum 1 without, is 1000; the
+    # other finalist 900 or 950. At 1% noise the race rules the runner-up out; at 8% noise four
+    # rounds cannot, and the report says so rather than implying a clear winner.
+    space = {**SPACE, "grad_accum_steps": [1, 2]}
+
+    def make(noise: float) -> Recommendation:
+        rng = random.Random(1)
+
+        def outcome(config: TrainConfig, before: int) -> TrialResult:
+            return ok(config, speed(config) * rng.gauss(1, noise), memory(config))
+
+        tuner = make_tuner(FakeExecutor(outcome), space, trials=4, top_k=3, race_rounds=4)
+        return tuner.run([], "s.db", "s")
+
+    quiet = make(0.01)
+    assert quiet.runner_up is not None
+    assert (quiet.runner_up.config.grad_accum_steps, quiet.runner_up.config.num_workers) == (2, 1)
+    assert quiet.runner_up.ruled_out and quiet.runner_up.rounds >= 2
+    low, high = quiet.runner_up.ratio_low, quiet.runner_up.ratio_high
+    assert low is not None and high is not None and low < quiet.runner_up.ratio < high < 1  # type: ignore[operator]
+    assert quiet.runner_up.ratio == pytest.approx(950 / 1050, rel=0.02)
+    assert "slower with confidence" in format_recommendation(quiet)
+
+    noisy = make(0.08)
+    assert noisy.runner_up is not None and not noisy.runner_up.ruled_out
+    assert noisy.runner_up.ratio_high is not None and noisy.runner_up.ratio_high > 1
+    assert noisy.runner_up.config != noisy.baseline.config  # type: ignore[union-attr]
+    assert "too close to call" in format_recommendation(noisy)
+
+
+def test_the_baseline_is_never_the_runner_up() -> None:
+    flat = {"parallel": ["ddp"], "world_size": [2], "num_workers": [0, 1]}
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        return ok(config, 1000.0 + 100 * config.num_workers, 100.0)
+
+    recommendation = make_tuner(FakeExecutor(outcome), flat, trials=2, top_k=2).run([], "s", "s")
+    assert recommendation.config.num_workers == 1
+    assert recommendation.runner_up is None  # the only other finalist is the baseline
+    assert "runner-up" not in format_recommendation(recommendation)
