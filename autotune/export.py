@@ -28,10 +28,18 @@ def _config(target: Exported) -> TrainConfig:
 
 
 def _header(r: Recommendation) -> str:
+    close = r.runner_up
+    caveat = (
+        f"# the race could not tell it from {close.config.summary()} ({close.ratio:.2f}x its "
+        "samples/s): either may be the faster\n"
+        if close is not None and close.ratio is not None and not close.ruled_out
+        else ""
+    )
     return (
         f"# autotune recommendation for study {r.study_name}: {r.samples_per_s:,.1f} samples/s"
         + (f", {r.speedup:.2f}x the baseline" if r.speedup else "")
         + f", {r.memory_used_bytes / 2**30:.2f} GiB peak on {r.platform.device_name}\n"
+        + caveat
     )
 
 

@@ -290,3 +290,20 @@ def test_compile_reaches_every_trainer() -> None:
     assert exported["compile"] == "max-autotune"  # what apply.prepare and torchrun runs read
     plain = yaml.safe_load(render(_recommendation({**config, "compile": "off"}), "hf"))
     assert "torch_compile" not in plain
+
+
+def test_the_yaml_says_when_the_race_could_not_tell_the_pick_from_the_runner_up(
+    tmp_path: Path,
+) -> None:
+    from autotune.recommendation import RunnerUp
+
+    recommendation = _recommendation(HOOKED)
+    other = make_config({"global_batch_size": 32, "device": "cpu", "amp": "bf16"})
+    for high, ruled_out, said in ((1.06, False, True), (0.99, True, False)):
+        close = RunnerUp(config=other, ratio=0.95, ratio_low=0.9, ratio_high=high, rounds=4,
+                         ruled_out=ruled_out)  # fmt: skip
+        text = render(recommendation.model_copy(update={"runner_up": close}), "yaml")
+        assert ("could not tell it from singlex1 amp=bf16" in text) is said
+        path = tmp_path / "best.yaml"
+        path.write_text(text)
+        assert load_config(path) == recommendation.config  # still loads: the caveat is a comment
