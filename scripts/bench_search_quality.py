@@ -265,6 +265,13 @@ def run_autotune(spec: WorkloadSpec, args: Any, landscape: Landscape, budget: in
             else None
         ),
         "time_split": time_split(recommendation.trials, method.wall_s),
+        # what the recommendation said of its runner-up: ratio, 90% interval, told apart or not
+        "runner_up": (
+            recommendation.runner_up.model_dump(mode="json", exclude={"config"})
+            | {"config": recommendation.runner_up.config.summary()}
+            if recommendation.runner_up is not None
+            else None
+        ),
     }
     return method
 
