@@ -702,7 +702,7 @@ def replay(args: argparse.Namespace) -> None:
     )
     print(
         f"  {'landscape':<28} {'configs':>7} {'autotune':>12} {'random':>12} {'tuner pick':>10} "
-        f"{'>=0.97':>6} {'misses said too close':>21}"
+        f"{'>=0.97':>6} {'misses said too close':>21} {'good finalist':>13}"
     )
     for path in args.replay:
         landscape = Landscape.load(path)
@@ -710,6 +710,7 @@ def replay(args: argparse.Namespace) -> None:
         counts: dict[str, list[int | None]] = {"autotune": [], "random": []}
         picks: list[float] = []
         told: list[bool | None] = []
+        good_raced: list[bool] = []
         # The sampler's cost grows with its history (and with the duplicates it proposes once
         # most of a grid is measured): half the grid, at most REPLAY_CAP trials.
         cap = min(n // 2, REPLAY_CAP)
@@ -721,8 +722,10 @@ def replay(args: argparse.Namespace) -> None:
             budgeted = replay_tuner(landscape, seed, args.tuner_trials)
             picks.append(landscape.ratio(budgeted.pick))
             told.append(budgeted.told_apart)
+            good_raced.append(any(landscape.ratio(c) >= TARGET_RATIO for c in budgeted.raced))
         stats = {"autotune": _stats(counts["autotune"], cap), "random": _stats(counts["random"], n)}
         missed = [t for p, t in zip(picks, told, strict=True) if p < TARGET_RATIO]
+        good = [g for p, g in zip(picks, good_raced, strict=True) if p < TARGET_RATIO]
         stats["autotune_pick_ratio"] = {
             "median": statistics.median(picks),
             "worst": min(picks),
@@ -731,6 +734,8 @@ def replay(args: argparse.Namespace) -> None:
             "runner_up_ruled_out": sum(t is True for t in told),
             "misses": len(missed),
             "misses_said_too_close": sum(t is False for t in missed),
+            # a miss whose race ran no configuration within 0.97 was lost before the race
+            "misses_with_a_finalist_within_0.97": sum(good),
         }
         out["landscapes"][str(path)] = {"configs": n, "tuner_cap": cap, **stats, "raw": counts}
         ratio = stats["autotune_pick_ratio"]
@@ -738,6 +743,7 @@ def replay(args: argparse.Namespace) -> None:
             f"  {Path(path).name:<28} {n:>7} {_cell(stats['autotune']):>12} "
             f"{_cell(stats['random']):>12} {statistics.median(picks):>10.3f} "
             f"{ratio['at_least_0.97']:>6} {ratio['misses_said_too_close']:>14} of "
+            f"{ratio['misses']:<4} {ratio['misses_with_a_finalist_within_0.97']:>8} of "
             f"{ratio['misses']:<4}",
             flush=True,
         )

@@ -120,12 +120,13 @@ def replay_measure(landscape: Landscape, rng: random.Random) -> Measure:
 @dataclass(frozen=True)
 class Replay:
     """What one strategy did on a landscape: its measurements in order, and its pick; for the
-    tuner, whether its race told the pick from the runner-up with confidence (None: no
-    runner-up finished the race, or no race)."""
+    tuner, the configurations its race ran and whether it told the pick from the runner-up
+    with confidence (None: no runner-up finished the race, or no race)."""
 
     measured: list[TrainConfig]
     pick: TrainConfig | None
     told_apart: bool | None = None
+    raced: tuple[TrainConfig, ...] = ()
 
 
 def make_replay_tuner(
@@ -191,8 +192,11 @@ def replay_tuner(
         return Replay(measured, None)
     pick = tuner.verify(tuner.race())[0]
     base = tuner.log.baseline()
-    close = runner_up(tuner.log.records, pick, base.config if base is not None else None)
-    return Replay(measured, pick, close.ruled_out if close is not None else None)
+    records = tuner.log.records
+    close = runner_up(records, pick, base.config if base is not None else None)
+    raced = {r.config.key(): r.config for r in records if r.role == "race" and r.config}
+    told = close.ruled_out if close is not None else None
+    return Replay(measured, pick, told, tuple(raced.values()))
 
 
 def replay_random(landscape: Landscape, seed: int, trials: int) -> Replay:

@@ -17,6 +17,7 @@ from autotune.bench.heuristics import batch_size_finder, deepspeed_rule
 from autotune.bench.landscape import Landscape
 from autotune.bench.replay import (
     ReplayExecutor,
+    make_replay_tuner,
     replay_measure,
     replay_random,
     replay_tuner,
@@ -190,3 +191,24 @@ def test_the_memory_line_falls_in_the_widest_gap_not_inside_a_cluster() -> None:
     assert memory_line(one_rank + two_ranks) == (433 + 820) // 2
     # a gap that would leave under 20% (or over 90%) of the configurations fitting is not taken
     assert 820 <= memory_line([100, *two_ranks, 2000]) <= 870
+
+
+def test_a_replayed_search_reports_its_finalists_and_whether_the_race_told_them_apart(
+    landscape: Landscape,
+) -> None:
+    from autotune.search.recommendation import runner_up
+
+    verdicts = []
+    for seed in SEEDS:
+        tuner = make_replay_tuner(landscape, seed, 14)
+        tuner.baseline()
+        tuner.search()
+        pick = tuner.verify(tuner.race())[0]
+        replayed = replay_tuner(landscape, seed, 14)  # the same seed replays the same search
+        assert replayed.pick == pick and pick in replayed.raced
+        base = tuner.log.baseline()
+        close = runner_up(tuner.log.records, pick, base.config if base else None)
+        assert replayed.told_apart == (close.ruled_out if close else None)
+        assert close is None or close.config in replayed.raced
+        verdicts.append(replayed.told_apart)
+    assert any(v is not None for v in verdicts), "no seed raced a runner-up: nothing was checked"
