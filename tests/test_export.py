@@ -307,3 +307,24 @@ def test_the_yaml_says_when_the_race_could_not_tell_the_pick_from_the_runner_up(
         path = tmp_path / "best.yaml"
         path.write_text(text)
         assert load_config(path) == recommendation.config  # still loads: the caveat is a comment
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_search_out_writes_the_config_with_the_export_s_header(
+    suffix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import autotune.cli
+    from autotune.recommendation import RunnerUp
+
+    other = make_config({"global_batch_size": 32, "device": "cpu", "amp": "bf16"})
+    close = RunnerUp(config=other, ratio=0.97, ratio_low=0.9, ratio_high=1.05, rounds=4)
+    recommendation = _recommendation(HOOKED).model_copy(update={"runner_up": close})
+    monkeypatch.setattr(autotune.cli, "tune", lambda *args, **kwargs: recommendation)
+    out = tmp_path / f"best{suffix}"
+    assert autotune.cli.main(["search", "--model", "tests.fixtures.models:Small",
+                              "--out", str(out)]) == 0  # fmt: skip
+    assert load_config(out) == recommendation.config
+    assert out.read_text() == render(recommendation, suffix.removeprefix("."))
+    if suffix == ".yaml":
+        assert out.read_text().startswith("# autotune recommendation for study s:")
+        assert "could not tell it from singlex1 amp=bf16" in out.read_text()

@@ -169,8 +169,9 @@ def _search(args: argparse.Namespace) -> int:
         reporter=reporter,
         **checked.flat(),
     )
-    if args.out:
-        save_config(recommendation.config, args.out)
+    if args.out:  # the config, headed by what was measured (and any caveat) as comments
+        fmt = "json" if Path(args.out).suffix == ".json" else "yaml"
+        Path(args.out).write_text(render(recommendation, fmt))
     costs = _costs(args, recommendation)
     if args.report:
         write_report(checked.study.storage, recommendation.study_name, args.report, costs)
