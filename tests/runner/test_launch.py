@@ -96,18 +96,25 @@ def test_powersgd_sends_low_rank_factors_only_from_its_start_iteration(
     start: int, compressing: bool
 ) -> None:
     # One gloo rank: the hook runs on every synced backward whatever the world size, without
-    # the two-rank gloo abort above.
-    options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, timeout_s=60)
-    result = _trial(
-        "workloads.mlp:mlp_tiny",
-        options,
-        parallel="ddp",
-        world_size=1,
-        comm_hook="powersgd",
-        powersgd_start_iter=start,
-        powersgd_rank=1,
-    )
-    assert result.status == "ok", result.message
+    # the two-rank gloo abort above. Compressing on gloo can still hang a step now and then
+    # (seen once in a full CI run, in measured step 2; never in isolation): a hung or aborted
+    # attempt is tried again, twice at most, and one attempt must finish and show the calls.
+    options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, timeout_s=30)
+    failures = []
+    for _ in range(3):
+        result = _trial(
+            "workloads.mlp:mlp_tiny",
+            options,
+            parallel="ddp",
+            world_size=1,
+            comm_hook="powersgd",
+            powersgd_start_iter=start,
+            powersgd_rank=1,
+        )
+        if result.status not in ("timed_out", "crashed"):
+            break
+        failures.append(f"{result.status}: {result.message}")
+    assert result.status == "ok", (result.message, failures)
     diagnostics = result.ranks[0].diagnostics
     assert diagnostics is not None and all(diagnostics.comm_hook_calls_per_micro_step)
     assert (diagnostics.powersgd_lowrank_calls > 0) is compressing
