@@ -161,15 +161,15 @@ class _Ranks:
         report = self.report(rank)
         if report is not None:
             return report
+        if rank in self.killed_by_us:  # cut mid-step, or stopped by the watchdog
+            if self.cut is not None:
+                return cut_report(rank, *self.cut)
+            message = stopped_message(self.phase(rank), self.why)
+            return RankReport(rank=rank, status="timed_out", message=message)
         code = self.processes[rank].returncode
         where = f"in {self.phase(rank)}"
         tail = _last_line(self.workdir / f"stderr-{rank}.txt")
         detail = f" ({tail})" if tail else ""
-        if rank in self.killed_by_us and self.cut is not None:
-            return cut_report(rank, *self.cut)
-        if rank in self.killed_by_us:
-            message = stopped_message(self.phase(rank), self.why)
-            return RankReport(rank=rank, status="timed_out", message=message)
         if code is not None and code < 0:
             name = signal.Signals(-code).name
             if name == "SIGKILL" and oom_killed:

@@ -33,20 +33,26 @@ STEP_PHASES = ("warm-up step", "measured step")
 that compiles is named otherwise and never judged."""
 
 
+def _line_step_s(options: TrialOptions, global_batch_size: int) -> float | None:
+    """The step time of the pruning throughput (None: no pruning)."""
+    floor = options.prune_below_samples_per_s
+    return global_batch_size / floor if floor else None
+
+
 def step_limit_s(options: TrialOptions, global_batch_size: int) -> float | None:
     """How long one optimizer step may take before the trial is hopeless; None: no pruning."""
-    floor = options.prune_below_samples_per_s
-    return WARMUP_PRUNE_FACTOR * global_batch_size / floor if floor else None
+    slow = _line_step_s(options, global_batch_size)
+    return WARMUP_PRUNE_FACTOR * slow if slow else None
 
 
 def _past_the_limit(options: TrialOptions, global_batch_size: int, step_s: float) -> str | None:
     """Why a step of ``step_s`` (so far) is hopeless on its own, or None: the one rule, for a
     step that ended and for one still running."""
-    limit = step_limit_s(options, global_batch_size)
-    if limit is None or step_s <= limit:
+    slow = _line_step_s(options, global_batch_size)
+    if slow is None or step_s <= WARMUP_PRUNE_FACTOR * slow:
         return None
     return (
-        f"over {WARMUP_PRUNE_FACTOR:g}x the {limit / WARMUP_PRUNE_FACTOR:.3g} s of a step at "
+        f"over {WARMUP_PRUNE_FACTOR:g}x the {slow:.3g} s of a step at "
         f"the pruning line, {options.prune_below_samples_per_s:.4g} samples/s"
     )
 
@@ -71,12 +77,6 @@ class Window:
     steps: list[float] = field(default_factory=list)
     reason: str = ""
     _sums: list[float] = field(default_factory=lambda: [0.0])  # running sums of ``steps``
-
-    @property
-    def _slow_step_s(self) -> float | None:
-        """The step time of the pruning throughput (None: no pruning)."""
-        limit = step_limit_s(self.options, self.global_batch_size)
-        return limit / WARMUP_PRUNE_FACTOR if limit else None
 
     def interval(self) -> Interval:
         """The 95% interval of the mean step time (batch means once there are enough)."""
@@ -121,7 +121,7 @@ class Window:
         return True
 
     def _clearly_slow(self, interval: Interval) -> bool:
-        slow = self._slow_step_s
+        slow = _line_step_s(self.options, self.global_batch_size)
         if slow is None or len(self.steps) < 2:
             return False
         if interval.low <= slow:
