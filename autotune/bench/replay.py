@@ -25,6 +25,7 @@ from autotune.config import TrainConfig
 from autotune.result import RankReport, TrialResult
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
+from autotune.search import race
 from autotune.search.progress import Reporter
 from autotune.search.recommendation import runner_up
 from autotune.search.settings import make_settings
@@ -194,9 +195,8 @@ def replay_tuner(
     base = tuner.log.baseline()
     records = tuner.log.records
     close = runner_up(records, pick, base.config if base is not None else None)
-    raced = {r.config.key(): r.config for r in records if r.role == "race" and r.config}
     told = close.ruled_out if close is not None else None
-    return Replay(measured, pick, told, tuple(raced.values()))
+    return Replay(measured, pick, told, tuple(race.raced(records)))
 
 
 def replay_random(landscape: Landscape, seed: int, trials: int) -> Replay:

@@ -118,13 +118,18 @@ def ranking(records: Sequence[TrialRecord], candidates: Sequence[TrainConfig]) -
     return sorted(fit, key=lambda c: -mean_log_speed(records, c))
 
 
+def raced(records: Sequence[TrialRecord]) -> list[TrainConfig]:
+    """The configurations that ran in the race, in the order of their first race run."""
+    found = {r.config.key(): r.config for r in records if r.role == "race" and r.config}
+    return list(found.values())
+
+
 def runner_up(
     records: Sequence[TrialRecord], winner: TrainConfig, baseline: TrainConfig | None
 ) -> TrainConfig | None:
     """The fastest other finalist by its race runs (never the baseline, whose comparison is the
     speed-up); None when no other finalist finished the race."""
-    raced = {r.config.key(): r.config for r in records if r.role == "race" and r.config}
-    others = [c for c in ranking(records, list(raced.values())) if c != winner and c != baseline]
+    others = [c for c in ranking(records, raced(records)) if c != winner and c != baseline]
     return others[0] if others else None
 
 
