@@ -18,6 +18,7 @@ from autotune.report import (
     compile_line,
     memory_cell,
     runner_up_line,
+    selection_line,
     speedup_cell,
     throughput_cell,
     verification_line,
@@ -200,6 +201,8 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
     ]
     if (close := runner_up_line(r)) is not None:
         summary.insert(-2, ("runner-up", close.removeprefix("runner-up "), ""))
+    if (luck := selection_line(r)) is not None:
+        summary.insert(-2, ("winner's curse", luck.removeprefix("samples/s and speed-up: "), ""))
     if r.config.compile != "off":
         summary.append(("compile", compile_line(r), ""))
     if base is not None and r.baseline_failed:

@@ -49,13 +49,21 @@ class Recommendation(BaseModel):
 
     config: TrainConfig
     samples_per_s: float = Field(
-        description="Mean over the winner's race runs (interleaved with the other finalists)."
+        description="Mean over the winner's race runs (interleaved with the other finalists), "
+        "times selection_factor."
     )
     samples_per_s_low: float | None = Field(
         None, description="95% interval of samples_per_s over those runs (None: one run)."
     )
     samples_per_s_high: float | None = None
     samples_per_s_runs: list[float] = Field(description="Each measurement of the winner.")
+    selection_factor: float = Field(
+        1.0,
+        description="The share of the race runs' mean kept after taking out the luck of "
+        "being chosen among finalists the noise could not split (the winner's curse; "
+        "empirical-Bayes shrinkage towards the finalists' mean); 1.0: nothing taken out. "
+        "samples_per_s, its interval and the speed-up carry it.",
+    )
     spread: float = Field(description="(max - min) / median of those measurements.")
     memory_used_bytes: int
     memory_budget_bytes: int

@@ -152,6 +152,19 @@ def throughput_cell(r: Recommendation) -> str:
     return f"{r.samples_per_s:,.1f}{interval} ({runs} race runs, spread {r.spread:.0%})"
 
 
+def selection_line(r: Recommendation) -> str | None:
+    """What the recommended samples/s and speed-up took out for the winner's luck; None when
+    it is under half a percent."""
+    if r.selection_factor >= 0.995:
+        return None
+    mean = r.samples_per_s / r.selection_factor
+    return (
+        f"samples/s and speed-up: the race runs' mean {mean:,.1f} less "
+        f"{1 - r.selection_factor:.1%} for having been chosen among finalists the noise could "
+        "not split (the best of close means is flattered: the winner's curse)"
+    )
+
+
 def speedup_cell(r: Recommendation) -> str:
     """The speed-up over the baseline with its interval; "-" when there is none."""
     if not r.speedup:
@@ -190,6 +203,8 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
         lines.append(f"baseline {base.status}: {base.message} (no speed-up can be given)")
     elif base is not None and base.config == r.config:
         lines.append("the baseline itself is the fastest configuration found: keep it")
+    if (luck := selection_line(r)) is not None:
+        lines.append(luck)
     if (close := runner_up_line(r)) is not None:
         lines.append(close)
     lines.append(verification_line(r))

@@ -702,7 +702,8 @@ def replay(args: argparse.Namespace) -> None:
     )
     print(
         f"  {'landscape':<28} {'configs':>7} {'autotune':>12} {'random':>12} {'tuner pick':>10} "
-        f"{'>=0.97':>6} {'misses said too close':>21} {'good finalist':>13}"
+        f"{'>=0.97':>6} {'misses said too close':>21} {'good finalist':>13} "
+        f"{'estimate error (race mean)':>26} {'within 5%':>9}"
     )
     for path in args.replay:
         landscape = Landscape.load(path)
@@ -711,6 +712,7 @@ def replay(args: argparse.Namespace) -> None:
         picks: list[float] = []
         told: list[bool | None] = []
         good_raced: list[bool] = []
+        errors: list[tuple[float, float]] = []  # (reported, race mean) over the pick's value
         # The sampler's cost grows with its history (and with the duplicates it proposes once
         # most of a grid is measured): half the grid, at most REPLAY_CAP trials.
         cap = min(n // 2, REPLAY_CAP)
@@ -723,6 +725,7 @@ def replay(args: argparse.Namespace) -> None:
             picks.append(landscape.ratio(budgeted.pick))
             told.append(budgeted.told_apart)
             good_raced.append(any(landscape.ratio(c) >= TARGET_RATIO for c in budgeted.raced))
+            errors.extend(estimate_error(landscape, budgeted))
         stats = {"autotune": _stats(counts["autotune"], cap), "random": _stats(counts["random"], n)}
         missed = [t for p, t in zip(picks, told, strict=True) if p < TARGET_RATIO]
         good = [g for p, g in zip(picks, good_raced, strict=True) if p < TARGET_RATIO]
@@ -737,19 +740,40 @@ def replay(args: argparse.Namespace) -> None:
             # a miss whose race ran no configuration within 0.97 was lost before the race
             "misses_with_a_finalist_within_0.97": sum(good),
         }
+        # Replay's noise is drawn around the landscape's value, so what is left is the tool's
+        # own error: the estimate against the truth, without the machine's drift in between.
+        stats["estimate_error"] = {
+            "mean": statistics.fmean(e[0] for e in errors),
+            "race_mean": statistics.fmean(e[1] for e in errors),
+            "within_0.05": sum(abs(e[0]) <= TARGET_ERROR for e in errors),
+            "race_mean_within_0.05": sum(abs(e[1]) <= TARGET_ERROR for e in errors),
+            "picks": len(errors),
+        }
         out["landscapes"][str(path)] = {"configs": n, "tuner_cap": cap, **stats, "raw": counts}
+        error = stats["estimate_error"]
         ratio = stats["autotune_pick_ratio"]
         print(
             f"  {Path(path).name:<28} {n:>7} {_cell(stats['autotune']):>12} "
             f"{_cell(stats['random']):>12} {statistics.median(picks):>10.3f} "
             f"{ratio['at_least_0.97']:>6} {ratio['misses_said_too_close']:>14} of "
             f"{ratio['misses']:<4} {ratio['misses_with_a_finalist_within_0.97']:>8} of "
-            f"{ratio['misses']:<4}",
+            f"{ratio['misses']:<4} {error['mean']:>+18.1%} ({error['race_mean']:+.1%}) "
+            f"{error['within_0.05']:>4} of {error['picks']}",
             flush=True,
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"results: {args.out}")
+
+
+def estimate_error(landscape: Landscape, replayed: Any) -> list[tuple[float, float]]:
+    """The pick's reported throughput and its race mean over its value in ``landscape``,
+    each less one; empty without an estimate."""
+    point = landscape.lookup(replayed.pick) if replayed.pick is not None else None
+    if replayed.estimate is None or point is None or not point.value:
+        return []
+    reported = replayed.estimate / point.value
+    return [(reported - 1, reported / replayed.selection_factor - 1)]
 
 
 def _stats(values: list[int | None], n: int) -> dict[str, Any]:

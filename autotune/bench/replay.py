@@ -27,7 +27,7 @@ from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
 from autotune.search.progress import Reporter
-from autotune.search.recommendation import runner_up
+from autotune.search.recommendation import estimate, runner_up, selection_luck
 from autotune.search.settings import make_settings
 from autotune.search.study import make_sampler
 from autotune.search.tuner import Tuner
@@ -121,13 +121,18 @@ def replay_measure(landscape: Landscape, rng: random.Random) -> Measure:
 @dataclass(frozen=True)
 class Replay:
     """What one strategy did on a landscape: its measurements in order, and its pick; for the
-    tuner, the configurations its race ran and whether it told the pick from the runner-up
-    with confidence (None: no runner-up finished the race, or no race)."""
+    tuner, the configurations its race ran, whether it told the pick from the runner-up with
+    confidence (None: no runner-up finished the race, or no race), and the throughput it
+    would report for the pick, which the landscape's value of the pick can check."""
 
     measured: list[TrainConfig]
     pick: TrainConfig | None
     told_apart: bool | None = None
     raced: tuple[TrainConfig, ...] = ()
+    estimate: float | None = None
+    """The samples/s the recommendation would report for the pick."""
+    selection_factor: float = 1.0
+    """The share of the pick's race mean that ``estimate`` kept (the winner's curse)."""
 
 
 def make_replay_tuner(
@@ -196,7 +201,14 @@ def replay_tuner(
     records = tuner.log.records
     close = runner_up(records, pick, base.config if base is not None else None)
     told = close.ruled_out if close is not None else None
-    return Replay(measured, pick, told, tuple(race.raced(records)))
+    return Replay(
+        measured,
+        pick,
+        told,
+        tuple(race.raced(records)),
+        estimate(records, pick),
+        selection_luck(records, pick),
+    )
 
 
 def replay_random(landscape: Landscape, seed: int, trials: int) -> Replay:

@@ -13,12 +13,19 @@ samples, lucky or not, never decide. Leaving the race needs confidence; winning 
 better mean of the paired runs. Between two candidates the noise cannot split, either is as
 good as the evidence can tell, and the recommendation's interval says how sure that is.
 
+Being chosen flatters the winner: among finalists the noise cannot split, the one with the
+best mean is, more often than not, one whose runs were lucky (the winner's curse).
+``selection_factor`` takes that luck out of its throughput by empirical-Bayes shrinkage of its
+mean towards the finalists' (James-Stein): by how much depends on how far apart the finalists
+are against the run-to-run noise, so a winner that left the others behind keeps its mean.
+
 Everything here is a pure function of the stored records, so a resumed study decides the same.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Literal
 
@@ -131,6 +138,40 @@ def runner_up(
     speed-up); None when no other finalist finished the race."""
     others = [c for c in ranking(records, raced(records)) if c != winner and c != baseline]
     return others[0] if others else None
+
+
+def selection_factor(
+    records: Sequence[TrialRecord], winner: TrainConfig, baseline: TrainConfig | None
+) -> float:
+    """The share of the winner's mean race speed that is not the luck of having been chosen
+    (1.0: none to take out, or too little evidence to say).
+
+    The finalists' mean log speeds (the baseline's left out: it is no finalist) spread by their
+    true differences plus noise; the noise of one run is the paired spread of the per-round
+    ratios to the winner, so the drift a round shares with all of them does not count. What
+    spread is left is the finalists' own (tau^2); the winner's mean is shrunk towards the
+    finalists' by the noise's share of its variance, and never raised.
+    """
+    field = [c for c in ranking(records, raced(records)) if c != baseline]
+    if winner not in field or len(field) < 2:
+        return 1.0
+    means = [mean_log_speed(records, c) for c in field]
+    counts = [len([r for r in race_runs(records, c).values() if r.fits]) for c in field]
+    paired = [log_ratios(records, winner, c) for c in field if c != winner]
+    dof = sum(len(p) - 1 for p in paired if len(p) > 1)
+    if dof < 1:
+        return 1.0
+    # var(log b - log a) is twice one run's variance when the two are independent
+    run_variance = sum(statistics.variance(p) * (len(p) - 1) for p in paired if len(p) > 1)
+    run_variance /= 2 * dof
+    centre = statistics.fmean(means)
+    noise = statistics.fmean(run_variance / n for n in counts)
+    spread = max(0.0, statistics.variance(means) - noise)
+    own_noise = run_variance / counts[field.index(winner)]
+    if spread + own_noise <= 0:
+        return 1.0
+    luck = own_noise / (spread + own_noise) * (means[field.index(winner)] - centre)
+    return math.exp(-max(0.0, luck))
 
 
 def speedup(

@@ -1,10 +1,11 @@
 """From a study's records to a ``Recommendation``: pure functions, no I/O, no executor.
 
 The winner is chosen by the race (``autotune.search.race``): its throughput is the mean of its
-race runs with a 95% interval, its speed-up the paired ratio to the baseline over the rounds
-both ran, with an interval too. The verification run either confirms the estimate within a
-fixed tolerance or says why it cannot: a tolerance as wide as the noise would be a check that
-cannot fail.
+race runs with a 95% interval, less what being chosen among close finalists flattered it by
+(``race.selection_factor``), its speed-up the paired ratio to the baseline over the rounds
+both ran, with an interval too and the same correction. The verification run either confirms
+the estimate within a fixed tolerance or says why it cannot: a tolerance as wide as the noise
+would be a check that cannot fail.
 """
 
 from __future__ import annotations
@@ -51,6 +52,19 @@ def _evidence(records: list[TrialRecord], config: TrainConfig) -> list[TrialReco
     else (a study without a race) every earlier measurement."""
     raced = [r for r in race.race_runs(records, config).values() if r.fits]
     return raced or runs_of(records, config)
+
+
+def selection_luck(records: list[TrialRecord], winner: TrainConfig) -> float:
+    """``race.selection_factor`` of ``winner``, the last baseline left out of the field."""
+    baseline = next((r for r in reversed(records) if r.role == "baseline"), None)
+    return race.selection_factor(records, winner, baseline.config if baseline else None)
+
+
+def estimate(records: list[TrialRecord], winner: TrainConfig) -> float | None:
+    """The throughput a recommendation of ``winner`` reports: the mean of its evidence times
+    its ``selection_luck``; None without a measurement."""
+    samples = [r.samples_per_s for r in _evidence(records, winner) if r.samples_per_s]
+    return statistics.fmean(samples) * selection_luck(records, winner) if samples else None
 
 
 def verdict(spread: float, error: float | None) -> ThroughputVerdict:
@@ -101,15 +115,16 @@ def recommend(
         raise ValueError(f"the winner {winner.summary()} has no fitting measurement")
     samples = [r.samples_per_s or 0.0 for r in runs]
     interval = mean_interval(samples)
-    estimate = interval.mean
-    spread = (max(samples) - min(samples)) / estimate if estimate else 0.0
+    spread = (max(samples) - min(samples)) / interval.mean if interval.mean else 0.0
+    luck = selection_luck(records, winner)
+    expected = interval.mean * luck
     verified_runs = [
         r for r in records if r.role == "verify" and r.config and r.config.key() == winner.key()
     ]
     check = verified_runs[-1] if verified_runs else None
     error = None
-    if check is not None and check.status == "ok" and check.samples_per_s and estimate:
-        error = check.samples_per_s / estimate - 1
+    if check is not None and check.status == "ok" and check.samples_per_s and expected:
+        error = check.samples_per_s / expected - 1
     memory_confirmed = check is not None and check.fits
     throughput = verdict(spread, error)
     used = max(r.memory_used_bytes or 0 for r in runs)
@@ -121,14 +136,17 @@ def recommend(
         base_runs = _evidence(records, baseline.config)
         baseline_speed = statistics.fmean(r.samples_per_s or 0.0 for r in base_runs)
         if baseline.config.key() != winner.key():
-            paired = race.speedup(records, winner, baseline.config)
+            found = race.speedup(records, winner, baseline.config)
+            if found is not None:
+                paired = (found[0] * luck, found[1] * luck, found[2] * luck)
     return Recommendation(
         config=winner,
-        samples_per_s=estimate,
+        samples_per_s=expected,
         # t at 1 degree of freedom is 12.7: two runs can put the low end below zero
-        samples_per_s_low=max(0.0, interval.low) if interval.n > 1 else None,
-        samples_per_s_high=interval.high if interval.n > 1 else None,
+        samples_per_s_low=max(0.0, interval.low * luck) if interval.n > 1 else None,
+        samples_per_s_high=interval.high * luck if interval.n > 1 else None,
         samples_per_s_runs=samples,
+        selection_factor=luck,
         spread=spread,
         memory_used_bytes=used,
         memory_budget_bytes=budget_bytes,
@@ -142,7 +160,7 @@ def recommend(
         verification_error=error,
         baseline=baseline,
         baseline_samples_per_s=baseline_speed,
-        speedup=paired[0] if paired else (estimate / baseline_speed if baseline_speed else None),
+        speedup=paired[0] if paired else (expected / baseline_speed if baseline_speed else None),
         speedup_low=paired[1] if paired else None,
         speedup_high=paired[2] if paired else None,
         runner_up=runner_up(records, winner, baseline.config if baseline else None),

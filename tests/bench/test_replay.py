@@ -26,6 +26,7 @@ from autotune.bench.replay import (
 )
 from autotune.config import TrainConfig
 from autotune.runner.request import TrialOptions
+from autotune.search import race
 
 LANDSCAPE = Path(__file__).resolve().parent.parent / "data" / "landscape.json"
 SEEDS = range(5)
@@ -210,5 +211,11 @@ def test_a_replayed_search_reports_its_finalists_and_whether_the_race_told_them_
         close = runner_up(tuner.log.records, pick, base.config if base else None)
         assert replayed.told_apart == (close.ruled_out if close else None)
         assert close is None or close.config in replayed.raced
+        # the throughput the recommendation would report: the race mean, less the winner's luck
+        runs = [r.samples_per_s or 0.0 for r in race.race_runs(tuner.log.records, pick).values()]
+        assert replayed.estimate == pytest.approx(
+            statistics.fmean(runs) * replayed.selection_factor
+        )
+        assert 0 < replayed.selection_factor <= 1
         verdicts.append(replayed.told_apart)
     assert any(v is not None for v in verdicts), "no seed raced a runner-up: nothing was checked"
