@@ -146,7 +146,9 @@ class FinishingSettings(BaseModel):
         description="Most interleaved pairs of runs per challenger in the race; fewer when "
         "the paired comparison is already decided.",
     )
-    verify_factor: int = Field(4, ge=1, description="Verification run: this many times longer.")
+    verify_factor: int = Field(
+        4, ge=1, description="Verification run: this many times as long as a race run."
+    )
 
 
 class StorageSettings(BaseModel):

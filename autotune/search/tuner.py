@@ -102,7 +102,10 @@ class Tuner:
         """Run one trial to its end and store it (the sampler learns from it too)."""
         self.reporter.trial_started(role, config)
         try:
-            request = self._request(config, longer, floor=role == "race")
+            # The race's rounds are the evidence, and the verification checks their estimate:
+            # both measure a race run's floor (verification ``verify_factor`` times over), as
+            # one run's own interval cannot see the run-to-run noise it would wait out.
+            request = self._request(config, longer, floor=role in ("race", "verify"))
             result = run_to_end(self.executor, request)
         except PlacementError as error:
             result = TrialResult(config=config, status="invalid", message=str(error))
@@ -281,7 +284,7 @@ class Tuner:
         fallback: tuple[TrainConfig, TrialResult] | None = None
         for config in ranked:
             self.reporter.phase(
-                f"verifying in a {self.settings.finishing.verify_factor}x longer run"
+                f"verifying in a run {self.settings.finishing.verify_factor}x a race run's"
             )
             record, result = self._run_one(
                 config, "verify", longer=self.settings.finishing.verify_factor

@@ -212,7 +212,7 @@ def test_the_race_mean_decides_not_the_search_s_lucky_sample(lucky: int) -> None
     assert race.compare(race.log_ratios(records, other, recommendation.config)) == "open"
 
 
-def test_race_runs_measure_the_floor_and_the_search_and_verification_measure_until_sure() -> None:
+def test_race_and_verification_runs_measure_the_floor_and_the_search_measures_until_sure() -> None:
     executor = FakeExecutor(steady)
     tuner = make_tuner(executor, SPACE, trials=4, min_measure_s=1.5, max_measure_s=8.0)
     tuner.run([], "s.db", "s")
@@ -222,8 +222,9 @@ def test_race_runs_measure_the_floor_and_the_search_and_verification_measure_unt
         options = request.options
         if role == "race":  # the rounds are the evidence: each run measures the floor
             assert (options.min_measure_s, options.max_measure_s) == (1.5, 1.5)
-        elif role == "verify":
-            assert options.max_measure_s == 8.0 * tuner.settings.finishing.verify_factor
+        elif role == "verify":  # a fixed multiple of a race run: it checks their estimate
+            factor = tuner.settings.finishing.verify_factor
+            assert options.min_measure_s == options.max_measure_s == 1.5 * factor
         else:
             assert options.max_measure_s == 8.0 and options.target_interval > 0
 
