@@ -7,6 +7,7 @@ that was predicted rather than measured has its own field and is never shown as 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -92,3 +93,8 @@ class TrialRecord(BaseModel):
     def fits(self) -> bool:
         """Measured ok with a peak under the memory limit."""
         return self.status == "ok" and bool(self.feasible)
+
+
+def last_baseline(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The last baseline attempt, whatever its outcome (None before any)."""
+    return next((r for r in reversed(records) if r.role == "baseline"), None)

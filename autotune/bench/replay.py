@@ -27,7 +27,7 @@ from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
 from autotune.search.progress import Reporter
-from autotune.search.recommendation import estimate, runner_up, selection_luck
+from autotune.search.recommendation import estimate, runner_up
 from autotune.search.settings import make_settings
 from autotune.search.study import make_sampler
 from autotune.search.tuner import Tuner
@@ -201,14 +201,8 @@ def replay_tuner(
     records = tuner.log.records
     close = runner_up(records, pick, base.config if base is not None else None)
     told = close.ruled_out if close is not None else None
-    return Replay(
-        measured,
-        pick,
-        told,
-        tuple(race.raced(records)),
-        estimate(records, pick),
-        selection_luck(records, pick),
-    )
+    reported, luck = estimate(records, pick) or (None, 1.0)
+    return Replay(measured, pick, told, tuple(race.raced(records)), reported, luck)
 
 
 def replay_random(landscape: Landscape, seed: int, trials: int) -> Replay:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.records import SEARCH_ROLES, Role, TrialRecord
+from autotune.records import SEARCH_ROLES, Role, TrialRecord, last_baseline
 from autotune.result import TrialResult
 from autotune.search.precheck import Observation
 from autotune.search.study import ATTR_PREFIX
@@ -207,4 +207,4 @@ class StudyLog:
 
     def baseline(self) -> TrialRecord | None:
         """The last baseline attempt, whatever its outcome (None before any)."""
-        return next((r for r in reversed(self.records) if r.role == "baseline"), None)
+        return last_baseline(self.records)

@@ -14,7 +14,7 @@ import statistics
 
 from autotune.config import TrainConfig
 from autotune.recommendation import Recommendation, RunnerUp, ThroughputVerdict
-from autotune.records import Exclusion, TrialRecord
+from autotune.records import Exclusion, TrialRecord, last_baseline
 from autotune.result import Platform, TrialResult
 from autotune.search import race
 from autotune.stats import mean_interval, ratio_interval
@@ -56,15 +56,18 @@ def _evidence(records: list[TrialRecord], config: TrainConfig) -> list[TrialReco
 
 def selection_luck(records: list[TrialRecord], winner: TrainConfig) -> float:
     """``race.selection_factor`` of ``winner``, the last baseline left out of the field."""
-    baseline = next((r for r in reversed(records) if r.role == "baseline"), None)
+    baseline = last_baseline(records)
     return race.selection_factor(records, winner, baseline.config if baseline else None)
 
 
-def estimate(records: list[TrialRecord], winner: TrainConfig) -> float | None:
-    """The throughput a recommendation of ``winner`` reports: the mean of its evidence times
-    its ``selection_luck``; None without a measurement."""
+def estimate(records: list[TrialRecord], winner: TrainConfig) -> tuple[float, float] | None:
+    """The throughput a recommendation of ``winner`` reports, the mean of its evidence times
+    its ``selection_luck``, and that factor; None without a measurement."""
     samples = [r.samples_per_s for r in _evidence(records, winner) if r.samples_per_s]
-    return statistics.fmean(samples) * selection_luck(records, winner) if samples else None
+    if not samples:
+        return None
+    luck = selection_luck(records, winner)
+    return statistics.fmean(samples) * luck, luck
 
 
 def verdict(spread: float, error: float | None) -> ThroughputVerdict:
@@ -130,7 +133,7 @@ def recommend(
     used = max(r.memory_used_bytes or 0 for r in runs)
     if check is not None and check.memory_used_bytes is not None:
         used = max(used, check.memory_used_bytes)
-    baseline = next((r for r in reversed(records) if r.role == "baseline"), None)
+    baseline = last_baseline(records)
     baseline_speed, paired = None, None
     if baseline is not None and baseline.status == "ok" and baseline.config is not None:
         base_runs = _evidence(records, baseline.config)
