@@ -61,13 +61,14 @@ def selection_luck(records: list[TrialRecord], winner: TrainConfig) -> float:
 
 
 def estimate(records: list[TrialRecord], winner: TrainConfig) -> tuple[float, float] | None:
-    """The throughput a recommendation of ``winner`` reports, the mean of its evidence times
-    its ``selection_luck``, and that factor; None without a measurement."""
-    samples = [r.samples_per_s for r in _evidence(records, winner) if r.samples_per_s]
-    if not samples:
+    """The throughput a recommendation of ``winner`` reports (``recommend``'s samples/s, from
+    the same runs), the mean of its evidence times its ``selection_luck``, and that factor;
+    None without a measurement."""
+    runs = _evidence(records, winner)
+    if not runs:
         return None
     luck = selection_luck(records, winner)
-    return statistics.fmean(samples) * luck, luck
+    return statistics.fmean(r.samples_per_s or 0.0 for r in runs) * luck, luck
 
 
 def verdict(spread: float, error: float | None) -> ThroughputVerdict:
