@@ -1,0 +1,202 @@
+"""How long should a race run be? Paired rounds of two configurations at several run lengths.
+
+    python scripts/bench_race_pairing.py                          # mlp, runs of 0.5-4 s
+    python scripts/bench_race_pairing.py --workload gpt --cycles 10
+
+The race decides between finalists on the mean log ratio of their runs, round by round
+(``autotune.search.race``). How tight that mean gets for a minute of racing depends on the run
+length: a shorter run is noisier, but the two runs of a round lie closer together in time (so
+the machine's drift hits both alike) and more rounds fit in the minute; each run also pays a
+fixed cost (launch on the warm gang, warm-up steps, the DataLoader's first batches). This
+script measures that trade on this machine: the grid optimum of a recorded landscape (A) and
+its runner-up (B) run in rounds (A B, then B A), at each run length in turn, the lengths
+rotating from block to block so that every length meets every stretch of the machine. Every
+run is an ordinary race run on one Ray executor (3 warm-up steps, then exactly the floor: at
+least ``--min-steps`` steps and the run length).
+
+Per run length it prints the rounds, the median wall time of a round, the spread of one run's
+log throughput and of a round's log ratio, how much the pairing removed of the ratio's variance
+(1 - var(ratio) / (2 var(run))), the figure that decides: the standard error of the mean log
+ratio after one minute of racing the two (spread / sqrt(rounds per minute)), and whether the
+second run of a round measures faster than the first (its edge: rotating the order cancels it
+in the mean, but it widens the spread). The spreads are robust (1.4826 median absolute
+deviations): this machine passes through stretches ten times slower for a minute, which would
+decide a plain standard deviation alone (the JSON keeps the plain ones too). Writes
+results/race_pairing.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+MAD_TO_SD = 1.4826
+LOGS = ("log_a", "log_b")
+
+
+def paired_share(run_sd: float, ratio_sd: float) -> float:
+    """The share of two independent runs' variance that pairing removed from their ratio."""
+    return 1.0 - ratio_sd**2 / (2 * run_sd**2) if run_sd > 0 else 0.0
+
+
+def robust_sd(values: list[float]) -> float:
+    """The standard deviation a normal sample with this median absolute deviation has: a slow
+    stretch of the machine (runs at a tenth of the speed for a minute) does not swamp it."""
+    middle = statistics.median(values)
+    return MAD_TO_SD * statistics.median(abs(v - middle) for v in values)
+
+
+def summarise(length: float, rounds: list[dict[str, float]]) -> dict[str, float]:
+    """One run length's rounds: spreads, pairing and the standard error after a minute."""
+    ratios = [r["log_ratio"] for r in rounds]
+    # One run's spread around its own configuration's median (A and B differ in level).
+    centred = [r[k] - statistics.median(q[k] for q in rounds) for r in rounds for k in LOGS]
+    run_sd, ratio_sd = robust_sd(centred), robust_sd(ratios)
+    round_s = statistics.median(r["wall_s"] for r in rounds)
+    # A B rounds measure log(B/A) + (second run's edge), B A rounds log(B/A) - (the edge).
+    a_first = [r["log_ratio"] for r in rounds if r["a_first"]]
+    b_first = [r["log_ratio"] for r in rounds if not r["a_first"]]
+    edge = (statistics.median(a_first) - statistics.median(b_first)) / 2 if b_first else 0.0
+    return {
+        "run_length_s": length,
+        "rounds": len(rounds),
+        "round_wall_s": round_s,
+        "median_ratio": math.exp(statistics.median(ratios)),
+        "run_sd": run_sd,
+        "ratio_sd": ratio_sd,
+        "paired_share": paired_share(run_sd, ratio_sd),
+        "se_after_minute": ratio_sd / math.sqrt(60.0 / round_s),
+        "second_run_edge": math.exp(edge),
+        "plain_run_sd": statistics.stdev(centred),
+        "plain_ratio_sd": statistics.stdev(ratios),
+    }
+
+
+def main() -> None:
+    from bench_search_quality import WORKLOADS
+
+    from autotune.bench.landscape import Landscape
+    from autotune.runner.executor import run_to_end
+    from autotune.runner.platform import detect_platform
+    from autotune.runner.ray_executor import RayExecutor
+    from autotune.runner.request import TrialOptions, TrialRequest
+    from autotune.runner.workload import WorkloadSpec
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="mlp", choices=["mlp", "convnet", "gpt"])
+    parser.add_argument("--lengths", default="0.5,1,2,4", help="Run lengths, seconds.")
+    parser.add_argument("--cycles", type=int, default=6, help="Blocks per run length.")
+    parser.add_argument("--rounds", type=int, default=4, help="Rounds per block.")
+    parser.add_argument("--min-steps", type=int, default=3)
+    parser.add_argument("--landscapes", default="results/landscapes")
+    parser.add_argument("--out", default="results/race_pairing.json")
+    args = parser.parse_args()
+    try:
+        lengths = [float(x) for x in args.lengths.split(",")]
+    except ValueError:
+        parser.error(f"--lengths {args.lengths!r}: expected seconds separated by commas")
+    if not lengths or min(lengths) <= 0:
+        parser.error(f"--lengths {args.lengths!r}: every length must be above 0")
+    if args.cycles * args.rounds < 3:
+        parser.error("--cycles x --rounds must be at least 3: a spread needs three rounds")
+
+    landscape = Landscape.load(Path(args.landscapes) / f"{args.workload}.json")
+    fitting = sorted(
+        (p for p in landscape.points if landscape.feasible(p)),
+        key=lambda p: p.value or 0.0,
+        reverse=True,
+    )
+    a, b = fitting[0].config, fitting[1].config
+    model, _ = WORKLOADS["cpu"][args.workload]
+    spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
+    platform = detect_platform("cpu")
+    executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=max(8, os.cpu_count() or 1))
+
+    def run(config: object, length: float) -> float:
+        options = TrialOptions(
+            warmup_steps=3,
+            measured_steps=args.min_steps,
+            min_measure_s=length,
+            max_measure_s=length,
+            timeout_s=120.0,
+        )
+        result = run_to_end(executor, TrialRequest(config=config, workload=spec, options=options))
+        if result.status != "ok" or not result.samples_per_s:
+            raise SystemExit(f"{config.summary()}: {result.status} {result.message}")  # type: ignore[attr-defined]
+        return math.log(result.samples_per_s)
+
+    print(f"{args.workload}: A = {a.summary()} ({fitting[0].value:.1f} samples/s in the grid)")
+    print(f"{' ' * len(args.workload)}  B = {b.summary()} ({fitting[1].value:.1f})")
+    run(a, lengths[0])  # the gang's first trial is a cold one
+    by_length: dict[float, list[dict[str, float]]] = {length: [] for length in lengths}
+    started = time.perf_counter()
+    for cycle in range(args.cycles):
+        order = lengths[cycle % len(lengths) :] + lengths[: cycle % len(lengths)]
+        for length in order:
+            for _ in range(args.rounds):
+                first_a = len(by_length[length]) % 2 == 0  # A B, then B A
+                began = time.perf_counter()
+                if first_a:
+                    log_a = run(a, length)
+                    log_b = run(b, length)
+                else:
+                    log_b = run(b, length)
+                    log_a = run(a, length)
+                wall = time.perf_counter() - began
+                by_length[length].append(
+                    {
+                        "log_a": log_a,
+                        "log_b": log_b,
+                        "log_ratio": log_b - log_a,
+                        "wall_s": wall,
+                        "a_first": first_a,
+                    }
+                )
+            print(
+                f"  cycle {cycle + 1}/{args.cycles}, runs of {length:g} s: "
+                f"t={time.perf_counter() - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    executor.shutdown()
+
+    rows = [summarise(length, by_length[length]) for length in lengths]
+    print(
+        "\n| run length | rounds | s per round | B/A (median) | one run's sd | round ratio's sd "
+        "| pairing removed | se of the ratio after 1 min | second run's edge |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for r in rows:
+        print(
+            f"| {r['run_length_s']:g} s | {r['rounds']} | {r['round_wall_s']:.2f} "
+            f"| {r['median_ratio']:.3f} | {r['run_sd']:.1%} | {r['ratio_sd']:.1%} "
+            f"| {r['paired_share']:.0%} | {r['se_after_minute']:.2%} "
+            f"| {r['second_run_edge']:.3f}x |"
+        )
+    summary = {
+        "workload": args.workload,
+        "a": a.summary(),
+        "b": b.summary(),
+        "machine": f"{platform.device_name}, {platform.cpu_count} cores, torch "
+        f"{platform.torch_version}",
+        "min_steps": args.min_steps,
+        "rows": rows,
+        "per_round": {str(length): by_length[length] for length in lengths},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
