@@ -16,6 +16,10 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 ThroughputVerdict = Literal["confirmed", "not confirmed", "too noisy", "not measured"]
 
 
+ROUNDS_IN_REACH = 1000
+"""A projected ``rounds_to_split`` stops counting here."""
+
+
 class RunnerUp(BaseModel):
     """The race's next-fastest finalist, against the recommended configuration over the rounds
     both ran (the runs were interleaved, so drift hit both)."""
@@ -35,6 +39,12 @@ class RunnerUp(BaseModel):
     )
     ratio_high: float | None = None
     rounds: int = Field(0, description="Race rounds both ran and fitted in.")
+    rounds_to_split: int | None = Field(
+        None,
+        description="A projection, not a measurement: the rounds after which the race would "
+        "tell the two apart if their ratio and its round-to-round spread stayed as measured "
+        f"({ROUNDS_IN_REACH} meaning that many or more; None when ruled out or not compared).",
+    )
     ruled_out: bool = Field(
         False,
         description="The race showed it slower with that confidence; False: the run-to-run "

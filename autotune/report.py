@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.recommendation import Recommendation
+from autotune.recommendation import ROUNDS_IN_REACH, Recommendation
 from autotune.records import TrialRecord
 from autotune.result import TrialResult
 from autotune.search.log import stored_records
@@ -132,8 +132,17 @@ def runner_up_line(r: Recommendation) -> str | None:
         return f"{ratio} paired race rounds: slower with confidence"
     return (
         f"{ratio} paired race rounds: too close to call on this machine's run-to-run noise, "
-        "either may be the faster"
+        f"either may be the faster{_split_clause(other.rounds_to_split)}"
     )
+
+
+def _split_clause(rounds: int | None) -> str:
+    """What it would take to tell them apart, projected from the rounds so far."""
+    if rounds is None:
+        return ""
+    if rounds >= ROUNDS_IN_REACH:
+        return f" (projected: not within {ROUNDS_IN_REACH} rounds; as alike as it can tell)"
+    return f" (projected: about {rounds} rounds would split them, --race-rounds {rounds})"
 
 
 def compile_line(r: Recommendation) -> str:

@@ -82,6 +82,24 @@ def ratio_interval(
     return math.exp(interval.mean), math.exp(interval.low), math.exp(interval.high)
 
 
+def pairs_to_decide(
+    values: Sequence[float], confidence: float = CONFIDENCE, most: int = 1000
+) -> int | None:
+    """A projection: how many values the interval of their mean would need to leave 0 out,
+    if their mean and spread stayed as measured (at least ``len(values)``; ``most`` when it
+    would take that many or more). None with fewer than two values or no spread."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    if sd == 0:
+        return None
+    for count in range(n, most):
+        if t_quantile(count - 1, confidence) * sd / math.sqrt(count) < abs(mean):
+            return count
+    return most
+
+
 BATCHES = 10
 """Batch means: long runs of step times are cut into this many consecutive batches."""
 

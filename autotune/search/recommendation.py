@@ -13,11 +13,11 @@ from __future__ import annotations
 import statistics
 
 from autotune.config import TrainConfig
-from autotune.recommendation import Recommendation, RunnerUp, ThroughputVerdict
+from autotune.recommendation import ROUNDS_IN_REACH, Recommendation, RunnerUp, ThroughputVerdict
 from autotune.records import Exclusion, TrialRecord, last_baseline
 from autotune.result import Platform, TrialResult
 from autotune.search import race
-from autotune.stats import mean_interval, ratio_interval
+from autotune.stats import mean_interval, pairs_to_decide, ratio_interval
 
 THROUGHPUT_TOLERANCE = 0.10
 """Verification confirms throughput within this share of the estimate; never wider."""
@@ -89,13 +89,17 @@ def runner_up(
         return None
     ratios = race.log_ratios(records, winner, other)
     interval = ratio_interval(ratios, race.DECIDE_CONFIDENCE)
+    ruled_out = race.compare(ratios) == "slower"
     return RunnerUp(
         config=other,
         ratio=interval[0] if interval else None,
         ratio_low=interval[1] if interval else None,
         ratio_high=interval[2] if interval else None,
         rounds=len(ratios),
-        ruled_out=race.compare(ratios) == "slower",
+        ruled_out=ruled_out,
+        rounds_to_split=None
+        if ruled_out
+        else pairs_to_decide(ratios, race.DECIDE_CONFIDENCE, ROUNDS_IN_REACH),
     )
 
 

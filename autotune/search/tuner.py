@@ -247,7 +247,8 @@ class Tuner:
 
     def race(self) -> list[TrainConfig]:
         """Race the best few and the baseline in interleaved rounds until the winner is
-        decided (see ``race``); return the candidates, best first."""
+        decided (see ``race``); return the candidates, best first. Rounds already stored
+        (a resumed study) are not run again."""
         finishing = self.settings.finishing
         candidates = finalists(self.log.records, finishing.top_k)
         base = self.log.baseline()
@@ -256,8 +257,18 @@ class Tuner:
             candidates.append(baseline)
         alive = list(candidates)
         for number in range(1, finishing.race_rounds + 1):
-            self.reporter.phase(f"race round {number}: {len(alive)} configurations, interleaved")
-            for config in race.rotated(alive, number):
+            # A resumed study keeps its stored rounds and runs only what they lack, so a
+            # search run again with more --race-rounds goes on where its race stopped.
+            todo = [
+                c
+                for c in race.rotated(alive, number)
+                if number not in race.race_runs(self.log.records, c)
+            ]
+            if todo:
+                self.reporter.phase(
+                    f"race round {number}: {len(alive)} configurations, interleaved"
+                )
+            for config in todo:
                 self._run_one(config, "race", race_round=number)
             alive = race.still_in(self.log.records, alive, baseline, number)
             if race.decided(alive, baseline, number):

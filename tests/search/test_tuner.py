@@ -17,6 +17,7 @@ from autotune.result import TrialResult
 from autotune.runner.request import TrialOptions
 from autotune.search import race
 from autotune.search.proposer import Proposal
+from autotune.search.study import make_sampler
 from autotune.search.tuner import SearchError
 from tests.search.fakes import PLATFORM, FakeExecutor, MiB, failed, make_tuner, ok
 
@@ -308,6 +309,41 @@ def test_the_recommendation_says_whether_the_race_could_tell_the_runner_up_apart
     assert noisy.runner_up.ratio_high is not None and noisy.runner_up.ratio_high > 1
     assert noisy.runner_up.config != noisy.baseline.config  # type: ignore[union-attr]
     assert "too close to call" in format_recommendation(noisy)
+    assert noisy.runner_up.rounds_to_split is not None
+    assert f"--race-rounds {noisy.runner_up.rounds_to_split}" in format_recommendation(noisy)
+
+
+def test_a_search_run_again_with_more_rounds_goes_on_with_its_race() -> None:
+    # At 8% noise four rounds cannot split the finalists (above); the same study run again
+    # with eight keeps its four stored rounds, runs only rounds 5-8, and nothing else again.
+    space = {**SPACE, "grad_accum_steps": [1, 2]}
+    rng = random.Random(1)
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        return ok(config, speed(config) * rng.gauss(1, 0.08), memory(config))
+
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(0))
+    first = make_tuner(FakeExecutor(outcome), space, study=study, trials=4, top_k=3, race_rounds=4)
+    close = first.run([], "s", "s").runner_up
+    assert close is not None and not close.ruled_out and close.rounds == 4
+    assert close.rounds_to_split is not None and close.rounds_to_split > 4  # a projection
+    stored = {r.number for r in first.log.records}
+
+    executor = FakeExecutor(outcome)
+    again = make_tuner(executor, space, study=study, trials=4, top_k=3, race_rounds=8)
+    after = again.run([], "s", "s")
+    new = [r for r in again.log.records if r.number not in stored]
+    assert {r.role for r in new} == {"race", "verify"}
+    assert min(r.race_round or 0 for r in new if r.role == "race") == 5
+    assert len(executor.runs) == len(new)
+    assert after.runner_up is not None and after.runner_up.rounds > 4
+
+    # Run a third time with the same rounds: the race is stored whole, nothing of it runs.
+    executor = FakeExecutor(outcome)
+    make_tuner(executor, space, study=study, trials=4, top_k=3, race_rounds=8).run([], "s", "s")
+    assert [r.options.max_measure_s for r in executor.runs] == [
+        again.settings.finishing.verify_factor * again.settings.measurement.min_measure_s
+    ]
 
 
 def test_the_baseline_is_never_the_runner_up() -> None:
