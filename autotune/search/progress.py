@@ -16,6 +16,10 @@ class Reporter:
     def start(self, **info: Any) -> None:
         """Called once the space, probe and study are ready, before the first trial."""
 
+    def resumed(self, measured: int) -> None:
+        """Called before the first trial when the study already holds ``measured`` trials of
+        the budget (a resumed study), so that the count goes on from them."""
+
     def phase(self, text: str) -> None:
         """Called when the search moves to a new phase (re-measuring, verifying)."""
 
@@ -54,6 +58,10 @@ class LineReporter(Reporter):
     def start(self, **info: Any) -> None:
         for key, value in info.items():
             self._line(f"{key}: {value}")
+
+    def resumed(self, measured: int) -> None:
+        self.done = measured
+        self._line(f"resuming: {measured} trial(s) of the budget already stored")
 
     def phase(self, text: str) -> None:
         self._line(text)

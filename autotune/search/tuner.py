@@ -317,6 +317,8 @@ class Tuner:
 
     def run(self, exclusions: list[Exclusion], storage: str, study_name: str) -> Recommendation:
         """The whole search, and its recommendation."""
+        if stored := len(self.log.measured()):
+            self.reporter.resumed(stored)
         self.baseline()
         self.search()
         winner, verification = self.verify(self.race())

@@ -38,6 +38,16 @@ def test_plain_lines_say_done_budget_best_and_outcome() -> None:
     assert "#4 crashed: rank 1: killed by SIGABRT  [trials 2/10" in lines[2]
 
 
+def test_a_resumed_study_counts_on_from_its_stored_trials() -> None:
+    stream = io.StringIO()
+    reporter = LineReporter(stream, trials=10)
+    reporter.resumed(4)
+    reporter.trial_finished(_record(5, 120.0), _record(5, 120.0))
+    lines = stream.getvalue().splitlines()
+    assert "resuming: 4 trial(s) of the budget already stored" in lines[0]
+    assert "[trials 5/10, best 120.0 samples/s]" in lines[1]
+
+
 def test_quiet_is_silent_and_pipes_get_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     assert type(make_reporter(quiet=True, trials=5)) is Reporter
     monkeypatch.setattr("sys.stderr", io.StringIO())
