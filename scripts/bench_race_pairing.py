@@ -60,7 +60,8 @@ def summarise(length: float, rounds: list[dict[str, float]]) -> dict[str, float]
     """One run length's rounds: spreads, pairing and the standard error after a minute."""
     ratios = [r["log_ratio"] for r in rounds]
     # One run's spread around its own configuration's median (A and B differ in level).
-    centred = [r[k] - statistics.median(q[k] for q in rounds) for r in rounds for k in LOGS]
+    middle = {k: statistics.median(r[k] for r in rounds) for k in LOGS}
+    centred = [r[k] - middle[k] for r in rounds for k in LOGS]
     run_sd, ratio_sd = robust_sd(centred), robust_sd(ratios)
     round_s = statistics.median(r["wall_s"] for r in rounds)
     # A B rounds measure log(B/A) + (second run's edge), B A rounds log(B/A) - (the edge).
@@ -83,13 +84,12 @@ def summarise(length: float, rounds: list[dict[str, float]]) -> dict[str, float]
 
 
 def main() -> None:
-    from bench_search_quality import WORKLOADS
+    from bench_search_quality import WORKLOADS, Live
 
     from autotune.bench.landscape import Landscape
-    from autotune.runner.executor import run_to_end
+    from autotune.config import TrainConfig
     from autotune.runner.platform import detect_platform
-    from autotune.runner.ray_executor import RayExecutor
-    from autotune.runner.request import TrialOptions, TrialRequest
+    from autotune.runner.request import TrialOptions
     from autotune.runner.workload import WorkloadSpec
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -120,9 +120,9 @@ def main() -> None:
     model, _ = WORKLOADS["cpu"][args.workload]
     spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
     platform = detect_platform("cpu")
-    executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=max(8, os.cpu_count() or 1))
+    live = Live(platform, spec, args, None)  # the benchmark's executor, as its grid runs
 
-    def run(config: object, length: float) -> float:
+    def run(config: TrainConfig, length: float) -> float:
         options = TrialOptions(
             warmup_steps=3,
             measured_steps=args.min_steps,
@@ -130,10 +130,10 @@ def main() -> None:
             max_measure_s=length,
             timeout_s=120.0,
         )
-        result = run_to_end(executor, TrialRequest(config=config, workload=spec, options=options))
-        if result.status != "ok" or not result.samples_per_s:
-            raise SystemExit(f"{config.summary()}: {result.status} {result.message}")  # type: ignore[attr-defined]
-        return math.log(result.samples_per_s)
+        measured, run = live.run(config, options=options)
+        if measured.status != "ok" or not measured.samples_per_s:
+            raise SystemExit(f"{config.summary()}: {measured.status} {run.message}")
+        return math.log(measured.samples_per_s)
 
     print(f"{args.workload}: A = {a.summary()} ({fitting[0].value:.1f} samples/s in the grid)")
     print(f"{' ' * len(args.workload)}  B = {b.summary()} ({fitting[1].value:.1f})")
@@ -168,7 +168,7 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    executor.shutdown()
+    live.close()
 
     rows = [summarise(length, by_length[length]) for length in lengths]
     print(

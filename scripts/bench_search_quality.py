@@ -117,22 +117,25 @@ class Live:
         self.trials: list[Measured] = []
 
     def run(
-        self, config: TrainConfig, longer: int = 1, floor: bool = False
+        self, config: TrainConfig, longer: int = 1, floor: bool = False, options: Any = None
     ) -> tuple[Measured, Run]:
+        """One trial with the protocol's options (``longer``, ``floor``), or with ``options``
+        (``TrialOptions``) for a script that measures windows of its own."""
         from autotune.runner.executor import run_to_end
         from autotune.runner.request import TrialOptions, TrialRequest
         from autotune.search.log import memory_used
 
-        options = TrialOptions(
-            warmup_steps=self.args.warmup_steps,
-            measured_steps=self.args.measured_steps,
-            target_interval=self.args.target_interval,
-            max_measure_s=self.args.max_measure_s,
-            timeout_s=120.0,
-            seed=self.args.seed,
-        ).longer(longer)
-        if floor:
-            options = options.floor()
+        if options is None:
+            options = TrialOptions(
+                warmup_steps=self.args.warmup_steps,
+                measured_steps=self.args.measured_steps,
+                target_interval=self.args.target_interval,
+                max_measure_s=self.args.max_measure_s,
+                timeout_s=120.0,
+                seed=self.args.seed,
+            ).longer(longer)
+            if floor:
+                options = options.floor()
         request = TrialRequest(config=config, workload=self.spec, options=options)
         result = run_to_end(self.executor, request)
         used = memory_used(result, self.platform.device_type)
