@@ -38,12 +38,14 @@ def _workload(
     loss: str | None,
     input_shape: tuple[int, ...] | None,
     input_dtype: str,
+    optimizer: str | None = None,
 ) -> WorkloadSpec:
     """The workload references, importable from ranks as from the caller's directory."""
     return WorkloadSpec(
         model=model,
         data=data,
         loss=loss,
+        optimizer=optimizer,
         input_shape=input_shape,
         input_dtype=input_dtype,
         search_path=(os.getcwd(),),
@@ -56,6 +58,7 @@ def run_trial(
     *,
     data: str | None = None,
     loss: str | None = None,
+    optimizer: str | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
     options: TrialOptions | None = None,
@@ -66,8 +69,10 @@ def run_trial(
     Bad input raises ``AutotuneError`` (a one-line message); a trial that fails (OOM, crash,
     hang, an exception in the model) is returned as a ``TrialResult`` with its status.
     ``option_overrides`` are ``TrialOptions`` fields, e.g. ``measured_steps=20``.
+    ``optimizer`` ("module:attr") names a factory taking the parameters and returning a
+    ``torch.optim.Optimizer``; without it the model module's ``autotune_optimizer``, else AdamW.
     """
-    workload = _workload(model, data, loss, input_shape, input_dtype)
+    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer)
     check_workload(workload)
     return launch(as_config(config), workload, as_options(options, option_overrides))
 
@@ -78,6 +83,7 @@ def tune(
     global_batch_size: int | None = None,
     data: str | None = None,
     loss: str | None = None,
+    optimizer: str | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
     progress: bool = False,
@@ -95,7 +101,7 @@ def tune(
     Bad input raises ``AutotuneError`` with a one-line message.
     """
     checked = make_settings({"global_batch_size": global_batch_size, **settings})
-    workload = _workload(model, data, loss, input_shape, input_dtype)
+    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer)
     if reporter is None:
         reporter = LineReporter(trials=checked.budget.trials) if progress else Reporter()
     return run_search(workload, checked, reporter)

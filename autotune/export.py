@@ -39,6 +39,7 @@ def _header(r: Recommendation) -> str:
         f"# autotune recommendation for study {r.study_name}: {r.samples_per_s:,.1f} samples/s"
         + (f", {r.speedup:.2f}x the baseline" if r.speedup else "")
         + f", {r.memory_used_bytes / 2**30:.2f} GiB peak on {r.platform.device_name}\n"
+        + (f"# {optimizer_note(r)}\n" if r.optimizer else "")
         + caveat
     )
 
@@ -58,7 +59,8 @@ def render(
     if fmt == "torchrun":
         return torchrun_command(target, script, config_file) + "\n"
     if fmt in ("hf", "lightning", "accelerate"):
-        data, notes = trainer_settings(target, fmt)
+        data, _ = trainer_settings(target, fmt)
+        notes = notes_for(target, fmt)
         titles = {
             "hf": "transformers.TrainingArguments(output_dir=..., **yaml.safe_load(this_file))",
             "lightning": "LightningCLI config: trainer arguments, and your DataLoader's",
@@ -79,11 +81,21 @@ def trainer_settings(target: Exported, fmt: str) -> tuple[dict[str, Any], list[s
     return accelerate(config, block_class or None)
 
 
+def optimizer_note(r: Recommendation) -> str:
+    """Which optimizer the numbers hold for: it sets the memory of every trial."""
+    return (
+        f"measured with the optimizer {r.optimizer} ({r.optimizer_source}); train with the same "
+        "one, or the memory and speed measured may not hold"
+    )
+
+
 def notes_for(target: Exported, fmt: str) -> list[str]:
-    """What ``fmt`` cannot express of the configuration (empty for yaml/json/torchrun)."""
-    if fmt in ("hf", "lightning", "accelerate"):
-        return trainer_settings(target, fmt)[1]
-    return []
+    """What ``fmt`` cannot express of the configuration (for yaml/json/torchrun: only which
+    optimizer a recommendation was measured with)."""
+    notes = trainer_settings(target, fmt)[1] if fmt in ("hf", "lightning", "accelerate") else []
+    if isinstance(target, Recommendation) and target.optimizer:
+        notes.append(optimizer_note(target))
+    return notes
 
 
 def torchrun_command(target: Exported, script: str, config_file: str) -> str:

@@ -198,11 +198,12 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
         ),
         ("verification", verification_line(r), ""),
         ("global batch", f"{r.config.global_batch_size} ({r.global_batch_source})", ""),
+        ("optimizer", f"{r.optimizer or '?'} ({r.optimizer_source})", ""),
     ]
     if (close := runner_up_line(r)) is not None:
-        summary.insert(-2, ("runner-up", close.removeprefix("runner-up "), ""))
+        summary.insert(-3, ("runner-up", close.removeprefix("runner-up "), ""))
     if (luck := selection_line(r)) is not None:
-        summary.insert(-2, ("winner's curse", luck.removeprefix("samples/s and speed-up: "), ""))
+        summary.insert(-3, ("winner's curse", luck.removeprefix("samples/s and speed-up: "), ""))
     if r.config.compile != "off":
         summary.append(("compile", compile_line(r), ""))
     if base is not None and r.baseline_failed:

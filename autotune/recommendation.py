@@ -122,6 +122,12 @@ class Recommendation(BaseModel):
         description="Where the global batch came from: given, the model's module, or "
         "the default (then the output says how to give the real one).",
     )
+    optimizer: str = Field(
+        "", description="Class of the optimizer every trial trained with (empty: unknown)."
+    )
+    optimizer_source: str = Field(
+        "", description="Where it came from: --optimizer, the model's module, or the default."
+    )
     storage: str
     study_name: str
 

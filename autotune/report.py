@@ -218,6 +218,8 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
         lines.append(close)
     lines.append(verification_line(r))
     lines.append(f"global batch {r.config.global_batch_size} ({r.global_batch_source})")
+    if r.optimizer or r.optimizer_source:
+        lines.append(f"optimizer {r.optimizer or '?'} ({r.optimizer_source})")
     if r.config.compile != "off":
         lines.append(compile_line(r))
     counts: dict[str, int] = {}

@@ -102,6 +102,7 @@ class RankReport(BaseModel):
         None, description="torch.compile: the first step's time beyond a measured step's."
     )
     torch_threads: int = 0
+    optimizer: str = Field("", description="Class of the optimizer the rank trained with.")
     node: str = Field("", description="The Ray node the rank ran on (empty: the local launcher).")
     diagnostics: StepDiagnostics | None = None
 
@@ -116,6 +117,9 @@ class TrialResult(BaseModel):
     message: str = Field("", description="Why the trial did not finish ok.")
     platform: Platform | None = None
     workload: dict[str, str | None] = Field(default_factory=dict)
+    optimizer: str = Field(
+        "", description="Class of the optimizer the trial trained with (empty: not built)."
+    )
     warmup_steps: int = 0
     measured_steps: int = 0
     samples_per_s: float | None = Field(

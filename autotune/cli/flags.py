@@ -93,5 +93,10 @@ def workload_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", required=True, help="'pkg.module:Model' or 'file.py:Model'.")
     group.add_argument("--data", help="'module:attr': a Dataset or a factory returning one.")
     group.add_argument("--loss", help="'module:attr': loss(output, target) -> scalar tensor.")
+    group.add_argument(
+        "--optimizer",
+        help="'module:attr': a factory taking the parameters and returning a "
+        "torch.optim.Optimizer (default: autotune_optimizer in the model's module, else AdamW).",
+    )
     group.add_argument("--input-shape", type=_shape, help="Synthetic sample shape, e.g. 3x32x32.")
     group.add_argument("--input-dtype", default="float32", help="Synthetic sample dtype.")

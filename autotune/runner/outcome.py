@@ -49,7 +49,8 @@ def assemble_result(
     common = {
         "config": config,
         "platform": platform,
-        "workload": request.workload.model_dump(include={"model", "data", "loss"}),
+        "workload": request.workload.model_dump(include={"model", "data", "loss", "optimizer"}),
+        "optimizer": next((r.optimizer for r in reports if r.optimizer), ""),
         "warmup_steps": options.warmup_for(request.config),
         "launch_s": launch_s,
         "total_s": total_s,

@@ -175,10 +175,12 @@ def _measure(
         workload.model,
         workload.dataset,
         workload.loss,
-        optimizer=lambda params: torch.optim.AdamW(params, lr=options.learning_rate),
+        optimizer=workload.optimizer
+        or (lambda params: torch.optim.AdamW(params, lr=options.learning_rate)),
         device=device,
         seed=options.seed,
     )
+    report["optimizer"] = type(training.optimizer).__name__
     batches = training.batches()
     step = training.runner
     report["build_s"] = time.time() - started

@@ -45,7 +45,11 @@ class TrialOptions(BaseModel):
         json_schema_extra={"flag": "timeout"},
     )
     seed: int = Field(0, description="Seed for model initialisation and data order.")
-    learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    learning_rate: float = Field(
+        1e-4,
+        gt=0,
+        description="Learning rate of the default AdamW (a workload's own optimizer sets its own).",
+    )
     memory_limit_bytes: int | None = Field(
         None,
         gt=0,

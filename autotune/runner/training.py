@@ -65,6 +65,14 @@ def _comm_hook(config: TrainConfig) -> tuple[Any, Callable[..., Any]]:
     return state, powersgd.powerSGD_hook
 
 
+def _move(model: nn.Module, device: torch.device) -> None:
+    """``model.to(device)``, skipped where every tensor is there already: a no-op move, which
+    fake tensors (the memory prediction's) cannot do in place."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(t.device != device for t in tensors):
+        model.to(device)
+
+
 def wrap_model(
     model: nn.Module, config: TrainConfig, device: torch.device, hooks: HookCounter
 ) -> nn.Module:
@@ -73,13 +81,13 @@ def wrap_model(
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        model.to(device)
+        _move(model, device)
         mesh = init_device_mesh(device.type, (config.world_size,))
         for block in find_repeated_blocks(model):
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
-    model.to(device)
+    _move(model, device)
     if config.parallel == "dp":
         return nn.DataParallel(model, device_ids=list(range(config.world_size)))
     if config.parallel == "ddp":

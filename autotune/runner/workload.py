@@ -30,6 +30,13 @@ GLOBAL_BATCH_ATTRIBUTE = "autotune_global_batch_size"
 DEFAULT_GLOBAL_BATCH_SIZE = 32
 """The global batch a search uses when neither the user nor the model's module gives one."""
 
+OPTIMIZER_ATTRIBUTE = "autotune_optimizer"
+"""Name of the optimizer factory (parameters -> torch.optim.Optimizer) a model's module may
+expose when no --optimizer is given."""
+
+DEFAULT_OPTIMIZER = "AdamW"
+"""What trials train with when the user names no optimizer (``TrialOptions.learning_rate``)."""
+
 EXAMPLE_INPUT_ATTRIBUTE = "example_input"
 """Name of one example sample (no batch dimension) a model may carry, for synthetic data."""
 
@@ -42,6 +49,10 @@ class WorkloadSpec(BaseModel):
     model: str = Field(description="'pkg.module:Model' or 'path/to/file.py:Model'.")
     data: str | None = Field(None, description="'module:attr' naming a Dataset or a factory.")
     loss: str | None = Field(None, description="'module:attr' naming loss(output, target).")
+    optimizer: str | None = Field(
+        None,
+        description="'module:attr' naming a factory: parameters -> torch.optim.Optimizer.",
+    )
     input_shape: tuple[int, ...] | None = Field(
         None, description="Shape of one synthetic sample, without the batch dimension."
     )
@@ -60,6 +71,8 @@ class Workload:
     loss: Callable[[Any, Any], Any]  # (output, target) -> scalar tensor
     data_source: str
     loss_source: str
+    optimizer: Callable[[Any], Any] | None = None  # parameters -> Optimizer; None: AdamW
+    optimizer_source: str = f"default {DEFAULT_OPTIMIZER}"
 
 
 def _split_reference(reference: str, what: str) -> tuple[str, str]:
@@ -163,8 +176,9 @@ def check_workload(spec: WorkloadSpec) -> None:
     for directory in reversed(spec.search_path):
         if directory not in sys.path:
             sys.path.insert(0, directory)
-    _, target = resolve_reference(spec.model, "--model")
+    module, target = resolve_reference(spec.model, "--model")
     _check_model_target(target, spec.model)
+    load_optimizer(spec, module)
     if spec.data:
         resolve_reference(spec.data, "--data")
     load_loss(spec)
@@ -280,6 +294,67 @@ def load_loss(spec: WorkloadSpec) -> tuple[Callable[[Any, Any], Any], str]:
     return function, f"--loss {spec.loss}"
 
 
+def resolve_optimizer(reference: str) -> Callable[[Any], Any]:
+    """The optimizer factory ``reference`` names, checked to be callable (not yet called)."""
+    _, factory = resolve_reference(reference, "--optimizer")
+    if not callable(factory):
+        raise WorkloadError(
+            f"--optimizer {reference!r} is a {type(factory).__name__}, expected a factory "
+            "taking the model's parameters and returning a torch.optim.Optimizer"
+        )
+    return factory  # type: ignore[no-any-return]
+
+
+OptimizerFactory = Callable[[Any], Any]
+"""The model's parameters -> a torch.optim.Optimizer (typed loosely: no torch import here)."""
+
+
+def load_optimizer(spec: WorkloadSpec, model_module: Any) -> tuple[OptimizerFactory | None, str]:
+    """The user's optimizer factory and where it came from; None: the default AdamW."""
+    if spec.optimizer:
+        return _checked_optimizer(resolve_optimizer(spec.optimizer), spec.optimizer)
+    factory = getattr(model_module, OPTIMIZER_ATTRIBUTE, None)
+    if factory is None:
+        return None, f"default {DEFAULT_OPTIMIZER}"
+    reference = f"{model_module.__name__}:{OPTIMIZER_ATTRIBUTE}"
+    if not callable(factory):
+        raise WorkloadError(
+            f"{reference} is a {type(factory).__name__}, expected a factory taking the model's "
+            "parameters and returning a torch.optim.Optimizer"
+        )
+    return _checked_optimizer(factory, reference)
+
+
+def _checked_optimizer(
+    factory: Callable[[Any], Any], reference: str
+) -> tuple[Callable[[Any], Any], str]:
+    def make(params: Any) -> Any:
+        import torch
+
+        optimizer = _call_factory(factory, reference, "optimizer", params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise WorkloadError(
+                f"optimizer {reference!r} returned a {type(optimizer).__name__}, expected a "
+                "torch.optim.Optimizer"
+            )
+        return optimizer
+
+    return make, reference
+
+
+def describe_optimizer(spec: WorkloadSpec) -> str:
+    """Where the trials' optimizer comes from, in words (the default says how to give one)."""
+    if spec.optimizer:
+        return f"--optimizer {spec.optimizer}"
+    module, _ = resolve_reference(spec.model, "--model")
+    if getattr(module, OPTIMIZER_ATTRIBUTE, None) is not None:
+        return f"{module.__name__}:{OPTIMIZER_ATTRIBUTE}"
+    return (
+        f"default {DEFAULT_OPTIMIZER}: memory and speed hold for it; give the one you train "
+        f"with by --optimizer module:attr or {OPTIMIZER_ATTRIBUTE} in the model's module"
+    )
+
+
 def build_workload(spec: WorkloadSpec) -> Workload:
     """Import and build everything ``spec`` names; raises WorkloadError with one clear line."""
     for directory in reversed(spec.search_path):
@@ -290,7 +365,8 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     if hasattr(dataset, "__len__") and len(dataset) == 0:
         raise WorkloadError(f"the dataset from {data_source} is empty")
     loss, loss_source = load_loss(spec)
-    return Workload(model, dataset, loss, data_source, loss_source)
+    optimizer, optimizer_source = load_optimizer(spec, model_module)
+    return Workload(model, dataset, loss, data_source, loss_source, optimizer, optimizer_source)
 
 
 class WorkloadCache:
@@ -316,4 +392,6 @@ class WorkloadCache:
             pristine.loss,
             pristine.data_source,
             pristine.loss_source,
+            pristine.optimizer,
+            pristine.optimizer_source,
         )

@@ -14,6 +14,7 @@ from autotune.runner.workload import (
     WorkloadSpec,
     check_workload,
     declared_global_batch,
+    describe_optimizer,
 )
 from autotune.search.probe import repeated_blocks, restrict_space
 from autotune.search.progress import Reporter
@@ -76,6 +77,7 @@ def run_search(
         "model": model_hash(workload.model),
         "data": workload.data,
         "loss": workload.loss,
+        **({"optimizer": workload.optimizer} if workload.optimizer else {}),
         "space": space.fingerprint(),
         "devices": devices,
         "global_batch_size": settings.global_batch_size,
@@ -84,6 +86,7 @@ def run_search(
         "steps": [settings.measurement.warmup_steps, settings.measurement.measured_steps],
         "seed": settings.measurement.seed,
     }
+    optimizer_source = describe_optimizer(workload)
     name = settings.study.study_name or default_study_name(workload, settings)
     study, name, requeued = open_study(storage, name, fingerprint, settings.study.new_study)
 
@@ -114,6 +117,7 @@ def run_search(
             + (f" ({requeued} interrupted trial(s) re-queued)" if requeued else ""),
             platform=f"{platform.device_name} x{devices} ({platform.backend})",
             **{"global batch": f"{settings.global_batch_size} ({batch_source})"},
+            optimizer=optimizer_source,
             budget=f"{budget / 2**30:.2f} GiB per device, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
             **(
@@ -140,6 +144,8 @@ def run_search(
                 "model": workload.model,
                 "block_class": blocks[1] if blocks else None,
                 "global_batch_source": batch_source,
+                "optimizer": verification_optimizer(recommendation),
+                "optimizer_source": optimizer_source,
             }
         )
     finally:
@@ -147,6 +153,12 @@ def run_search(
         reporter.close()
     study.set_user_attr(RECOMMENDATION_ATTR, recommendation.model_dump(mode="json"))
     return recommendation
+
+
+def verification_optimizer(recommendation: Recommendation) -> str:
+    """The optimizer class the recommendation's verification run trained with."""
+    verification = recommendation.verification
+    return verification.optimizer if verification is not None else ""
 
 
 def load_recommendation(storage: str, study_name: str | None) -> Recommendation:

@@ -1,0 +1,63 @@
+"""The user's optimizer: found like the dataset, used by every trial, named in what it reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.api import run_trial
+from autotune.errors import WorkloadError
+from autotune.runner.workload import (
+    WorkloadSpec,
+    build_workload,
+    check_workload,
+    describe_optimizer,
+)
+from tests.fixtures.optimizers import PARAMETER_BYTES
+
+MODEL = "tests.fixtures.optimizers:Wide"
+CONFIG = {"global_batch_size": 8, "device": "cpu"}
+
+
+def _trial(optimizer: str | None) -> object:
+    return run_trial(
+        MODEL, CONFIG, optimizer=optimizer, warmup_steps=1, measured_steps=2, target_interval=0
+    )
+
+
+def test_the_modules_sgd_reaches_the_trial_and_its_peak_lies_below_adamws_by_its_state() -> None:
+    sgd = _trial(None)  # the module's autotune_optimizer: SGD without momentum, no state
+    adamw = _trial("tests.fixtures.optimizers:adamw")
+    assert sgd.status == adamw.status == "ok", (sgd.message, adamw.message)
+    assert sgd.optimizer == "SGD" and adamw.optimizer == "AdamW"
+    assert {r.optimizer for r in sgd.ranks} == {"SGD"}
+    assert adamw.workload["optimizer"] == "tests.fixtures.optimizers:adamw"
+    state = 2 * PARAMETER_BYTES  # AdamW's exp_avg and exp_avg_sq
+    difference = adamw.peak_memory_bytes - sgd.peak_memory_bytes
+    assert 0.6 * state < difference < 1.4 * state, (difference / 2**20, state / 2**20)
+
+
+def test_the_default_is_adamw_and_says_how_to_give_yours() -> None:
+    spec = WorkloadSpec(model="tests.fixtures.models:Small")
+    assert build_workload(spec).optimizer is None
+    source = describe_optimizer(spec)
+    assert source.startswith("default AdamW") and "--optimizer module:attr" in source
+    assert describe_optimizer(WorkloadSpec(model=MODEL)).endswith(":autotune_optimizer")
+
+
+@pytest.mark.parametrize(
+    ("reference", "expected"),
+    [
+        ("tests.fixtures.optimizers:NOT_CALLABLE", "is a int, expected a factory"),
+        ("tests.fixtures.optimizers:missing", "has no attribute 'missing'"),
+        ("nowhere:sgd", "--optimizer: no module named 'nowhere'"),
+    ],
+)
+def test_a_bad_optimizer_reference_is_one_line(reference: str, expected: str) -> None:
+    with pytest.raises(WorkloadError, match=expected):
+        check_workload(WorkloadSpec(model=MODEL, optimizer=reference))
+
+
+def test_a_factory_that_returns_no_optimizer_fails_the_trial_with_its_reason() -> None:
+    result = _trial("tests.fixtures.optimizers:not_an_optimizer")
+    assert result.status == "error"
+    assert "returned a str, expected a torch.optim.Optimizer" in result.message
