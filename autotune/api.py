@@ -7,15 +7,20 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig, load_config, make_config
-from autotune.errors import validated
+from autotune.errors import ConfigError, validated
 from autotune.recommendation import Recommendation
 from autotune.result import TrialResult
 from autotune.runner.launch import run_trial as launch
+from autotune.runner.platform import resolve_device
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import WorkloadSpec, check_workload
-from autotune.search.driver import run_search
+from autotune.search.driver import resolve_global_batch, run_search
+from autotune.search.log import memory_used
+from autotune.search.plan import Plan, make_plan
 from autotune.search.progress import LineReporter, Reporter
 from autotune.search.settings import make_settings
+from autotune.search.space import load_space
+from autotune.units import parse_bytes
 
 
 def as_config(config: TrainConfig | dict[str, Any] | str | Path) -> TrainConfig:
@@ -105,3 +110,72 @@ def tune(
     if reporter is None:
         reporter = LineReporter(trials=checked.budget.trials) if progress else Reporter()
     return run_search(workload, checked, reporter)
+
+
+def plan(
+    model: str,
+    *,
+    devices: int,
+    device_memory: str | int,
+    device: str = "cuda",
+    space: str | None = "default",
+    config: TrainConfig | dict[str, Any] | str | Path | None = None,
+    global_batch_size: int | None = None,
+    safety_margin: float = 0.1,
+    calibrate: bool = False,
+    data: str | None = None,
+    loss: str | None = None,
+    optimizer: str | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    input_dtype: str = "float32",
+) -> Plan:
+    """The predicted peak per device of every configuration of ``space`` (or of ``config``)
+    on ``devices`` devices of ``device_memory`` each, without running a step: the model traced
+    under fake tensors on this machine. ``calibrate=True`` first runs one short real trial here
+    to measure what the process adds to its tensors (only for this machine's kind of device).
+    Every number in the result is a prediction. Bad input raises ``AutotuneError``."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: use cpu or cuda")
+    if devices < 1:
+        raise ConfigError(f"--devices {devices}: must be at least 1")
+    if not 0 <= safety_margin < 1:
+        raise ConfigError(f"--safety-margin {safety_margin}: must be in [0, 1)")
+    try:
+        memory = parse_bytes(device_memory) if isinstance(device_memory, str) else device_memory
+    except ValueError as error:
+        raise ConfigError(f"--device-memory: {error}") from None
+    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer)
+    check_workload(workload)
+    chosen = as_config(config) if config is not None else None
+    if chosen is not None:
+        gbs = chosen.global_batch_size
+    else:
+        settings = make_settings({"global_batch_size": global_batch_size})
+        gbs = resolve_global_batch(workload, settings)[0].global_batch_size or 0
+    measure = None
+    if calibrate:
+        if resolve_device("auto") != device:
+            raise ConfigError(
+                f"--calibrate measures a real step here, and this machine has no {device} "
+                "device; plan without it"
+            )
+        measure = _short_trial_peak(workload)
+    return make_plan(
+        workload,
+        devices=devices,
+        limit_bytes=int(memory * (1 - safety_margin)),
+        device_type=device,
+        global_batch_size=gbs,
+        space=load_space(space) if chosen is None and space else None,
+        config=chosen,
+        measure=measure,
+    )
+
+
+def _short_trial_peak(workload: WorkloadSpec) -> Any:
+    def measure(config: TrainConfig) -> int | None:
+        options = as_options(None, {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0})
+        result = launch(config, workload, options)
+        return memory_used(result, config.device)
+
+    return measure

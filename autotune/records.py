@@ -58,7 +58,12 @@ class TrialRecord(BaseModel):
         "None when nothing was measured.",
     )
     predicted_memory_bytes: int | None = Field(
-        None, description="A prediction (the memory pre-check's), for trials that did not run."
+        None,
+        description="A prediction, made before the trial ran (or instead of running it), judged "
+        "like memory_used_bytes; never a measurement.",
+    )
+    predicted_memory_source: str = Field(
+        "", description="What predicted it: the fake-tensor trace and its calibration, or a fit."
     )
     feasible: bool | None = None
     samples_per_s_low: float | None = Field(None, description="95% interval of samples_per_s.")
@@ -88,6 +93,15 @@ class TrialRecord(BaseModel):
     def counts_toward_budget(self) -> bool:
         """A measurement the trial budget counts: the baseline's and the search's."""
         return self.is_measurement and self.role in SEARCH_ROLES
+
+    @property
+    def prediction_error(self) -> float | None:
+        """(measured - predicted) / measured of a trial that ran with a prediction: positive
+        when the prediction was low."""
+        measured, predicted = self.memory_used_bytes, self.predicted_memory_bytes
+        if not measured or predicted is None or self.status != "ok":
+            return None
+        return (measured - predicted) / measured
 
     @property
     def fits(self) -> bool:

@@ -7,7 +7,9 @@ from autotune.recommendation import ROUNDS_IN_REACH, Recommendation
 from autotune.records import TrialRecord
 from autotune.result import TrialResult
 from autotune.search.log import stored_records
+from autotune.search.plan import Plan
 from autotune.search.study import open_storage
+from autotune.secrets import mask_url
 from autotune.units import format_bytes
 
 
@@ -228,7 +230,7 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     lines.append("trials: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     for e in r.exclusions:
         lines.append(f"excluded {e.knob}={e.value}: {e.reason}")
-    lines.append(f"study {r.study_name!r} stored in {r.storage}")
+    lines.append(f"study {r.study_name!r} stored in {mask_url(r.storage)}")
     if out:
         lines.append(f"recommended config written to {out}")
     return "\n".join(lines)
@@ -247,11 +249,17 @@ def format_costs(recommendation: Recommendation, train_samples: int, price: floa
 
 
 def memory_cell(record: TrialRecord) -> str:
-    """A record's peak memory: measured, or marked as the prediction it is ('' if neither)."""
+    """A record's peak memory: measured, with the prediction made before it ran and its error
+    beside it, or marked as the prediction it is ('' if neither)."""
+    predicted = record.predicted_memory_bytes
     if record.memory_used_bytes:
-        return format_bytes(record.memory_used_bytes)
-    if record.predicted_memory_bytes:
-        return f"~{format_bytes(record.predicted_memory_bytes)} predicted"
+        measured = format_bytes(record.memory_used_bytes)
+        error = record.prediction_error
+        if predicted is None or error is None:
+            return measured
+        return f"{measured} (~{format_bytes(predicted)} predicted, {error:+.0%})"
+    if predicted:
+        return f"~{format_bytes(predicted)} predicted"
     return ""
 
 
@@ -263,16 +271,17 @@ def format_study(storage: str, study_name: str | None) -> str:
     names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
     if study_name is None:
         if len(names) != 1:
-            return f"studies in {storage}:\n" + "\n".join(f"  {n}" for n in names)
+            return f"studies in {mask_url(storage)}:\n" + "\n".join(f"  {n}" for n in names)
         study_name = names[0]
     if study_name not in names:
         raise ConfigError(
-            f"no study {study_name!r} in {storage!r}; it holds: " + (", ".join(names) or "none")
+            f"no study {study_name!r} in {mask_url(storage)!r}; it holds: "
+            + (", ".join(names) or "none")
         )
     study = optuna.load_study(study_name=study_name, storage=backend)
     lines = [
-        f"study {study_name} ({storage})",
-        f"{'#':>4}  {'role':9}  {'status':9}  {'samples/s':>10}  {'memory':>18}  config",
+        f"study {study_name} ({mask_url(storage)})",
+        f"{'#':>4}  {'role':9}  {'status':9}  {'samples/s':>10}  {'memory':>36}  config",
     ]
     for t in stored_records(study):
         speed = f"{t.samples_per_s:,.1f}" if t.samples_per_s else "-"
@@ -280,6 +289,50 @@ def format_study(storage: str, study_name: str | None) -> str:
         fits = "" if t.feasible is None else (" fits" if t.feasible else " over")
         what = t.config.summary() if t.config else t.message
         lines.append(
-            f"{t.number:>4}  {t.role:9}  {t.status:9}  {speed:>10}  {memory:>18}{fits}  {what}"
+            f"{t.number:>4}  {t.role:9}  {t.status:9}  {speed:>10}  {memory:>36}{fits}  {what}"
+        )
+    return "\n".join(lines)
+
+
+def format_plan(plan: Plan, model: str) -> str:
+    """The plan as a table, smallest predicted peak first: every number a prediction."""
+    lines = [
+        f"memory plan for {model} on {plan.devices} {plan.device_type} device(s), limit "
+        f"{format_bytes(plan.limit_bytes)} per device: every number below is a prediction",
+        "traced under fake tensors on this machine's CPU kernels"
+        + (
+            " (CUDA's fused attention, cuBLAS workspaces and allocator differ)"
+            if plan.device_type == "cuda"
+            else ""
+        ),
+        f"process beyond the tensors: {plan.calibration}",
+    ]
+    if plan.trace_error:
+        lines.append(
+            f"the model could not be traced under fake tensors: {plan.trace_error}; "
+            "a search predicts it by a fit over measured trials instead"
+        )
+        return "\n".join(lines)
+    lines.append(f"{'predicted peak':>15}  {'fits':4}  config")
+    for row in sorted(plan.rows, key=lambda r: r.prediction.peak_bytes):
+        fits = "yes" if row.fits(plan.limit_bytes) else "no"
+        peak = f"~{format_bytes(row.prediction.peak_bytes)}"
+        lines.append(f"{peak:>15}  {fits:4}  {row.config.summary()}")
+    largest = plan.largest_micro_batches()
+    if largest:
+        lines.append("largest micro-batch that fits, per parallel mode and precision:")
+        for (mode, amp), row in sorted(largest.items()):
+            lines.append(
+                f"  {mode} amp={amp}: micro-batch {row.config.micro_batch_size} "
+                f"(~{format_bytes(row.prediction.peak_bytes)}): {row.config.summary()}"
+            )
+    least = plan.least_memory()
+    if not plan.fitting() and least is not None:
+        over = least.prediction.peak_bytes - plan.limit_bytes
+        lines.append(
+            f"nothing fits: the least memory is {least.config.summary()} at "
+            f"~{format_bytes(least.prediction.peak_bytes)}, {format_bytes(over)} over the "
+            "limit; more devices (FSDP shards the model state), a smaller global batch or "
+            "devices with more memory"
         )
     return "\n".join(lines)

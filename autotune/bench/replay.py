@@ -162,7 +162,9 @@ def make_replay_tuner(
             warmup_steps=landscape.warmup_steps,
             measured_steps=landscape.measured_steps,
             climb=climb,
-            **settings,
+            # The landscape's recorded peaks are the truth here; the model's own prediction
+            # would need traces of it on this machine and would judge it by another's memory.
+            **{"predict_memory": False, **settings},
         )
     )
     return Tuner(

@@ -10,13 +10,14 @@ Exit codes: 0 the trial ran ok; 1 the trial ended otherwise (oom, crashed, timed
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune import __version__
-from autotune.api import as_config, run_trial, tune
+from autotune.api import as_config, plan, run_trial, tune
 from autotune.cli.flags import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -32,11 +33,19 @@ from autotune.errors import AutotuneError
 from autotune.export import FORMATS, notes_for, render
 from autotune.html_report import write_report
 from autotune.recommendation import Recommendation
-from autotune.report import format_costs, format_recommendation, format_study, format_trial
+from autotune.report import (
+    format_costs,
+    format_plan,
+    format_recommendation,
+    format_study,
+    format_trial,
+)
 from autotune.runner.request import TrialOptions
 from autotune.search.driver import load_recommendation
+from autotune.search.plan import prediction_json
 from autotune.search.progress import make_reporter
 from autotune.search.settings import SECTIONS, SearchSettings, make_settings
+from autotune.secrets import redact
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +122,44 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="List the trials of a stored study.")
     study_flags(show)
 
-    for sub in (trial, search, export, report, show):
+    planner = commands.add_parser(
+        "plan",
+        help="Predict every configuration's peak memory per device for a number of devices, "
+        "without running a step (no GPU needed).",
+    )
+    workload_flags(planner)
+    where = planner.add_argument_group("devices")
+    where.add_argument("--devices", type=int, required=True, help="Devices to plan for.")
+    where.add_argument("--device-memory", required=True, help="Memory of one device, e.g. 80GiB.")
+    where.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="Kind of device planned for (cuda); cpu: ranks sharing this kind of host.",
+    )
+    where.add_argument(
+        "--safety-margin",
+        type=float,
+        default=0.1,
+        help="Share of device memory kept free: fits means peak <= memory * (1 - m) (0.1).",
+    )
+    what = planner.add_argument_group("what to plan")
+    what.add_argument("--space", default="default", help="Search space: a name or a YAML file.")
+    what.add_argument("--config", help="Plan this one configuration (YAML/JSON) instead.")
+    what.add_argument(
+        "--global-batch-size",
+        type=int,
+        help="Global batch (default: the model module's autotune_global_batch_size, else 32).",
+    )
+    what.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="First run one short real step here to measure what the process adds to its "
+        "tensors (only when planning for this machine's kind of device).",
+    )
+    planner.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+
+    for sub in (trial, search, export, report, show, planner):
         sub.add_argument("--debug", action="store_true", help="Show tracebacks.")
     return parser
 
@@ -210,6 +256,48 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _plan(args: argparse.Namespace) -> int:
+    config: Any = None
+    if args.config:
+        values = read_config_file(args.config)
+        if args.global_batch_size is not None:
+            values["global_batch_size"] = args.global_batch_size
+        config = make_config(values, source=f"config {args.config!r}")
+    result = plan(
+        args.model,
+        devices=args.devices,
+        device_memory=args.device_memory,
+        device=args.device,
+        space=args.space,
+        config=config,
+        global_batch_size=args.global_batch_size,
+        safety_margin=args.safety_margin,
+        calibrate=args.calibrate,
+        data=args.data,
+        loss=args.loss,
+        optimizer=args.optimizer,
+        input_shape=args.input_shape,
+        input_dtype=args.input_dtype,
+    )
+    if args.json and config is not None and result.rows:
+        row = result.rows[0]
+        fits = row.fits(result.limit_bytes)
+        print(
+            json.dumps(
+                {
+                    **prediction_json(row.prediction),
+                    "limit_bytes": result.limit_bytes,
+                    "fits": fits,
+                    "calibration": result.calibration,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(result.to_json() if args.json else format_plan(result, args.model))
+    return EXIT_OK if result.rows else EXIT_TRIAL_FAILED
+
+
 def _show(args: argparse.Namespace) -> int:
 
     print(format_study(args.storage, args.study_name))
@@ -254,13 +342,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": _export,
         "report": _report,
         "show": _show,
+        "plan": _plan,
     }
     try:
         return handlers[args.command](args)
     except AutotuneError as error:
         if args.debug:
             raise
-        print(f"autotune: error: {error}", file=sys.stderr)
+        print(f"autotune: error: {_redacted(str(error), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
@@ -268,5 +357,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         if args.debug:
             raise
-        print(f"autotune: error: {error}", file=sys.stderr)
+        print(f"autotune: error: {_redacted(str(error), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _redacted(text: str, args: argparse.Namespace) -> str:
+    """A last guard: whatever an error says, the storage's password is not in it."""
+    return redact(text, getattr(args, "storage", None), getattr(args, "set_storage", None))

@@ -152,3 +152,28 @@ def _nvml_handle(index: int) -> Any:
         return pynvml.nvmlDeviceGetHandleByIndex(index)
     except Exception:  # NVML missing (e.g. some containers): allocator numbers still stand
         return None
+
+
+_BARE: dict[str, int] = {}
+
+
+def bare_rank_bytes() -> int:
+    """The resident peak of a process that has imported what a rank imports and built nothing:
+    the CPU memory model's first guess at a rank's share beyond its tensors, measured once per
+    process (a second or two), until trials calibrate it."""
+    import subprocess
+    import sys
+
+    if "rss" not in _BARE:
+        code = (
+            "import torch, torch.distributed, autotune.runner.rank;"
+            "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])"
+        )
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+            )
+            _BARE["rss"] = int(out.stdout.strip()) * 1024
+        except (OSError, ValueError, subprocess.SubprocessError):
+            _BARE["rss"] = 0  # the first trial calibrates it
+    return _BARE["rss"]

@@ -43,8 +43,9 @@ def to_record(
     device_type: str,
     limit_bytes: int,
     race_round: int | None = None,
+    prediction: tuple[int, str] | None = None,
 ) -> TrialRecord:
-    """The stored record of a trial that ran."""
+    """The stored record of a trial that ran, with the peak predicted before it ran."""
     used = memory_used(result, device_type)
     feasible = (
         used <= limit_bytes if used is not None else (False if result.status == "oom" else None)
@@ -67,6 +68,8 @@ def to_record(
         warmup_s=result.warmup_s,
         measured_s=result.measured_s,
         compile_s=result.compile_s,
+        predicted_memory_bytes=prediction[0] if prediction else None,
+        predicted_memory_source=prediction[1] if prediction else "",
     )
 
 
@@ -116,7 +119,7 @@ class StudyLog:
         """How far over the memory limit (> 0: infeasible), from the measured peak or else the
         predicted one; None when memory says nothing."""
         used = record.memory_used_bytes
-        if used is None:
+        if used is None and not record.is_measurement:  # what ran is judged by what it did
             used = record.predicted_memory_bytes
         if used:
             return used / self.limit_bytes - 1

@@ -1,7 +1,9 @@
 """Skip configurations that cannot fit, judging by what earlier trials measured.
 
-Two rules, both comparing only configurations that differ in knobs whose effect on memory has a
-known direction (same parallel mode, devices, AMP and comm hook):
+The memory model (``autotune.search.memory_model``) predicts every configuration from the model
+itself; these rules are the measured evidence beside it, and the fallback where the model
+defeats its fake tensors. Two rules, both comparing only configurations that differ in knobs
+whose effect on memory has a known direction (same parallel mode, devices, AMP and comm hook):
 
 - dominance: a configuration that needs at least as much memory as one that already ran out
   (micro-batch no smaller, no more checkpointing, no fewer DataLoader workers) cannot fit;
@@ -55,9 +57,10 @@ def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
 
 
 def precheck(
-    candidate: TrainConfig, history: list[Observation], limit_bytes: int
+    candidate: TrainConfig, history: list[Observation], limit_bytes: int, trend: bool = True
 ) -> tuple[str, float] | None:
-    """(reason, estimated violation) if ``candidate`` cannot fit ``limit_bytes``, else None."""
+    """(reason, estimated violation) if ``candidate`` cannot fit ``limit_bytes``, else None.
+    ``trend=False`` keeps to dominance (when a better prediction than the trend is at hand)."""
     for seen in history:
         over = seen.peak_bytes is None or seen.peak_bytes > limit_bytes
         if over and _at_least_as_hungry(candidate, seen.config):
@@ -67,6 +70,8 @@ def precheck(
                 f"needs at least the memory of trial {seen.trial_number}, which {what}",
                 violation,
             )
+    if not trend:
+        return None
     points = [
         (s.config.micro_batch_size, s.peak_bytes)
         for s in history
@@ -80,8 +85,8 @@ def precheck(
         predicted = line[0] + line[1] * candidate.micro_batch_size
         if predicted > limit_bytes * (1 + TREND_TOLERANCE):
             return (
-                f"predicted peak {predicted / 2**20:.0f} MiB from {len(points)} trials of the same "
-                f"family exceeds the limit {limit_bytes / 2**20:.0f} MiB",
+                f"predicted peak {predicted / 2**20:.0f} MiB (a fit over {len(points)} measured "
+                f"trials of the same family) exceeds the limit {limit_bytes / 2**20:.0f} MiB",
                 predicted / limit_bytes - 1,
             )
     return None

@@ -33,13 +33,28 @@ class Reporter:
         """Called once at the end, also after an error."""
 
 
+def prediction_text(record: TrialRecord) -> str:
+    """The peak predicted before the trial ran, and how far off it was: never a measurement."""
+    if record.predicted_memory_bytes is None:
+        return ""
+    text = f"predicted ~{record.predicted_memory_bytes / 2**20:,.0f} MiB"
+    error = record.prediction_error
+    if error is not None:
+        text += f", {abs(error):.0%} {'low' if error > 0 else 'high'}"
+    return text
+
+
 def _outcome(record: TrialRecord) -> str:
+    predicted = prediction_text(record)
     if record.status == "ok" and record.samples_per_s is not None:
         fits = "fits" if record.feasible else "OVER BUDGET"
         used = (record.memory_used_bytes or 0) / 2**20
         compiled = f", compiled in {record.compile_s:.1f} s" if record.compile_s else ""
-        return f"{record.samples_per_s:,.1f} samples/s, {used:,.0f} MiB ({fits}){compiled}"
-    return f"{record.status}: {record.message}"[:160]
+        predicted = f"; {predicted}" if predicted else ""
+        return (
+            f"{record.samples_per_s:,.1f} samples/s, {used:,.0f} MiB ({fits}{predicted}){compiled}"
+        )
+    return f"{record.status}: {record.message}"[:200]
 
 
 class LineReporter(Reporter):

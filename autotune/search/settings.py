@@ -61,6 +61,12 @@ class MemorySettings(BaseModel):
     enforce_memory_budget: bool = Field(
         False, description="Also impose the budget as a hard per-rank limit (trials over it OOM)."
     )
+    predict_memory: bool = Field(
+        True,
+        description="Predict each configuration's peak from the model under fake tensors and "
+        "skip what is predicted over the limit beyond the prediction's measured error "
+        "(--no-predict-memory: learn memory only from trials that ran).",
+    )
 
     @field_validator("memory_budget", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
 from autotune.search.lessons import accumulation_cut_memory, needs_unused_parameters
 from autotune.search.log import StudyLog, to_record
+from autotune.search.memory_model import MemoryModel, Prediction, prior_for
 from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
@@ -67,6 +68,11 @@ class Tuner:
         self.proposer = Proposer(
             study, self.log, space, fixed, climb, settings.measurement.prune_ratio
         )
+        self.memory: MemoryModel | None = None
+        if settings.memory.predict_memory:
+            prior = prior_for(platform.device_type)
+            self.memory = MemoryModel(workload, platform.device_type, prior)
+            self.memory.calibrate(self.log.records)  # a resumed study's trials, at once
         self.started = time.perf_counter()
 
     # -- running ----------------------------------------------------------------------------
@@ -91,16 +97,48 @@ class Tuner:
         return TrialRequest(config=config, workload=self.workload, options=options)
 
     def _record(
-        self, role: Role, result: TrialResult, race_round: int | None = None
+        self,
+        role: Role,
+        result: TrialResult,
+        race_round: int | None = None,
+        prediction: Prediction | None = None,
     ) -> TrialRecord:
         device = self.platform.device_type
-        return to_record(-1, role, result, device, self.limit_bytes, race_round)
+        predicted = (prediction.peak_bytes, prediction.source) if prediction else None
+        return to_record(-1, role, result, device, self.limit_bytes, race_round, predicted)
+
+    # -- memory -----------------------------------------------------------------------------
+
+    def predict(self, config: TrainConfig) -> Prediction | None:
+        """``config``'s peak as the memory model predicts it now (None: the model defeats the
+        fake tensors; the reporter hears it once)."""
+        if self.memory is None:
+            return None
+        failed_before = self.memory.trace_error is not None
+        prediction = self.memory.predict(config)
+        if self.memory.trace_error is not None and not failed_before:
+            self.reporter.phase(
+                f"memory: the model could not be traced under fake tensors "
+                f"({self.memory.trace_error}); predicting by a fit over measured trials"
+            )
+        return prediction
+
+    def predicted_over(self, prediction: Prediction | None) -> bool:
+        """Predicted over the limit by more than the prediction's measured error."""
+        if prediction is None or self.memory is None:
+            return False
+        return prediction.peak_bytes * (1 - self.memory.margin) > self.limit_bytes
+
+    def _learn_memory(self) -> None:
+        if self.memory is not None:
+            self.memory.calibrate(self.log.records)
 
     def _run_one(
         self, config: TrainConfig, role: Role, longer: int = 1, race_round: int | None = None
     ) -> tuple[TrialRecord, TrialResult]:
         """Run one trial to its end and store it (the sampler learns from it too)."""
         self.reporter.trial_started(role, config)
+        prediction = self.predict(config)
         try:
             # The race's rounds are the evidence, and the verification checks their estimate:
             # both measure a race run's floor (verification ``verify_factor`` times over), as
@@ -109,7 +147,8 @@ class Tuner:
             result = run_to_end(self.executor, request)
         except PlacementError as error:
             result = TrialResult(config=config, status="invalid", message=str(error))
-        record = self.proposer.add(self._record(role, result, race_round))
+        record = self.proposer.add(self._record(role, result, race_round, prediction))
+        self._learn_memory()
         self.reporter.trial_finished(record, self.log.best())
         return record, result
 
@@ -126,7 +165,7 @@ class Tuner:
         """Plain DDP (or one device), fp32, no hook, no checkpointing, no workers; accumulation
         only as far as needed to fit."""
         record = self.log.baseline()
-        accum = 1
+        accum = self._predicted_accumulation() if record is None else 1
         while True:
             if record is not None:
                 assert record.config is not None
@@ -136,20 +175,45 @@ class Tuner:
                     return record
                 if not accumulation_cut_memory(self.log.records, record):
                     return record
-            values = {
-                "global_batch_size": self.global_batch_size,
-                "parallel": "ddp" if self.devices > 1 else "single",
-                "world_size": self.devices,
-                "device": self.platform.device_type,
-                "grad_accum_steps": accum,
-            }
             try:
-                config = TrainConfig(**self.proposer.completer()(values))
+                config = TrainConfig(**self.proposer.completer()(self._baseline_values(accum)))
             except ValueError as error:
                 raise ConfigError(f"no baseline configuration is possible: {error}") from None
             record, _ = self._run_one(config, "baseline")
             if self._learn_unused_parameters(record):
                 record = None  # the same baseline again, with find_unused_parameters
+
+    def _baseline_values(self, accum: int) -> dict[str, object]:
+        return {
+            "global_batch_size": self.global_batch_size,
+            "parallel": "ddp" if self.devices > 1 else "single",
+            "world_size": self.devices,
+            "device": self.platform.device_type,
+            "grad_accum_steps": accum,
+        }
+
+    def _predicted_accumulation(self) -> int:
+        """The least accumulation (1, 2, 4, ...) at which the baseline is predicted to fit (a
+        starting point, not a skip: the prediction itself, no margin); 1 when nothing is
+        predicted to fit or nothing is predicted."""
+        accum = 1
+        while self.global_batch_size % (self.devices * accum) == 0:
+            try:
+                config = TrainConfig(**self.proposer.completer()(self._baseline_values(accum)))
+            except ValueError:
+                return 1
+            prediction = self.predict(config)
+            if prediction is None or prediction.peak_bytes <= self.limit_bytes:
+                if accum > 1:
+                    self.reporter.phase(
+                        f"baseline: accumulation {accum}, the least predicted to fit "
+                        f"(~{prediction.peak_bytes / 2**20:,.0f} MiB predicted)"
+                        if prediction
+                        else f"baseline: accumulation {accum}"
+                    )
+                return accum
+            accum *= 2
+        return 1
 
     def _learn_unused_parameters(self, record: TrialRecord) -> bool:
         """Whether ``record`` is the first DDP failure for parameters a step did not use; from
@@ -180,7 +244,10 @@ class Tuner:
                 feasible=seen.feasible,
                 message=f"same configuration as trial {seen.number} ({seen.status})",
             )
-        verdict = precheck(config, self.log.observations(), self.limit_bytes)
+        prediction = self.predict(config)
+        verdict = precheck(
+            config, self.log.observations(), self.limit_bytes, trend=prediction is None
+        )
         if verdict is not None:
             reason, violation = verdict
             return TrialRecord(
@@ -189,12 +256,24 @@ class Tuner:
                 feasible=False,
                 message=reason,
                 predicted_memory_bytes=int(self.limit_bytes * (1 + violation)),
+                predicted_memory_source="measured trials: " + reason.partition(" exceeds")[0],
+            )
+        if prediction is not None and self.memory and self.predicted_over(prediction):
+            return TrialRecord(
+                **base,
+                status="skipped",
+                feasible=False,
+                message=f"predicted not to fit: ~{prediction.peak_bytes / 2**20:,.0f} MiB "
+                f"predicted against the limit {self.limit_bytes / 2**20:,.0f} MiB, beyond the "
+                f"prediction's error ({self.memory.margin:.0%})",
+                predicted_memory_bytes=prediction.peak_bytes,
+                predicted_memory_source=prediction.source,
             )
         return None
 
     def search(self) -> None:
         """Propose, decide, run and record until a budget is spent."""
-        running: dict[int, Proposal] = {}
+        running: dict[int, tuple[Proposal, Prediction | None]] = {}
         pending: Proposal | None = None
         limit = self.settings.cluster.concurrency or 1
         unproductive = refused = 0
@@ -220,7 +299,8 @@ class Tuner:
                 proposal, pending = pending, None
                 self.reporter.trial_started("search", request.config)
                 try:
-                    running[self.executor.submit(request)] = proposal
+                    prediction = self.predict(request.config)
+                    running[self.executor.submit(request)] = (proposal, prediction)
                     refused = 0
                 except PlacementError as error:
                     refused += 1
@@ -240,8 +320,10 @@ class Tuner:
             if not running:
                 return
             for ticket, result in self.executor.wait():
-                proposal = running.pop(ticket)
-                record = self.proposer.record(proposal, self._record("search", result))
+                proposal, prediction = running.pop(ticket)
+                ran = self._record("search", result, prediction=prediction)
+                record = self.proposer.record(proposal, ran)
+                self._learn_memory()
                 self._learn_unused_parameters(record)
                 self.reporter.trial_finished(record, self.log.best())
 

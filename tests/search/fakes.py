@@ -85,6 +85,7 @@ def make_tuner(
     limit_mib: float = 1000,
     storage: str | None = None,
     study: Any = None,
+    workload: WorkloadSpec | None = None,
     **settings: Any,
 ) -> Tuner:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -96,13 +97,14 @@ def make_tuner(
         "trials": 6,
         "top_k": 2,
         "race_rounds": 3,
+        "predict_memory": False,  # scripted peaks: the model's own would disagree with them
         **settings,
     }
     return Tuner(
         study=study
         or optuna.create_study(storage=storage, direction="maximize", sampler=make_sampler(0)),
         executor=executor,
-        workload=WorkloadSpec(model="tests.fixtures.models:Small"),
+        workload=workload or WorkloadSpec(model="tests.fixtures.models:Small"),
         settings=make_settings(values),
         space=parse_space(space, "test"),
         platform=PLATFORM,

@@ -1,0 +1,118 @@
+"""Predicted against measured peak memory over a grid of configurations of one model.
+
+Each configuration of the grid runs as a real trial (local processes, gloo on CPU) and is
+traced under fake tensors. Two errors are reported per configuration, each the prediction's
+(measured - predicted) / measured:
+
+- ``after_one``: calibrated on the grid's first configuration alone, as a search is after its
+  baseline;
+- ``left_out``: calibrated on every other configuration of the grid, as a search is late on.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune.config import TrainConfig
+from autotune.runner.launch import run_trial
+from autotune.runner.request import TrialOptions
+from autotune.runner.workload import WorkloadSpec
+from autotune.search.log import memory_used
+from autotune.search.memory_model import MemoryModel, Point, fit, prior_for
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    config: str
+    status: str
+    tensors_bytes: int | None  # per device, as traced (a prediction's input)
+    measured_bytes: int | None  # per device, measured by the trial
+    workers: int
+    trace_s: float
+    trial_s: float
+
+
+def grid(global_batch_size: int, segments: int, devices: int = 2) -> list[TrainConfig]:
+    """Parallel mode x precision x checkpointing x accumulation, plus workers once; on CPU."""
+    configs = []
+    for parallel, world in (("single", 1), ("ddp", devices), ("fsdp", devices)):
+        for amp in ("off", "bf16"):
+            for checkpointed in sorted({0, segments}):
+                for accum in (1, 4):
+                    values = {
+                        "global_batch_size": global_batch_size,
+                        "parallel": parallel,
+                        "world_size": world,
+                        "amp": amp,
+                        "checkpoint_segments": checkpointed,
+                        "grad_accum_steps": accum,
+                        "device": "cpu",
+                    }
+                    try:
+                        configs.append(TrainConfig(**values))
+                    except ValueError:
+                        continue
+    first = configs[0]
+    configs.insert(1, first.model_copy(update={"num_workers": 2}))
+    return configs
+
+
+def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[GridPoint]:
+    """Trace and run every configuration (a short real trial each)."""
+    model = MemoryModel(workload, "cpu")
+    options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, min_measure_s=1)
+    points = []
+    for config in configs:
+        started = time.perf_counter()
+        parts = model.device_tensors(config)
+        traced = time.perf_counter()
+        result = run_trial(config, workload, options)
+        used = memory_used(result, "cpu")
+        points.append(
+            GridPoint(
+                config=config.summary(),
+                status=result.status,
+                tensors_bytes=sum(parts.values()) if parts else None,
+                measured_bytes=used // config.processes if used else None,
+                workers=config.num_workers,
+                trace_s=traced - started,
+                trial_s=time.perf_counter() - traced,
+            )
+        )
+    return points
+
+
+def errors(points: list[GridPoint]) -> list[dict[str, Any]]:
+    """Each point with its prediction after one calibration trial and with all others."""
+    usable = [p for p in points if p.tensors_bytes is not None and p.measured_bytes]
+    calibration_points = [
+        Point(p.tensors_bytes or 0, p.workers, p.measured_bytes or 0) for p in usable
+    ]
+    prior = prior_for("cpu")
+    first = fit(calibration_points[:1], prior)
+    rows = []
+    for i, (point, cal) in enumerate(zip(usable, calibration_points, strict=True)):
+        others = fit(calibration_points[:i] + calibration_points[i + 1 :], prior)
+        measured = cal.measured_bytes
+        row = asdict(point)
+        row["predicted_after_one_bytes"] = first.apply(cal.tensors_bytes, cal.workers)
+        row["predicted_left_out_bytes"] = others.apply(cal.tensors_bytes, cal.workers)
+        row["after_one"] = (measured - row["predicted_after_one_bytes"]) / measured
+        row["left_out"] = (measured - row["predicted_left_out_bytes"]) / measured
+        row["tensor_share"] = cal.tensors_bytes / measured
+        rows.append(row)
+    return rows
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": __import__("os").cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }

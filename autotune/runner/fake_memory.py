@@ -1,0 +1,191 @@
+"""The tensors one training step holds at its peak, traced under fake tensors: nothing allocated.
+
+This is the one module that uses PyTorch's private memory tools (``torch._subclasses``'
+``FakeTensorMode`` and ``torch.distributed._tools.mem_tracker.MemTracker``); they may change
+between releases, so ``tests/runner/test_fake_memory.py`` pins what is relied on here, and
+every failure of theirs becomes ``TraceError`` with one line, for the caller's fallback (a fit
+over measured trials, ``autotune.search.memory_model``).
+
+The step is the trials' own: the user's model built under the fake mode, checkpointing applied
+by the same code, one forward under the config's autocast, the loss, backward and the user's
+optimizer step, twice (the first step creates the optimizer's state, the second holds it beside
+the gradients and activations). One device, as ``parallel=single`` runs it; what DDP and FSDP
+add or shard is arithmetic on these parts (``autotune.search.memory_model``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import TrainConfig
+from autotune.runner.workload import (
+    WorkloadSpec,
+    load_dataset,
+    load_loss,
+    load_model,
+    load_optimizer,
+)
+
+
+class TraceError(Exception):
+    """The model could not be traced under fake tensors (a data-dependent op, say)."""
+
+
+@dataclass(frozen=True)
+class TensorPeak:
+    """The tensors of one device at the step's peak, by what they are (bytes)."""
+
+    total_bytes: int
+    parameters_bytes: int  # all of the model's parameters and buffers
+    gradients_bytes: int  # at the peak
+    optimizer_bytes: int  # the optimizer's state at the peak
+    block_parameters_bytes: int  # the largest repeated block's parameters (FSDP's unit)
+    outside_blocks_bytes: int  # parameters outside the repeated blocks (FSDP's root unit)
+    gradient_bytes_full: int  # every parameter's gradient (DDP's buckets copy them)
+
+    @property
+    def activations_bytes(self) -> int:
+        """What the batch adds at the peak: activations and backward's temporaries."""
+        return max(
+            0,
+            self.total_bytes - self.parameters_bytes - self.gradients_bytes - self.optimizer_bytes,
+        )
+
+
+def _fake_batch(dataset: Any, micro_batch: int, mode: Any) -> Any:
+    """A batch of ``micro_batch`` samples shaped like the dataset's first, as fake tensors:
+    its values never matter, only shapes and dtypes."""
+    import torch
+    from torch.utils.data import IterableDataset, default_collate
+
+    sample = next(iter(dataset)) if isinstance(dataset, IterableDataset) else dataset[0]
+    one = default_collate([sample])
+
+    def widen(tensor: Any) -> Any:
+        with mode:
+            return torch.zeros(
+                (micro_batch, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+            )
+
+    return torch.utils._pytree.tree_map_only(torch.Tensor, widen, one)
+
+
+def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
+    import torch
+
+    with mode:
+        module, model = load_model(spec.model)
+    if not all(isinstance(p, _fake_tensor_class()) for p in model.parameters()):
+        # The reference named an instance built before: trace a fake copy of it.
+        for sub in model.modules():
+            for name, p in list(sub.named_parameters(recurse=False)):
+                fake = mode.from_tensor(p.detach())
+                sub._parameters[name] = torch.nn.Parameter(fake, requires_grad=p.requires_grad)
+            for name, b in list(sub.named_buffers(recurse=False)):
+                if b is not None:
+                    sub._buffers[name] = mode.from_tensor(b)
+    return module, model
+
+
+def _peak_tracker() -> Any:
+    """``MemTracker`` keeping the device's peak only: its per-module statistics walk every
+    module at every op, half of a trace's time, and nothing here reads them."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+
+    class PeakTracker(MemTracker):  # type: ignore[no-untyped-call]
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot[_TOTAL_KEY]:
+                    self._peak_mem[device] = snapshot[_TOTAL_KEY]
+                    self._peak_mem_snap[device] = dict(snapshot)
+
+    return PeakTracker()
+
+
+def _fake_tensor_class() -> type:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
+
+
+def _bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def trace_step(
+    spec: WorkloadSpec,
+    micro_batch_size: int,
+    amp: str = "off",
+    checkpoint_segments: int = 0,
+    learning_rate: float = 1e-4,
+) -> TensorPeak:
+    """The peak of one training step of ``spec``'s model on one device, traced on the CPU.
+
+    Raises ``TraceError`` (one line) when the model defeats the fake tensors."""
+    try:
+        return _trace(spec, micro_batch_size, amp, checkpoint_segments, learning_rate)
+    except Exception as error:  # a private tool's failure is the caller's cue to fall back
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise TraceError(f"{type(error).__name__}: {text}"[:300]) from error
+
+
+def _trace(
+    spec: WorkloadSpec, micro_batch: int, amp: str, segments: int, learning_rate: float
+) -> TensorPeak:
+    import sys
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+    from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
+
+    for directory in reversed(spec.search_path):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    module, model = _fake_model(spec, mode)
+    dataset, _ = load_dataset(spec, module, model)
+    loss_fn, _ = load_loss(spec)
+    factory, _ = load_optimizer(spec, module)
+    batch = _fake_batch(dataset, micro_batch, mode)
+    config = TrainConfig(
+        global_batch_size=micro_batch, amp=amp, checkpoint_segments=segments, device="cpu"
+    )
+    device = torch.device("cpu")
+    blocks = find_repeated_blocks(model)
+    parameters = _bytes([*model.parameters(), *model.buffers()])
+    block_bytes = max((_bytes(b.parameters()) for b in blocks), default=0)
+    in_blocks = sum(_bytes(b.parameters()) for b in blocks)
+    gradients_full = _bytes(p for p in model.parameters() if p.requires_grad)
+    dtype = _AMP_DTYPES.get(amp)
+    with mode:
+        wrapped, _, _, _ = prepare_model(model, config, device)
+        params = wrapped.parameters()
+        optimizer = factory(params) if factory else torch.optim.AdamW(params, lr=learning_rate)
+        tracker = _peak_tracker()
+        tracker.track_external(wrapped, optimizer)
+        with tracker:
+            for _ in range(2):
+                args, kwargs, target = split_batch(batch)
+                autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+                with autocast:
+                    loss = loss_fn(wrapped(*args, **kwargs), target)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                tracker.reset_mod_stats()  # per-module stats hold one iteration only
+        peak = tracker.get_tracker_snapshot("peak")
+    parts: dict[Any, int] = next(iter(peak.values()), {})
+    by_kind = {getattr(k, "name", str(k)): v for k, v in parts.items()}
+    return TensorPeak(
+        total_bytes=int(by_kind.get("Total", 0)),
+        parameters_bytes=parameters,
+        gradients_bytes=int(by_kind.get("GRAD", 0)),
+        optimizer_bytes=int(by_kind.get("OPT", 0)),
+        block_parameters_bytes=block_bytes,
+        outside_blocks_bytes=max(0, parameters - in_blocks),
+        gradient_bytes_full=gradients_full,
+    )

@@ -1,0 +1,289 @@
+"""Every configuration's peak memory, predicted before it runs: tensors traced from the model,
+what parallelism adds or shards, and the process around the tensors, calibrated on trials.
+
+A prediction is never a measurement: it travels in its own fields (``Prediction``, a record's
+``predicted_memory_bytes``) and is shown as one. The parts:
+
+- tensors of one device, from ``autotune.runner.fake_memory.trace_step`` (the user's model,
+  optimizer and loss under fake tensors) at the micro-batch, precision and checkpointing;
+- DDP adds its gradient buckets (a copy of every gradient: ``gradient_as_bucket_view`` is off),
+  a compressing hook a compressed bucket, PowerSGD its error feedback (another copy);
+- FSDP2 shards parameters, gradients and optimizer state over the devices and gathers, at a time,
+  the root's own parameters (not resharded after forward), the block running and the one
+  prefetched, and one block's unsharded gradients before they are reduce-scattered;
+- ``torch.compile`` is predicted as eager (Inductor usually holds less: an upper bound);
+- the process: on CUDA the caching allocator's reserve over what is allocated, on CPU the
+  interpreter, libraries and DataLoader workers. ``Calibration`` fits
+  ``measured = scale * tensors + offset + workers * per_worker`` to the trials that ran, pulled
+  towards a prior where the trials cannot tell the parts apart.
+
+Where the model defeats the fake tensors, ``predict`` returns None and says why
+(``trace_error``); the search then falls back to its fit over measured trials
+(``autotune.search.precheck``), which says that it predicted.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from autotune.config import TrainConfig
+from autotune.records import TrialRecord
+from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step
+from autotune.runner.workload import WorkloadSpec
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""DDP's default bucket_cap_mb: what a compressing hook holds compressed at a time."""
+
+MIN_MARGIN = 0.10
+"""The least share a prediction may be off before the search trusts it to skip a trial."""
+PRIOR_MARGIN = {0: 0.50, 1: 0.25}
+"""The margin while too few trials have measured the prediction's error (by trials)."""
+
+
+def precision(amp: str) -> str:
+    """fp16 and bf16 hold the same bytes: one trace serves both."""
+    return "fp32" if amp == "off" else "16-bit"
+
+
+def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
+    """The tensors one device holds at its peak under ``config``'s parallel mode, by part."""
+    parts = {
+        "parameters": peak.parameters_bytes,
+        "gradients": peak.gradients_bytes,
+        "optimizer state": peak.optimizer_bytes,
+        "activations": peak.activations_bytes,
+    }
+    if config.parallel == "ddp":
+        parts["ddp buckets"] = peak.gradient_bytes_full
+        if config.comm_hook in ("fp16", "bf16"):
+            parts["compressed bucket"] = min(DDP_BUCKET_BYTES, peak.gradient_bytes_full) // 2
+        if config.comm_hook == "powersgd":
+            parts["powersgd error feedback"] = peak.gradient_bytes_full
+    if config.parallel == "fsdp":
+        shards = config.world_size
+        for name in ("parameters", "gradients", "optimizer state"):
+            parts[name] = parts[name] // shards
+        root = peak.outside_blocks_bytes - peak.outside_blocks_bytes // shards
+        parts["fsdp gathered"] = root + 3 * peak.block_parameters_bytes
+    return parts
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """``measured per device = scale * tensors + offset + workers * per_worker`` (bytes)."""
+
+    scale: float = 1.0
+    offset_bytes: int = 0
+    per_worker_bytes: int = 0
+    trials: int = 0
+    errors: tuple[float, ...] = ()  # leave-one-out relative errors over those trials
+
+    @property
+    def margin(self) -> float:
+        """How far off a prediction may be, as measured (leave one out) on the trials."""
+        if self.trials in PRIOR_MARGIN:
+            return PRIOR_MARGIN[self.trials]
+        return max(MIN_MARGIN, max(abs(e) for e in self.errors))
+
+    def describe(self) -> str:
+        if not self.trials:
+            return "uncalibrated"
+        return (
+            f"calibrated on {self.trials} trial(s): x{self.scale:.2f} + "
+            f"{self.offset_bytes / 2**20:,.0f} MiB + {self.per_worker_bytes / 2**20:,.0f} MiB "
+            f"per DataLoader worker, error up to {self.margin:.0%}"
+        )
+
+    def apply(self, tensors_bytes: int, workers: int) -> int:
+        return int(self.scale * tensors_bytes + self.offset_bytes + workers * self.per_worker_bytes)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One trial that ran: its tensors as traced, its workers, what one device measured."""
+
+    tensors_bytes: int
+    workers: int
+    measured_bytes: int
+
+
+def fit(points: Sequence[Point], prior: Calibration) -> Calibration:
+    """The calibration that best explains ``points``, ridge-pulled towards ``prior`` where the
+    points cannot tell scale, offset and workers apart (one point, or no worker variety)."""
+    if not points:
+        return prior
+    coefficients = _solve(points, prior)
+    errors: list[float] = []
+    if len(points) >= 2:
+        for i, left_out in enumerate(points):
+            rest = [p for j, p in enumerate(points) if j != i]
+            scale, offset, worker = _solve(rest, prior)
+            predicted = scale * left_out.tensors_bytes + offset + worker * left_out.workers
+            errors.append((left_out.measured_bytes - predicted) / left_out.measured_bytes)
+    scale, offset, worker = coefficients
+    return Calibration(scale, int(offset), int(worker), len(points), tuple(errors))
+
+
+_GIB = float(2**30)
+_RIDGE = (2e-3, 1e-4, 1e-5)
+"""Pull towards the prior of (scale, per-worker GiB, offset GiB): weak enough that a few trials
+of different sizes decide, strong enough to settle what they cannot."""
+
+
+def _solve(points: Sequence[Point], prior: Calibration) -> tuple[float, float, float]:
+    """(scale, offset bytes, bytes per worker)."""
+    import numpy as np
+
+    x = np.array([[p.tensors_bytes / _GIB, p.workers, 1.0] for p in points])
+    y = np.array([p.measured_bytes / _GIB for p in points])
+    theta0 = np.array([prior.scale, prior.per_worker_bytes / _GIB, prior.offset_bytes / _GIB])
+    ridge = np.diag(_RIDGE)
+    theta = np.linalg.solve(x.T @ x + ridge, x.T @ y + ridge @ theta0)
+    scale = float(min(3.0, max(0.8, theta[0])))
+    return scale, float(theta[2]) * _GIB, float(max(0.0, theta[1])) * _GIB  # scale, offset, worker
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A configuration's predicted peak: never a measurement."""
+
+    peak_bytes: int  # judged like a measurement: per device on CUDA, all ranks on CPU
+    parts: dict[str, int]  # per device: the tensors by part, then the process's share
+    source: str
+
+    @property
+    def tensors_bytes(self) -> int:
+        return sum(v for k, v in self.parts.items() if k not in ("process", "workers"))
+
+
+_TRACED: dict[tuple[str, int, str, int], TensorPeak] = {}
+"""Traces by workload and what they depend on, shared by every model in this process."""
+
+
+@dataclass
+class MemoryModel:
+    """Predicts any ``TrainConfig`` of ``workload`` on ``device_type``; traces are cached by
+    what they depend on (micro-batch, precision, checkpointing)."""
+
+    workload: WorkloadSpec
+    device_type: str
+    prior: Calibration = field(default_factory=Calibration)
+    calibration: Calibration | None = None
+    trace_error: str | None = None
+    _traces: dict[tuple[int, str, int], TensorPeak] = field(default_factory=dict)
+    _corners: tuple[tuple[int, int], tuple[int, int]] | None = None
+
+    def interpolate_between(self, configs: Iterable[TrainConfig]) -> None:
+        """Trace only the corners of ``configs``' micro-batches and checkpointing (per
+        precision) and interpolate between them: for a table of many configurations.
+
+        Bilinear interpolation is exact for a peak of the form a + b*mb + c*k + d*mb*k
+        (activations grow with the micro-batch, and each checkpointed block drops its own); where
+        the peak moves from the backward pass to the optimizer step at small micro-batches, the
+        peak is the larger of two such forms, and the interpolation lies above it."""
+        configs = list(configs)
+        batches = [c.micro_batch_size for c in configs]
+        segments = [c.checkpoint_segments for c in configs]
+        self._corners = ((min(batches), max(batches)), (min(segments), max(segments)))
+
+    def _trace(self, micro_batch: int, amp: str, segments: int) -> TensorPeak | None:
+        key = (micro_batch, precision(amp), segments)
+        if key not in self._traces and self.trace_error is None:
+            shared = (self.workload.model_dump_json(), *key)
+            try:
+                if shared not in _TRACED:
+                    _TRACED[shared] = trace_step(self.workload, micro_batch, amp, segments)
+                self._traces[key] = _TRACED[shared]
+            except TraceError as error:
+                self.trace_error = str(error)
+        return self._traces.get(key)
+
+    def tensor_peak(self, config: TrainConfig) -> TensorPeak | None:
+        """The single-device tensor trace ``config`` needs, or None (``trace_error`` says why)."""
+        mb, amp, k = config.micro_batch_size, config.amp, config.checkpoint_segments
+        if self._corners is None or (mb, precision(amp), k) in self._traces:
+            return self._trace(mb, amp, k)
+        (mb0, mb1), (k0, k1) = self._corners
+        corners = {(b, s): self._trace(b, amp, s) for b in (mb0, mb1) for s in (k0, k1)}
+        if any(c is None for c in corners.values()):
+            return None
+        u = (mb - mb0) / (mb1 - mb0) if mb1 > mb0 else 0.0
+        v = (k - k0) / (k1 - k0) if k1 > k0 else 0.0
+        weights = {(mb0, k0): (1 - u) * (1 - v), (mb1, k0): u * (1 - v)}
+        weights.update({(mb0, k1): (1 - u) * v, (mb1, k1): u * v})
+        fields = TensorPeak.__dataclass_fields__
+        mixed = {
+            name: round(sum(w * getattr(corners[c], name) for c, w in weights.items()))
+            for name in fields
+        }
+        return TensorPeak(**mixed)
+
+    def device_tensors(self, config: TrainConfig) -> dict[str, int] | None:
+        peak = self.tensor_peak(config)
+        return None if peak is None else device_parts(peak, config)
+
+    def calibrate(self, records: Iterable[TrialRecord]) -> Calibration:
+        """Fit the process's share to every trial that ran to the end and was measured."""
+        points = []
+        for record in records:
+            if record.status != "ok" or record.memory_used_bytes is None or not record.config:
+                continue
+            parts = self.device_tensors(record.config)
+            if parts is None:
+                continue
+            per_device = record.memory_used_bytes // self._devices_counted(record.config)
+            workers = self._workers(record.config)
+            points.append(Point(sum(parts.values()), workers, per_device))
+        self.calibration = fit(points, self.prior)
+        return self.calibration
+
+    def _devices_counted(self, config: TrainConfig) -> int:
+        """How many devices a measured figure sums: on CPU all ranks share one host."""
+        return config.processes if self.device_type == "cpu" else 1
+
+    def _workers(self, config: TrainConfig) -> int:
+        return config.num_workers if self.device_type == "cpu" else 0  # host memory on CUDA
+
+    def predict(self, config: TrainConfig) -> Prediction | None:
+        parts = self.device_tensors(config)
+        if parts is None:
+            return None
+        calibration = self.calibration or self.prior
+        tensors = sum(parts.values())
+        workers = self._workers(config)
+        per_device = calibration.apply(tensors, workers)
+        process = per_device - tensors - workers * calibration.per_worker_bytes
+        shown = {**parts, "process": process}
+        if workers:
+            shown["workers"] = workers * calibration.per_worker_bytes
+        exact = (config.micro_batch_size, precision(config.amp), config.checkpoint_segments)
+        source = "fake-tensor trace" + ("" if exact in self._traces else ", interpolated")
+        source += ", compile predicted as eager" if config.compile != "off" else ""
+        source += f", {calibration.describe()}"
+        return Prediction(per_device * self._devices_counted(config), shown, source)
+
+    @property
+    def margin(self) -> float:
+        return (self.calibration or self.prior).margin
+
+
+def relative_error(measured: int, predicted: int) -> float:
+    """(measured - predicted) / measured: positive when the prediction was low."""
+    return (measured - predicted) / measured
+
+
+def median_error(pairs: Iterable[tuple[int, int]]) -> float | None:
+    errors = [abs(relative_error(m, p)) for m, p in pairs if m]
+    return statistics.median(errors) if errors else None
+
+
+def prior_for(device_type: str) -> Calibration:
+    """The first guess before any trial: on CUDA the tensors alone (the caching allocator's
+    reserve is learnt from trials); on CPU the tensors plus a bare rank process, measured."""
+    if device_type == "cuda":
+        return Calibration()
+    from autotune.runner.memory import bare_rank_bytes  # imports torch
+
+    return Calibration(offset_bytes=bare_rank_bytes())

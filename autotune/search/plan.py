@@ -1,0 +1,202 @@
+"""``autotune plan``: the predicted memory of a search space (or one configuration) on a number of
+devices this machine need not have, in seconds and without running a step.
+
+Only knobs that move memory are enumerated (parallel mode, devices, comm hook, precision,
+checkpointing, accumulation, and DataLoader workers for CPU ranks); the others keep their
+defaults, and ``torch.compile`` is predicted as eager. Every number is a prediction
+(``autotune.search.memory_model``) and is labelled as one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+from autotune.runner.workload import WorkloadSpec
+from autotune.search.memory_model import MemoryModel, Point, Prediction, fit, prior_for
+from autotune.search.space import Param, SearchSpace, enumerate_configs
+
+MEMORY_KNOBS = ("parallel", "world_size", "comm_hook", "amp", "checkpoint_segments")
+"""The knobs ``plan`` enumerates (accumulation is how the micro-batch is chosen; workers only
+count on CPU)."""
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    config: TrainConfig
+    prediction: Prediction
+
+    def fits(self, limit_bytes: int) -> bool:
+        return self.prediction.peak_bytes <= limit_bytes
+
+
+@dataclass
+class Plan:
+    """The predicted peak per device of every configuration, against a limit."""
+
+    devices: int
+    device_type: str
+    limit_bytes: int
+    rows: list[PlanRow] = field(default_factory=list)
+    trace_error: str | None = None
+    calibration: str = ""
+
+    def fitting(self) -> list[PlanRow]:
+        return [r for r in self.rows if r.fits(self.limit_bytes)]
+
+    def largest_micro_batches(self) -> dict[tuple[str, str], PlanRow]:
+        """Per (parallel mode, precision): the fitting row with the largest micro-batch (the
+        least checkpointing among those)."""
+        best: dict[tuple[str, str], PlanRow] = {}
+        for row in self.fitting():
+            c = row.config
+            key = (f"{c.parallel}x{c.world_size}", c.amp)
+            rank = (c.micro_batch_size, -c.checkpoint_segments, -row.prediction.peak_bytes)
+            held = best.get(key)
+            if held is None or rank > (
+                held.config.micro_batch_size,
+                -held.config.checkpoint_segments,
+                -held.prediction.peak_bytes,
+            ):
+                best[key] = row
+        return best
+
+    def least_memory(self) -> PlanRow | None:
+        return min(self.rows, key=lambda r: r.prediction.peak_bytes, default=None)
+
+    def to_json(self) -> str:
+        least = self.least_memory()
+        return json.dumps(
+            {
+                "devices": self.devices,
+                "device_type": self.device_type,
+                "limit_bytes": self.limit_bytes,
+                "predicted": True,
+                "calibration": self.calibration,
+                "trace_error": self.trace_error,
+                "configurations": [_row_json(r, self.limit_bytes) for r in self.rows],
+                "largest_micro_batch": {
+                    f"{mode} amp={amp}": _row_json(r, self.limit_bytes)
+                    for (mode, amp), r in self.largest_micro_batches().items()
+                },
+                "least_memory": _row_json(least, self.limit_bytes) if least else None,
+            },
+            indent=2,
+        )
+
+
+def _row_json(row: PlanRow, limit_bytes: int) -> dict[str, Any]:
+    return {
+        "config": row.config.model_dump(mode="json"),
+        "summary": row.config.summary(),
+        **prediction_json(row.prediction),
+        "fits": row.fits(limit_bytes),
+    }
+
+
+def prediction_json(prediction: Prediction) -> dict[str, Any]:
+    """A prediction as JSON: the peak and the parts it is made of, each a prediction."""
+    return {
+        "predicted_peak_bytes": prediction.peak_bytes,
+        "predicted_parts_bytes": dict(prediction.parts),
+        "source": prediction.source,
+    }
+
+
+def plan_space(space: SearchSpace, devices: int, device_type: str) -> SearchSpace:
+    """``space`` cut down to the knobs that move memory, with world sizes up to ``devices``
+    (``devices`` itself included) and accumulation as the space lists it."""
+    params: dict[str, Param] = {}
+    for name, param in space.params.items():
+        if name not in (*MEMORY_KNOBS, "grad_accum_steps", "num_workers"):
+            continue
+        if name == "num_workers" and device_type != "cpu":
+            continue
+        if name == "parallel" and device_type == "cpu":
+            choices = tuple(c for c in param.choices if c != "dp")
+            param = param.model_copy(update={"choices": choices})
+        if name == "comm_hook" and device_type == "cpu":
+            param = param.model_copy(
+                update={"choices": tuple(c for c in param.choices if c != "bf16")}
+            )
+        if name == "world_size":
+            sizes = {c for c in param.choices if isinstance(c, int) and c <= devices}
+            param = param.model_copy(update={"choices": tuple(sorted(sizes | {devices}))})
+        params[name] = param
+    return SearchSpace(params=params)
+
+
+def make_plan(
+    workload: WorkloadSpec,
+    *,
+    devices: int,
+    limit_bytes: int,
+    device_type: str,
+    global_batch_size: int,
+    space: SearchSpace | None = None,
+    config: TrainConfig | None = None,
+    measure: Callable[[TrainConfig], int | None] | None = None,
+) -> Plan:
+    """The plan of ``space`` (or of ``config`` alone) on ``devices`` devices. ``measure`` (a
+    short real trial on this machine, returning the peak one device measured) calibrates the
+    process's share first, on the plan's least micro-batch on one device."""
+    if config is not None:
+        configs = [config]
+    elif space is not None:
+        fixed = {"global_batch_size": global_batch_size, "device": device_type}
+        configs = [
+            c
+            for c in enumerate_configs(plan_space(space, devices, device_type), fixed)
+            if c.world_size <= devices
+        ]
+    else:
+        raise ConfigError("plan needs a search space or a configuration")
+    model = MemoryModel(workload, device_type, prior_for(device_type))
+    if len(configs) > 1:
+        model.interpolate_between(configs)
+    if measure is not None and configs:
+        _calibrate(model, configs, measure, global_batch_size, device_type)
+    rows = []
+    for c in configs:
+        prediction = model.predict(c)
+        if prediction is None:
+            break
+        rows.append(PlanRow(c, prediction))
+    calibrated = model.calibration or model.prior
+    return Plan(
+        devices=devices,
+        device_type=device_type,
+        limit_bytes=limit_bytes,
+        rows=rows,
+        trace_error=model.trace_error,
+        calibration=calibrated.describe()
+        if calibrated.trials
+        else (
+            "tensors only: on CUDA the caching allocator reserves more than it allocates, "
+            "learnt from trials that ran"
+            if device_type == "cuda"
+            else f"a bare rank process measured here ({calibrated.offset_bytes / 2**20:,.0f} MiB)"
+        ),
+    )
+
+
+def _calibrate(
+    model: MemoryModel,
+    configs: list[TrainConfig],
+    measure: Callable[[TrainConfig], int | None],
+    global_batch_size: int,
+    device_type: str,
+) -> None:
+    micro = min(c.micro_batch_size for c in configs)
+    accum = global_batch_size // micro
+    probe = TrainConfig(
+        global_batch_size=global_batch_size, grad_accum_steps=accum, device=device_type
+    )
+    tensors = model.device_tensors(probe)
+    measured = measure(probe)
+    if tensors is not None and measured:
+        model.calibration = fit([Point(sum(tensors.values()), 0, measured)], model.prior)

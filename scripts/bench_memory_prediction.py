@@ -1,0 +1,80 @@
+"""Predicted against measured peak memory, per configuration of a grid, and how fast ``plan`` is
+(target: within +-10% of the measured CPU resident peak; ``plan`` of gpt2_124m over the default
+space at 64 devices under 30 s).
+
+    python scripts/bench_memory_prediction.py [--models workloads.gpt:gpt_tiny ...] \
+        [--out results/memory_prediction.json] [--plan-model workloads.gpt:gpt2_124m]
+
+Per model: the grid of ``autotune.bench.memory_prediction.grid`` (single, DDP x2 and FSDP x2 on
+gloo; fp32 and bf16; no checkpointing and every block checkpointed; accumulation 1 and 4; and
+two DataLoader workers once), each configuration traced under fake tensors and run as a real
+short trial. The error is (measured - predicted) / measured of the rank's resident peak:
+``after one`` calibrated on the grid's first configuration alone (what a search has after its
+baseline), ``left out`` on every other configuration of the grid. Then ``autotune plan`` of
+``--plan-model`` over the default space at 64 devices of 80 GiB, timed from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from autotune.bench.memory_prediction import errors, grid, machine, measure_grid
+from autotune.runner.workload import WorkloadSpec
+
+MODELS = {
+    "workloads.gpt:gpt_tiny": (32, 4),
+    "workloads.convnet:resnet_tiny": (32, 2),
+    "workloads.mlp:mlp_small": (64, 2),
+    "tests.fixtures.traced:Stack": (4096, 4),
+}
+"""Model -> (global batch, checkpoint segments of the grid)."""
+
+
+def _plan_seconds(model: str) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "plan", "--model", model, "--devices", "64",
+         "--device-memory", "80GiB", "--json"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--out", default="results/memory_prediction.json")
+    parser.add_argument("--plan-model", default="workloads.gpt:gpt2_124m")
+    args = parser.parse_args()
+
+    report: dict[str, object] = {"machine": machine(), "models": {}}
+    print(f"{'model':32} {'config':58} {'tensors':>8} {'measured':>9} {'1 trial':>8} {'others':>7}")
+    for model in args.models:
+        batch, segments = MODELS.get(model, (32, 2))
+        rows = errors(measure_grid(WorkloadSpec(model=model), grid(batch, segments)))
+        report["models"][model] = rows  # type: ignore[index]
+        for row in rows:
+            print(
+                f"{model:32} {row['config']:58} {row['tensors_bytes'] / 2**20:7.0f}M "
+                f"{row['measured_bytes'] / 2**20:8.0f}M {row['after_one']:+8.1%} "
+                f"{row['left_out']:+7.1%}"
+            )
+        within = sum(abs(r["left_out"]) <= 0.10 for r in rows)
+        print(f"{model}: left out within +-10% in {within} of {len(rows)}")
+    if args.plan_model:
+        seconds = _plan_seconds(args.plan_model)
+        report["plan"] = {"model": args.plan_model, "devices": 64, "seconds": seconds}
+        print(f"autotune plan --model {args.plan_model} --devices 64: {seconds:.1f} s")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

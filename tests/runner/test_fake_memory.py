@@ -1,0 +1,50 @@
+"""What the memory prediction relies on in PyTorch's private tools (FakeTensorMode, MemTracker),
+pinned: a release that changes it fails here, not in a search."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.runner.fake_memory import TraceError, trace_step
+from autotune.runner.workload import WorkloadSpec
+from tests.fixtures.optimizers import PARAMETER_BYTES
+
+WIDE = WorkloadSpec(model="tests.fixtures.optimizers:Wide")
+STACK = WorkloadSpec(model="tests.fixtures.traced:Stack")
+STACK_PARAMETER_BYTES = 4 * (256 * 1024 + 1024 + 1024 * 256 + 256) * 4
+
+
+def test_parameters_gradients_and_the_users_optimizer_state_are_counted_exactly() -> None:
+    sgd = trace_step(WIDE, 8)  # the module's autotune_optimizer: plain SGD, no state
+    adamw = trace_step(WIDE.model_copy(update={"optimizer": "tests.fixtures.optimizers:adamw"}), 8)
+    assert sgd.parameters_bytes == adamw.parameters_bytes == PARAMETER_BYTES
+    assert sgd.gradient_bytes_full == PARAMETER_BYTES
+    assert sgd.optimizer_bytes == 0
+    # exp_avg and exp_avg_sq, and the step's foreach temporaries at its peak
+    assert 2 * PARAMETER_BYTES <= adamw.optimizer_bytes <= 3 * PARAMETER_BYTES
+    assert adamw.total_bytes - sgd.total_bytes >= 2 * PARAMETER_BYTES
+
+
+def test_nothing_is_allocated() -> None:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = trace_step(STACK, 32768)  # gigabytes of activations, if they were real
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert peak.total_bytes > 2**30
+    assert grown * 1024 < peak.total_bytes / 10
+
+
+def test_activations_grow_with_the_micro_batch_and_shrink_with_checkpointing_and_bf16() -> None:
+    small, large = trace_step(STACK, 4096), trace_step(STACK, 8192)
+    assert large.activations_bytes == pytest.approx(2 * small.activations_bytes, rel=0.1)
+    assert small.parameters_bytes == STACK_PARAMETER_BYTES
+    assert small.block_parameters_bytes == STACK_PARAMETER_BYTES // 4
+    checkpointed = [trace_step(STACK, 8192, checkpoint_segments=k).total_bytes for k in (0, 2, 4)]
+    assert checkpointed[0] > checkpointed[1] > checkpointed[2]
+    assert trace_step(STACK, 8192, amp="bf16").activations_bytes < large.activations_bytes
+
+
+def test_a_model_the_fake_tensors_cannot_trace_raises_one_line() -> None:
+    with pytest.raises(TraceError, match="DataDependentOutput"):
+        trace_step(WorkloadSpec(model="tests.fixtures.traced:DataDependent"), 2)

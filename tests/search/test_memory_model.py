@@ -1,0 +1,103 @@
+"""The memory model's arithmetic: parallel modes, calibration, its error, interpolation."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.runner.fake_memory import TensorPeak
+from autotune.runner.workload import WorkloadSpec
+from autotune.search.memory_model import (
+    MIN_MARGIN,
+    PRIOR_MARGIN,
+    Calibration,
+    MemoryModel,
+    Point,
+    device_parts,
+    fit,
+)
+
+MiB = 2**20
+PEAK = TensorPeak(
+    total_bytes=1000 * MiB,
+    parameters_bytes=100 * MiB,
+    gradients_bytes=100 * MiB,
+    optimizer_bytes=200 * MiB,
+    block_parameters_bytes=10 * MiB,
+    outside_blocks_bytes=20 * MiB,
+    gradient_bytes_full=100 * MiB,
+)
+
+
+def _config(**values: object) -> TrainConfig:
+    return TrainConfig(global_batch_size=16, device="cpu", **values)  # type: ignore[arg-type]
+
+
+def test_ddp_adds_a_copy_of_the_gradients_and_powersgd_another() -> None:
+    single = sum(device_parts(PEAK, _config()).values())
+    ddp = device_parts(PEAK, _config(parallel="ddp", world_size=2))
+    assert single == PEAK.total_bytes
+    assert sum(ddp.values()) == single + 100 * MiB
+    powersgd = device_parts(PEAK, _config(parallel="ddp", world_size=2, comm_hook="powersgd"))
+    assert sum(powersgd.values()) == single + 200 * MiB
+    fp16 = device_parts(PEAK, _config(parallel="ddp", world_size=2, comm_hook="fp16"))
+    assert sum(fp16.values()) == single + 100 * MiB + 12.5 * MiB  # one 25 MB bucket, halved
+
+
+@pytest.mark.parametrize("shards", [2, 4, 8])
+def test_fsdp_shards_the_model_state_and_gathers_the_root_and_a_few_blocks(shards: int) -> None:
+    parts = device_parts(PEAK, _config(parallel="fsdp", world_size=shards))
+    state = 400 * MiB
+    gathered = 20 * MiB - 20 * MiB // shards + 3 * 10 * MiB
+    assert sum(parts.values()) == 600 * MiB + state // shards + gathered
+    assert parts["activations"] == 600 * MiB  # the batch's share is not sharded
+
+
+def test_a_fit_recovers_scale_offset_and_workers_and_measures_its_error() -> None:
+    truth = Calibration(scale=1.4, offset_bytes=300 * MiB, per_worker_bytes=40 * MiB)
+    points = [
+        Point(t * MiB, w, truth.apply(t * MiB, w))
+        for t, w in [(100, 0), (400, 0), (900, 0), (400, 2), (100, 4)]
+    ]
+    fitted = fit(points, Calibration())
+    assert fitted.scale == pytest.approx(1.4, rel=0.02)
+    assert fitted.offset_bytes == pytest.approx(300 * MiB, rel=0.03)
+    assert fitted.per_worker_bytes == pytest.approx(40 * MiB, rel=0.05)
+    assert fitted.trials == 5 and max(abs(e) for e in fitted.errors) < 0.01
+    assert fitted.margin == MIN_MARGIN  # exact points: the floor
+
+
+def test_one_point_sets_the_offset_and_the_margin_stays_wide_until_errors_are_measured() -> None:
+    prior = Calibration(offset_bytes=200 * MiB)
+    one = fit([Point(100 * MiB, 0, 500 * MiB)], prior)
+    assert one.apply(100 * MiB, 0) == pytest.approx(500 * MiB, rel=0.01)
+    assert one.margin == PRIOR_MARGIN[1] and prior.margin == PRIOR_MARGIN[0]
+    noisy = fit(
+        [
+            Point(100 * MiB, 0, 500 * MiB),
+            Point(200 * MiB, 0, 900 * MiB),
+            Point(300 * MiB, 0, 650 * MiB),
+        ],
+        prior,
+    )
+    assert noisy.margin > 0.2  # the leave-one-out errors of scattered points are large
+
+
+def test_interpolation_is_exact_for_a_bilinear_peak() -> None:
+    def peak(micro_batch: int, segments: int) -> TensorPeak:
+        activations = micro_batch * (64 - 6 * segments) * MiB + 5 * MiB
+        return TensorPeak(activations + 400 * MiB, 100 * MiB, 100 * MiB, 200 * MiB, 0, 0, 0)
+
+    model = MemoryModel(WorkloadSpec(model="tests.fixtures.models:Small"), "cuda")
+    configs = [
+        _config(grad_accum_steps=a, checkpoint_segments=k) for a in (1, 2, 4) for k in (0, 1, 2)
+    ]
+    model.interpolate_between(configs)
+    for mb in (4, 16):
+        for k in (0, 2):
+            model._traces[(mb, "fp32", k)] = peak(mb, k)
+    for config in configs:
+        got = model.tensor_peak(config)
+        assert got == peak(config.micro_batch_size, config.checkpoint_segments)
+    prediction = model.predict(_config(grad_accum_steps=2, checkpoint_segments=1))
+    assert prediction is not None and "interpolated" in prediction.source

@@ -1,0 +1,89 @@
+"""``autotune plan``: predicted memory for devices this machine does not have."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.config import TrainConfig, save_config
+
+MODEL = "tests.fixtures.traced:Stack"
+
+
+def _space(tmp_path: Path) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        "parallel: [single, ddp, fsdp]\n"
+        "world_size: {choices: [2, 8], when_not: {parallel: [single]}}\n"
+        "amp: ['off', bf16]\n"
+        "checkpoint_segments: [0, 4]\n"
+        "grad_accum_steps: [1, 2]\n"
+        "num_workers: [0, 2]\n"  # not a memory knob on CUDA: not enumerated
+    )
+    return str(path)
+
+
+def test_a_plan_for_64_devices_lists_them_predicts_and_says_what_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--model", MODEL, "--devices", "64", "--device-memory", "300MiB"]
+    argv += ["--space", _space(tmp_path), "--global-batch-size", "8192", "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["predicted"] is True and plan["devices"] == 64
+    rows = {row["summary"]: row for row in plan["configurations"]}
+    sizes = {row["config"]["world_size"] for row in plan["configurations"]}
+    assert sizes == {1, 2, 8, 64}  # the space's sizes up to 64, and 64 itself
+    assert all(row["config"]["num_workers"] == 0 for row in plan["configurations"])
+    fsdp = [r for r in plan["configurations"] if r["config"]["parallel"] == "fsdp"]
+    by_size = {r["config"]["world_size"]: r["predicted_peak_bytes"] for r in fsdp
+               if r["config"]["amp"] == "off" and r["config"]["checkpoint_segments"] == 0
+               and r["config"]["grad_accum_steps"] == 1}  # fmt: skip
+    assert by_size[64] < by_size[8] < by_size[2]  # more shards, smaller micro-batch
+    single = rows["singlex1 amp=off accum=1 mbs=8192 workers=0"]
+    assert single["fits"] is False and single["predicted_peak_bytes"] > 300 * 2**20 * 0.9
+    assert plan["largest_micro_batch"]  # something fits
+    assert "fsdpx64 amp=bf16" in plan["largest_micro_batch"]
+
+
+def test_one_config_as_json_carries_the_predicted_peak_and_its_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = TrainConfig(global_batch_size=4096, parallel="ddp", world_size=16, device="cuda")
+    save_config(config, tmp_path / "c.yaml")
+    argv = ["plan", "--model", MODEL, "--devices", "16", "--device-memory", "80GiB"]
+    assert main([*argv, "--config", str(tmp_path / "c.yaml"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    parts = out["predicted_parts_bytes"]
+    assert out["predicted_peak_bytes"] == sum(parts.values())
+    assert parts["ddp buckets"] == 4 * (256 * 1024 + 1024 + 1024 * 256 + 256) * 4
+    assert out["fits"] is True and out["source"].startswith("fake-tensor trace")
+
+
+def test_nothing_fitting_says_what_needs_least(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--model", MODEL, "--devices", "2", "--device-memory", "1MiB"]
+    assert main([*argv, "--space", _space(tmp_path), "--global-batch-size", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "every number below is a prediction" in out
+    assert "nothing fits: the least memory is fsdpx2 amp=bf16 ckpt=4 accum=2" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--devices", "0", "--device-memory", "8GiB"], "--devices 0: must be at least 1"),
+        (["--devices", "2", "--device-memory", "lots"], "--device-memory: 'lots' is not a size"),
+        (["--devices", "2", "--device-memory", "8GiB", "--calibrate"], "no cuda device"),
+    ],
+)
+def test_bad_plan_input_is_one_line(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--model", MODEL, *flags]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err

@@ -1,0 +1,67 @@
+"""The search with the memory model on: what is predicted not to fit is never run, the baseline
+takes its accumulation from the prediction, and every trial that ran carries its prediction."""
+
+from __future__ import annotations
+
+from autotune.config import TrainConfig
+from autotune.result import TrialResult
+from autotune.runner.workload import WorkloadSpec
+from autotune.search.memory_model import MemoryModel, device_parts
+from tests.search.fakes import FakeExecutor, MiB, make_tuner, ok
+
+STACK = WorkloadSpec(model="tests.fixtures.traced:Stack")
+SPACE = {
+    "parallel": ["ddp"],
+    "world_size": [2],
+    "grad_accum_steps": [1, 2, 4, 8],
+    "checkpoint_segments": [0, 4],
+    "amp": ["off", "bf16"],
+}
+PROCESS_MIB = 300.0
+TRACES = MemoryModel(STACK, "cpu")
+
+
+def truth_mib(config: TrainConfig) -> float:
+    """What the scripted trial 'measures': both ranks' tensors as traced, and their process."""
+    peak = TRACES.tensor_peak(config)
+    assert peak is not None
+    return 2 * (sum(device_parts(peak, config).values()) / MiB + PROCESS_MIB)
+
+
+def measured(config: TrainConfig, before: int) -> TrialResult:
+    return ok(config, 1000.0 / config.grad_accum_steps, truth_mib(config))
+
+
+def test_configurations_predicted_not_to_fit_are_never_run() -> None:
+    mid = TrainConfig(
+        global_batch_size=16384, parallel="ddp", world_size=2, grad_accum_steps=4, device="cpu"
+    )
+    limit = truth_mib(mid) * 1.02  # micro-batch 2048 in fp32 fits; 4096 and 8192 do not
+    executor = FakeExecutor(measured)
+    tuner = make_tuner(
+        executor,
+        SPACE,
+        limit_mib=limit,
+        workload=STACK,
+        predict_memory=True,
+        global_batch_size=16384,
+        trials=8,
+    )
+    baseline = tuner.baseline()
+    assert baseline.config is not None and baseline.fits
+    assert len(executor.runs) == 1  # its accumulation came from the prediction: no OOM first
+    tuner.search()
+    ran = [truth_mib(r.config) for r in executor.runs]
+    margin = 0.5  # the widest a prediction's error is ever taken to be
+    assert all(m <= limit / (1 - margin) for m in ran)
+    skipped = [r for r in tuner.log.records if r.status == "skipped"]
+    assert any(r.message.startswith("predicted not to fit") for r in skipped)
+    for record in skipped:
+        assert record.memory_used_bytes is None and record.predicted_memory_bytes
+        assert truth_mib(record.config) > limit  # nothing that fits was skipped
+    for record in tuner.log.records:
+        if record.status == "ok":  # predicted before it ran, measured after, both kept
+            assert record.predicted_memory_source.startswith("fake-tensor trace")
+            assert record.prediction_error is not None
+    calibrated = [r for r in tuner.log.records if r.status == "ok"][-1]
+    assert abs(calibrated.prediction_error) < 0.05  # once calibrated, the model is exact here
