@@ -25,6 +25,7 @@ from autotune.report import (
 )
 from autotune.search.driver import load_recommendation
 from autotune.search.study import open_storage
+from autotune.secrets import mask_url
 from autotune.units import format_bytes
 
 _W, _H, _PAD = 640, 320, 64
@@ -229,7 +230,7 @@ tr.winner {{ background: #fed7d7; }}
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(r.model)} on {html.escape(r.platform.device_name)}
 ({html.escape(r.platform.backend)}, torch {html.escape(r.platform.torch_version)}),
-stored in {html.escape(r.storage)}.</p>
+stored in {html.escape(mask_url(r.storage))}.</p>
 <h2>Recommendation</h2>
 <table><tr><th></th><th>recommended</th><th>baseline</th></tr>{summary_rows}</table>
 <h2>Throughput against peak memory</h2>{throughput_vs_memory(r)}

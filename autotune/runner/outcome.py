@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autotune.config import TrainConfig
 from autotune.result import Platform, RankReport, TrialResult, TrialStatus, summarise_steps
 from autotune.runner.request import TrialRequest
 
@@ -28,6 +29,25 @@ def _is_echo(report: RankReport) -> bool:
     """A rank that only waited for, or broke on, another rank's failure."""
     return report.status == "timed_out" or (
         report.status == "error" and is_peer_failure(report.message)
+    )
+
+
+UNUSED_PARAMETERS_ERROR = "Expected to have finished reduction in the prior iteration"
+"""What DDP says when a step left some parameters without a gradient."""
+UNUSED_PARAMETERS_HINT = (
+    "the model leaves some parameters without a gradient in a step (an unused head, a "
+    "conditional branch): DDP needs find_unused_parameters (autotune trial "
+    "--find-unused-parameters; a search sets it itself)"
+)
+
+
+def unused_parameters_failure(config: TrainConfig, message: str) -> bool:
+    """Whether a DDP run without ``find_unused_parameters`` failed for parameters a step left
+    without a gradient."""
+    return (
+        config.parallel == "ddp"
+        and not config.find_unused_parameters
+        and UNUSED_PARAMETERS_ERROR in message
     )
 
 
@@ -74,6 +94,8 @@ def assemble_result(
             **common,
         )
     message = f"rank {failure.rank}: {failure.message}"
+    if unused_parameters_failure(config, message):
+        message = f"{UNUSED_PARAMETERS_HINT}; {message}"
     if failure.status == "timed_out":
         message = f"no result within timeout_s={options.timeout_s:g}; {message}"
     return TrialResult(

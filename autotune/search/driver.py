@@ -22,6 +22,7 @@ from autotune.search.settings import SearchSettings
 from autotune.search.space import load_space
 from autotune.search.study import model_hash, open_storage, open_study
 from autotune.search.tuner import Tuner
+from autotune.secrets import mask_url
 
 RECOMMENDATION_ATTR = "autotune:recommendation"
 
@@ -113,7 +114,7 @@ def run_search(
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)
     try:
         reporter.start(
-            study=f"{name} in {settings.study.storage}"
+            study=f"{name} in {mask_url(settings.study.storage)}"
             + (f" ({requeued} interrupted trial(s) re-queued)" if requeued else ""),
             platform=f"{platform.device_name} x{devices} ({platform.backend})",
             **{"global batch": f"{settings.global_batch_size} ({batch_source})"},
@@ -138,7 +139,7 @@ def run_search(
             devices=devices,
             reporter=reporter,
         )
-        recommendation = tuner.run(exclusions, settings.study.storage, name)
+        recommendation = tuner.run(exclusions, mask_url(settings.study.storage), name)
         recommendation = recommendation.model_copy(
             update={
                 "model": workload.model,
@@ -171,13 +172,14 @@ def load_recommendation(storage: str, study_name: str | None) -> Recommendation:
     if study_name is None:
         if len(names) != 1:
             raise ConfigError(
-                f"storage {storage!r} holds {len(names)} studies; pick one with --study-name: "
-                + (", ".join(names) or "none")
+                f"storage {mask_url(storage)!r} holds {len(names)} studies; pick one with "
+                "--study-name: " + (", ".join(names) or "none")
             )
         study_name = names[0]
     if study_name not in names:
         raise ConfigError(
-            f"no study {study_name!r} in {storage!r}; it holds: {', '.join(names) or 'none'}"
+            f"no study {study_name!r} in {mask_url(storage)!r}; it holds: "
+            f"{', '.join(names) or 'none'}"
         )
     attrs = next(s for s in summaries if s.study_name == study_name).user_attrs
     if RECOMMENDATION_ATTR not in attrs:

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 from autotune.records import TrialRecord
+from autotune.runner.outcome import UNUSED_PARAMETERS_ERROR, unused_parameters_failure
 
-UNUSED_PARAMETERS_ERROR = "Expected to have finished reduction in the prior iteration"
-"""What DDP says when a step left some parameters without a gradient."""
+__all__ = ["UNUSED_PARAMETERS_ERROR", "accumulation_cut_memory", "needs_unused_parameters"]
 
 
 def needs_unused_parameters(record: TrialRecord) -> bool:
     """Whether ``record`` is a DDP run without ``find_unused_parameters`` that failed because a
     step left some parameters without a gradient (an unused head, a conditional branch)."""
-    config = record.config
-    return (
-        config is not None
-        and config.parallel == "ddp"
-        and not config.find_unused_parameters
-        and UNUSED_PARAMETERS_ERROR in record.message
-    )
+    return record.config is not None and unused_parameters_failure(record.config, record.message)
 
 
 def accumulation_cut_memory(records: list[TrialRecord], baseline: TrialRecord) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.runner.workload import resolve_reference
+from autotune.secrets import mask_url, redact
 
 ATTR_PREFIX = "autotune:"
 
@@ -31,12 +32,27 @@ def open_storage(storage: str) -> Any:
     url = storage_url(storage)
     try:
         return optuna.storages.RDBStorage(url)
-    except Exception as error:  # SQLAlchemy raises many kinds; all mean "cannot open"
-        first = " ".join(str(error).split())[:200]
+    except ImportError:  # Optuna's word for a database driver that is not installed
         raise ConfigError(
-            f"--storage {storage!r} cannot be opened ({type(error).__name__}: {first}); use a "
-            "file path such as autotune.db, or a database URL such as postgresql://host/db"
+            f"--storage {mask_url(storage)!r} needs a database driver that is not installed: "
+            f"{_driver_hint(url)}"
         ) from None
+    except Exception as error:  # SQLAlchemy raises many kinds; all mean "cannot open"
+        first = redact(" ".join(str(error).split())[:200], storage, url)
+        raise ConfigError(
+            f"--storage {mask_url(storage)!r} cannot be opened ({type(error).__name__}: "
+            f"{first}); use a file path such as autotune.db, or a database URL such as "
+            "postgresql://host/db"
+        ) from None
+
+
+def _driver_hint(url: str) -> str:
+    scheme = url.partition("://")[0].lower()
+    if scheme.startswith("postgres"):
+        return "pip install 'autotune[postgres]' (psycopg2-binary)"
+    if scheme.startswith("mysql"):
+        return "pip install pymysql, and name it in the URL (mysql+pymysql://...)"
+    return "install the driver the URL's scheme names"
 
 
 def model_hash(model_reference: str) -> str:

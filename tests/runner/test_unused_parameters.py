@@ -24,6 +24,8 @@ FAST = {"warmup_steps": 2, "measured_steps": 3, "target_interval": 0}
 def test_a_ddp_trial_of_a_model_with_an_unused_head_needs_find_unused_parameters() -> None:
     without = run_trial("tests.fixtures.models:AuxHead", DDP, **FAST)
     assert without.status == "error" and UNUSED_PARAMETERS_ERROR in without.message
+    assert without.message.startswith("the model leaves some parameters without a gradient")
+    assert "--find-unused-parameters" in without.message.split(";")[0]
     found = run_trial(
         "tests.fixtures.models:AuxHead", {**DDP, "find_unused_parameters": True}, **FAST
     )

@@ -1,0 +1,37 @@
+"""The default loss pairs class scores with integer targets in either layout PyTorch knows."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autotune.errors import WorkloadError
+from autotune.runner.loss import class_dimension, default_loss
+
+
+def test_pytorchs_layout_class_scores_in_dimension_1_is_understood() -> None:
+    scores = torch.randn(8, 50, 16)  # a sequence model returning (batch, vocab, seq)
+    target = torch.randint(0, 50, (8, 16))
+    assert default_loss(scores, target) == pytest.approx(float(F.cross_entropy(scores, target)))
+
+
+def test_the_hugging_face_layout_class_scores_last_still_holds() -> None:
+    scores, target = torch.randn(8, 16, 50), torch.randint(0, 50, (8, 16))
+    expected = F.cross_entropy(scores.flatten(0, 1), target.flatten())
+    assert default_loss(scores, target) == pytest.approx(float(expected))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (N, C) is both layouts at once: nothing to say
+        assert class_dimension((8, 10), (8,)) == -1
+
+
+def test_when_both_layouts_fit_the_last_is_taken_and_said() -> None:
+    with pytest.warns(UserWarning, match="taking the last"):
+        assert class_dimension((4, 7, 7), (4, 7)) == -1
+
+
+def test_when_neither_fits_it_says_so_in_one_line() -> None:
+    with pytest.raises(WorkloadError, match=r"cannot pair the output \[8, 10, 3\]"):
+        default_loss(torch.randn(8, 10, 3), torch.randint(0, 3, (8,)))
