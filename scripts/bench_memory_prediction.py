@@ -4,6 +4,8 @@ space at 64 devices under 30 s).
 
     python scripts/bench_memory_prediction.py [--models workloads.gpt:gpt_tiny ...] \
         [--out results/memory_prediction.json] [--plan-model workloads.gpt:gpt2_124m]
+    python scripts/bench_memory_prediction.py --models --plan-model "" \
+        --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
 
 Per model: the grid of ``autotune.bench.memory_prediction.grid`` (single, DDP x2 and FSDP x2 on
 gloo; fp32 and bf16; no checkpointing and every block checkpointed; accumulation 1 and 4; and
@@ -12,6 +14,10 @@ short trial. The error is (measured - predicted) / measured of the rank's reside
 ``after one`` calibrated on the grid's first configuration alone (what a search has after its
 baseline), ``left out`` on every other configuration of the grid. Then ``autotune plan`` of
 ``--plan-model`` over the default space at 64 devices of 80 GiB, timed from the command line.
+
+``--search MODEL --budget SIZE``: a memory-bound search (quick space, 2 ranks, 10 trials, where
+most of the space does not fit the budget) run twice, without and with the prediction: the
+trials that ran and did not fit, and each search's wall time.
 """
 
 from __future__ import annotations
@@ -20,10 +26,17 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from autotune.bench.memory_prediction import errors, grid, machine, measure_grid
+from autotune.bench.memory_prediction import (
+    errors,
+    grid,
+    machine,
+    measure_grid,
+    memory_bound_search,
+)
 from autotune.runner.workload import WorkloadSpec
 
 MODELS = {
@@ -51,6 +64,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--out", default="results/memory_prediction.json")
     parser.add_argument("--plan-model", default="workloads.gpt:gpt2_124m")
+    parser.add_argument("--search", help="A model for the memory-bound search.")
+    parser.add_argument("--budget", default="700MiB", help="Its memory budget (all ranks).")
     args = parser.parse_args()
 
     report: dict[str, object] = {"machine": machine(), "models": {}}
@@ -71,6 +86,21 @@ def main() -> None:
         seconds = _plan_seconds(args.plan_model)
         report["plan"] = {"model": args.plan_model, "devices": 64, "seconds": seconds}
         print(f"autotune plan --model {args.plan_model} --devices 64: {seconds:.1f} s")
+    if args.search:
+        runs = []
+        for predict in (False, True):
+            with tempfile.TemporaryDirectory() as tmp:
+                run = memory_bound_search(args.search, args.budget, predict, f"{tmp}/s.db")
+            runs.append(run)
+            spread = max(run["repeat_spread"].values(), default=0.0)
+            print(f"  one configuration's peaks, first and later in a gang: spread <= {spread:.1%}")
+            print(
+                f"search predict_memory={predict}: {run['measured']} trials ran, "
+                f"{run['ran_and_did_not_fit']} of them did not fit, "
+                f"{run['skipped_as_predicted']} skipped as predicted, {run['wall_s']:.0f} s; "
+                f"pick {run['recommended']}"
+            )
+        report["search"] = {"model": args.search, "budget": args.budget, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

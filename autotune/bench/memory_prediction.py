@@ -116,3 +116,56 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+def memory_bound_search(
+    model: str, budget: str, predict: bool, storage: str, trials: int = 10, seed: int = 0
+) -> dict[str, Any]:
+    """One search of ``model`` over the quick space under ``budget`` (where most of it does not
+    fit), with or without the memory prediction: how many trials ran that did not fit, and the
+    wall time."""
+    from autotune.api import tune
+
+    started = time.perf_counter()
+    recommendation = tune(
+        model,
+        global_batch_size=32,
+        devices=2,
+        space="quick",
+        trials=trials,
+        memory_budget=budget,
+        predict_memory=predict,
+        storage=storage,
+        seed=seed,
+        race_rounds=2,
+    )
+    wall = time.perf_counter() - started
+    ran = [t for t in recommendation.trials if t.is_measurement]
+    return {
+        "predict_memory": predict,
+        "wall_s": wall,
+        "measured": len(ran),
+        "ran_and_did_not_fit": sum(not t.fits for t in ran if t.status in ("ok", "oom")),
+        "skipped_as_predicted": sum(
+            t.status == "skipped" and t.message.startswith("predicted not to fit")
+            for t in recommendation.trials
+        ),
+        "recommended": recommendation.config.summary(),
+        "samples_per_s": recommendation.samples_per_s,
+        "repeat_spread": repeat_spread(ran),
+        "prediction_errors": [t.prediction_error for t in ran if t.prediction_error is not None],
+    }
+
+
+def repeat_spread(records: list[Any]) -> dict[str, float]:
+    """Per configuration measured more than once (search, race, verification: first on a fresh
+    gang or later in a reused one): (max - min) / first of its measured peaks."""
+    peaks: dict[str, list[int]] = {}
+    for record in records:
+        if record.status == "ok" and record.memory_used_bytes and record.config:
+            peaks.setdefault(record.config.summary(), []).append(record.memory_used_bytes)
+    return {
+        summary: (max(values) - min(values)) / values[0]
+        for summary, values in peaks.items()
+        if len(values) > 1
+    }

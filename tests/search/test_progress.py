@@ -93,3 +93,17 @@ def test_a_compiled_trial_says_what_compiling_took() -> None:
     record = _record(5, 90.0).model_copy(update={"compile_s": 31.24})
     LineReporter(stream, trials=10).trial_finished(record, record)
     assert "#5 90.0 samples/s, 300 MiB (fits), compiled in 31.2 s  [trials" in stream.getvalue()
+
+
+def test_a_trial_that_ran_shows_its_prediction_beside_its_measurement() -> None:
+    from autotune.report import memory_cell
+
+    record = _record(5, 100.0).model_copy(
+        update={"predicted_memory_bytes": 270 << 20, "predicted_memory_source": "fake-tensor"}
+    )
+    stream = io.StringIO()
+    LineReporter(stream).trial_finished(record, record)
+    assert "300 MiB (fits; predicted ~270 MiB, 10% low)" in stream.getvalue()
+    assert memory_cell(record) == "300.0 MiB (~270.0 MiB predicted, +10%)"
+    skipped = record.model_copy(update={"status": "skipped", "memory_used_bytes": None})
+    assert memory_cell(skipped) == "~270.0 MiB predicted"  # never shown as measured
