@@ -33,6 +33,31 @@ from autotune.records import TrialRecord
 from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
 
+MEMORY_FIELDS = {
+    "parallel": "DDP's buckets; FSDP's shards and what it gathers",
+    "world_size": "FSDP's shards",
+    "comm_hook": "a compressed bucket; PowerSGD's error feedback",
+    "amp": "the step traced under its autocast",
+    "checkpoint_segments": "the step traced with those blocks checkpointed",
+    "grad_accum_steps": "the micro-batch the step is traced at",
+    "compile": "predicted as eager: an upper bound",
+    "num_workers": "each DataLoader worker's share, calibrated (CPU ranks only)",
+    "device": "which kind of memory is predicted and calibrated",
+}
+"""How the memory model accounts for each field that moves memory."""
+
+MEMORY_NEUTRAL_FIELDS = {
+    "powersgd_rank": "its low-rank factors are rank x (rows + columns) per matrix: negligible "
+    "beside the error feedback counted under comm_hook",
+    "powersgd_start_iter": "when compression starts, not what it holds",
+    "static_graph": "DDP's bookkeeping of the graph, no tensors of the model's size",
+    "find_unused_parameters": "a traversal of the autograd graph, no tensors",
+    "prefetch_factor": "a few batches queued in host memory, within each worker's share",
+    "pin_memory": "page-locked host memory, not the device's",
+    "persistent_workers": "keeps the same workers between epochs, not more of them",
+}
+"""Fields the model leaves out of the peak, and why. A test fails for a field in neither."""
+
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's default bucket_cap_mb: what a compressing hook holds compressed at a time."""
 
