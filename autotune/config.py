@@ -63,6 +63,17 @@ class TrainConfig(BaseModel):
         description="DDP find_unused_parameters=True: needed when a step leaves some parameters "
         "without a gradient (an unused head, a conditional branch); the search sets it itself.",
     )
+    bucket_cap_mb: int = Field(
+        25,
+        ge=1,
+        description="DDP gradient bucket size in MiB (PyTorch's default 25): larger buckets, "
+        "fewer and larger all-reduces.",
+    )
+    gradient_as_bucket_view: bool = Field(
+        False,
+        description="DDP gradient_as_bucket_view=True: gradients are views into the "
+        "communication buckets, not copies (one copy of the gradients less).",
+    )
     amp: Amp = Field(
         "off",
         description="Automatic mixed precision: off, fp16 (with a gradient scaler) or bf16.",
@@ -115,6 +126,15 @@ class TrainConfig(BaseModel):
             problems.append("comm_hook=bf16 needs device=cuda (NCCL), got device=cpu")
         if self.static_graph and self.parallel != "ddp":
             problems.append(f"static_graph=true needs parallel=ddp, got parallel={self.parallel}")
+        if self.bucket_cap_mb != 25 and self.parallel != "ddp":
+            problems.append(
+                f"bucket_cap_mb={self.bucket_cap_mb} needs parallel=ddp, got "
+                f"parallel={self.parallel}"
+            )
+        if self.gradient_as_bucket_view and self.parallel != "ddp":
+            problems.append(
+                f"gradient_as_bucket_view=true needs parallel=ddp, got parallel={self.parallel}"
+            )
         if self.find_unused_parameters and self.parallel != "ddp":
             problems.append(
                 f"find_unused_parameters=true needs parallel=ddp, got parallel={self.parallel}"
@@ -190,6 +210,10 @@ class TrainConfig(BaseModel):
             parts.append("find-unused")
         if self.static_graph:
             parts.append("static-graph")
+        if self.bucket_cap_mb != 25:
+            parts.append(f"bucket={self.bucket_cap_mb}MB")
+        if self.gradient_as_bucket_view:
+            parts.append("grad-views")
         if self.checkpoint_segments:
             parts.append(f"ckpt={self.checkpoint_segments}")
         if self.compile != "off":

@@ -59,6 +59,13 @@ def _hook_note(config: TrainConfig, where: str) -> str:
     )
 
 
+def _ddp_in_code(argument: str, where: str) -> str:
+    return (
+        f"{argument} cannot be set in {where}; set it where the model is wrapped: "
+        f"DistributedDataParallel(model, ..., {argument})"
+    )
+
+
 def _checkpoint_note(config: TrainConfig, where: str) -> str | None:
     if not config.checkpoint_segments:
         return None
@@ -106,6 +113,10 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         kwargs["ddp_find_unused_parameters"] = False
     if config.find_unused_parameters:
         kwargs["ddp_find_unused_parameters"] = True
+    if config.bucket_cap_mb != 25:
+        kwargs["ddp_bucket_cap_mb"] = config.bucket_cap_mb
+    if config.gradient_as_bucket_view:
+        notes.append(_ddp_in_code("gradient_as_bucket_view=True", "TrainingArguments"))
     if config.compile != "off":
         kwargs["torch_compile"] = True
         if config.compile != "default":
@@ -137,6 +148,10 @@ def _lightning_strategy(config: TrainConfig) -> Any:
         init["static_graph"] = True
     if config.find_unused_parameters:
         init["find_unused_parameters"] = True
+    if config.bucket_cap_mb != 25:
+        init["bucket_cap_mb"] = config.bucket_cap_mb
+    if config.gradient_as_bucket_view:
+        init["gradient_as_bucket_view"] = True
     if not init:
         return "ddp"
     return {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": init}
@@ -241,6 +256,10 @@ def accelerate(
         ddp_kwargs.append("static_graph=True")
     if config.find_unused_parameters:
         ddp_kwargs.append("find_unused_parameters=True")
+    if config.bucket_cap_mb != 25:
+        ddp_kwargs.append(f"bucket_cap_mb={config.bucket_cap_mb}")
+    if config.gradient_as_bucket_view:
+        ddp_kwargs.append("gradient_as_bucket_view=True")
     if ddp_kwargs:
         knobs = [f"comm_hook={config.comm_hook}"] if config.comm_hook != "none" else []
         if config.comm_hook == "powersgd":
@@ -250,6 +269,8 @@ def accelerate(
             ]
         knobs += ["static_graph=true"] if config.static_graph else []
         knobs += ["find_unused_parameters=true"] if config.find_unused_parameters else []
+        knobs += [f"bucket_cap_mb={config.bucket_cap_mb}"] if config.bucket_cap_mb != 25 else []
+        knobs += ["gradient_as_bucket_view=true"] if config.gradient_as_bucket_view else []
         notes.append(
             f"{', '.join(knobs)} cannot be set in an Accelerate config file; set in code: "
             "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("

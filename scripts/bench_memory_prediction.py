@@ -7,10 +7,11 @@ space at 64 devices under 30 s).
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
 
-Per model: the grid of ``autotune.bench.memory_prediction.grid`` (single, DDP x2 and FSDP x2 on
-gloo; fp32 and bf16; no checkpointing and every block checkpointed; accumulation 1 and 4; and
-two DataLoader workers once), each configuration traced under fake tensors and run as a real
-short trial. The error is (measured - predicted) / measured of the rank's resident peak:
+The Hugging Face models (``examples/hf_models.py``, built from configs) need the ``trainers``
+extra. Per model: the grid of ``autotune.bench.memory_prediction.grid`` (single, DDP x2 and
+FSDP x2 on gloo; fp32 and bf16; no checkpointing and every block checkpointed; accumulation 1
+and 4; and two DataLoader workers once), each configuration traced under fake tensors and run as
+a real short trial. The error is (measured - predicted) / measured of the rank's resident peak:
 ``after one`` calibrated on the grid's first configuration alone (what a search has after its
 baseline), ``left out`` on every other configuration of the grid. Then ``autotune plan`` of
 ``--plan-model`` over the default space at 64 devices of 80 GiB, timed from the command line.
@@ -44,6 +45,9 @@ MODELS = {
     "workloads.convnet:resnet_tiny": (32, 2),
     "workloads.mlp:mlp_small": (64, 2),
     "tests.fixtures.traced:Stack": (4096, 4),
+    "examples/hf_models.py:gpt2_tiny": (16, 4),
+    "examples/hf_models.py:bert_tiny": (16, 4),
+    "examples/hf_models.py:llama_tiny": (16, 4),
 }
 """Model -> (global batch, checkpoint segments of the grid)."""
 

@@ -124,8 +124,12 @@ def trace_step(
     """The peak of one training step of ``spec``'s model on one device, traced on the CPU.
 
     Raises ``TraceError`` (one line) when the model defeats the fake tensors."""
+    import warnings
+
     try:
-        return _trace(spec, micro_batch_size, amp, checkpoint_segments, learning_rate)
+        with warnings.catch_warnings():  # the tracker's own notes on hooks it skipped
+            warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+            return _trace(spec, micro_batch_size, amp, checkpoint_segments, learning_rate)
     except Exception as error:  # a private tool's failure is the caller's cue to fall back
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise TraceError(f"{type(error).__name__}: {text}"[:300]) from error

@@ -99,6 +99,8 @@ def wrap_model(
             device_ids=ids,
             static_graph=config.static_graph,
             find_unused_parameters=config.find_unused_parameters,
+            bucket_cap_mb=config.bucket_cap_mb,
+            gradient_as_bucket_view=config.gradient_as_bucket_view,
         )
         if config.comm_hook != "none":
             state, hook = _comm_hook(config)

@@ -35,6 +35,8 @@ from autotune.runner.workload import WorkloadSpec
 
 MEMORY_FIELDS = {
     "parallel": "DDP's buckets; FSDP's shards and what it gathers",
+    "gradient_as_bucket_view": "DDP's buckets hold the gradients: no second copy",
+    "bucket_cap_mb": "the bucket a compressing hook holds compressed",
     "world_size": "FSDP's shards",
     "comm_hook": "a compressed bucket; PowerSGD's error feedback",
     "amp": "the step traced under its autocast",
@@ -58,9 +60,6 @@ MEMORY_NEUTRAL_FIELDS = {
 }
 """Fields the model leaves out of the peak, and why. A test fails for a field in neither."""
 
-DDP_BUCKET_BYTES = 25 * 2**20
-"""DDP's default bucket_cap_mb: what a compressing hook holds compressed at a time."""
-
 MIN_MARGIN = 0.10
 """The least share a prediction may be off before the search trusts it to skip a trial."""
 PRIOR_MARGIN = {0: 0.50, 1: 0.25}
@@ -81,9 +80,11 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
         "activations": peak.activations_bytes,
     }
     if config.parallel == "ddp":
-        parts["ddp buckets"] = peak.gradient_bytes_full
+        # With gradient_as_bucket_view the gradients live in the buckets: no second copy.
+        parts["ddp buckets"] = 0 if config.gradient_as_bucket_view else peak.gradient_bytes_full
         if config.comm_hook in ("fp16", "bf16"):
-            parts["compressed bucket"] = min(DDP_BUCKET_BYTES, peak.gradient_bytes_full) // 2
+            bucket = config.bucket_cap_mb * 2**20
+            parts["compressed bucket"] = min(bucket, peak.gradient_bytes_full) // 2
         if config.comm_hook == "powersgd":
             parts["powersgd error feedback"] = peak.gradient_bytes_full
     if config.parallel == "fsdp":

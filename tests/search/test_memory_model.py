@@ -42,6 +42,10 @@ def test_ddp_adds_a_copy_of_the_gradients_and_powersgd_another() -> None:
     assert sum(powersgd.values()) == single + 200 * MiB
     fp16 = device_parts(PEAK, _config(parallel="ddp", world_size=2, comm_hook="fp16"))
     assert sum(fp16.values()) == single + 100 * MiB + 12.5 * MiB  # one 25 MB bucket, halved
+    views = _config(parallel="ddp", world_size=2, gradient_as_bucket_view=True, bucket_cap_mb=10)
+    assert sum(device_parts(PEAK, views).values()) == single  # the buckets are the gradients
+    hooked = views.model_copy(update={"comm_hook": "fp16"})
+    assert sum(device_parts(PEAK, hooked).values()) == single + 5 * MiB  # a 10 MB bucket
 
 
 @pytest.mark.parametrize("shards", [2, 4, 8])

@@ -1,0 +1,53 @@
+"""DDP's bucket size and gradient views: applied by the trials' own wrap, and observable."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from autotune.config import TrainConfig
+from autotune.runner.training import HookCounter, wrap_model
+from tests.fixtures.traced import Stack
+
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path) -> Iterator[None]:
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _wrapped(**values: object) -> torch.nn.Module:
+    config = TrainConfig(
+        global_batch_size=8,
+        parallel="ddp",
+        world_size=1,
+        device="cpu",
+        **values,  # type: ignore[arg-type]
+    )
+    return wrap_model(Stack(), config, torch.device("cpu"), HookCounter())
+
+
+def _gradient_storages(model: torch.nn.Module) -> int:
+    model(torch.randn(8, 256)).square().mean().backward()
+    return len({p.grad.untyped_storage().data_ptr() for p in model.parameters()})
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_the_ddp_object_holds_the_bucket_cap() -> None:
+    assert _wrapped().bucket_bytes_cap == 25 * 2**20  # PyTorch's default, unchanged
+    assert _wrapped(bucket_cap_mb=10).bucket_bytes_cap == 10 * 2**20
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_gradients_become_views_of_the_buckets() -> None:
+    parameters = len(list(Stack().parameters()))
+    assert _gradient_storages(_wrapped()) == parameters  # each gradient its own copy
+    assert _gradient_storages(_wrapped(gradient_as_bucket_view=True)) < parameters / 4
