@@ -20,6 +20,7 @@ Parallel = Literal["single", "dp", "ddp", "fsdp"]
 CommHook = Literal["none", "fp16", "bf16", "powersgd"]
 Amp = Literal["off", "fp16", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
+MatmulPrecision = Literal["default", "highest", "high"]
 Compile = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 GRAPH_CAPTURING_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that capture CUDA graphs on CUDA (Inductor's cudagraph trees)."""
@@ -77,6 +78,12 @@ class TrainConfig(BaseModel):
     amp: Amp = Field(
         "off",
         description="Automatic mixed precision: off, fp16 (with a gradient scaler) or bf16.",
+    )
+    matmul_precision: MatmulPrecision = Field(
+        "default",
+        description="torch.set_float32_matmul_precision for fp32 matmuls: high lets CUDA use "
+        "TF32 (Ampere and later); highest is full fp32; default leaves the process's own "
+        "setting (the baseline's).",
     )
     checkpoint_segments: int = Field(
         0,
@@ -204,6 +211,8 @@ class TrainConfig(BaseModel):
     def summary(self) -> str:
         """A short human-readable description, e.g. for progress lines."""
         parts = [f"{self.parallel}x{self.world_size}", f"amp={self.amp}"]
+        if self.matmul_precision != "default":
+            parts.append(f"matmul={self.matmul_precision}")
         if self.comm_hook != "none":
             parts.append(f"hook={self.comm_hook}")
         if self.find_unused_parameters:

@@ -68,6 +68,9 @@ class StepDiagnostics(BaseModel):
         0, description="PowerSGD hook calls that sent low-rank factors (compression happened)."
     )
     compiled_graphs: int = Field(0, description="Graphs torch.compile compiled in this trial.")
+    matmul_precision: str = Field(
+        "", description="torch.get_float32_matmul_precision() while the trial ran."
+    )
 
 
 class RankReport(BaseModel):

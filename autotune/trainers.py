@@ -59,6 +59,13 @@ def _hook_note(config: TrainConfig, where: str) -> str:
     )
 
 
+def _matmul_note(config: TrainConfig) -> str:
+    return (
+        f"matmul_precision={config.matmul_precision} is a process setting: call "
+        f'torch.set_float32_matmul_precision("{config.matmul_precision}") before training'
+    )
+
+
 def _ddp_in_code(argument: str, where: str) -> str:
     return (
         f"{argument} cannot be set in {where}; set it where the model is wrapped: "
@@ -115,6 +122,8 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         kwargs["ddp_find_unused_parameters"] = True
     if config.bucket_cap_mb != 25:
         kwargs["ddp_bucket_cap_mb"] = config.bucket_cap_mb
+    if config.matmul_precision != "default":
+        kwargs["tf32"] = config.matmul_precision == "high"
     if config.gradient_as_bucket_view:
         notes.append(_ddp_in_code("gradient_as_bucket_view=True", "TrainingArguments"))
     if config.compile != "off":
@@ -183,6 +192,8 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
             "sharding: more memory per rank than measured)"
         )
         trainer["strategy"] = "ddp"
+    if config.matmul_precision != "default":
+        notes.append(_matmul_note(config))
     if config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments}: Lightning has no Trainer flag "
@@ -237,6 +248,8 @@ def accelerate(
             "dynamo_use_fullgraph": False,
             "dynamo_use_dynamic": False,
         }
+    if config.matmul_precision != "default":
+        notes.append(_matmul_note(config))
     if config.parallel != "fsdp" and config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."

@@ -257,6 +257,7 @@ def _measure(
             grad_scaler_scale=step.scaler.get_scale() if step.scaler else None,
             powersgd_lowrank_calls=step.hooks.lowrank_calls,
             compiled_graphs=_compiled_graphs() - graphs_before if compiling else 0,
+            matmul_precision=torch.get_float32_matmul_precision(),
         ),
     )
 

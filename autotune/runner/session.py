@@ -40,6 +40,17 @@ def device_for(config: TrainConfig, local_rank: int | None = None) -> torch.devi
     return device
 
 
+_PROCESS_MATMUL_PRECISION = torch.get_float32_matmul_precision()
+"""This process's own setting, from before any trial: what ``matmul_precision=default`` keeps,
+also in a process that ran a trial with another setting before."""
+
+
+def set_matmul_precision(config: TrainConfig) -> None:
+    """Apply ``config.matmul_precision`` to this process (a process-wide setting)."""
+    wanted = config.matmul_precision
+    torch.set_float32_matmul_precision(_PROCESS_MATMUL_PRECISION if wanted == "default" else wanted)
+
+
 def init_distributed(config: TrainConfig, device: torch.device, timeout_s: float = 600.0) -> int:
     """Join the default process group if the config needs one; return this process's rank.
 
@@ -190,6 +201,7 @@ def prepare(
     """
     device = device or device_for(config)
     config = config.resolved(device.type)  # type: ignore[arg-type]
+    set_matmul_precision(config)
     joined = not dist.is_initialized()
     rank = init_distributed(config, device)
     wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)

@@ -176,3 +176,18 @@ def test_cuda_oom_is_classified_as_oom() -> None:
     options = TrialOptions(timeout_s=180, memory_limit_bytes=256 << 20)
     result = _trial("workloads.gpt:gpt_long_context", options, global_batch_size=64)
     assert result.status == "oom", result.message
+
+
+def test_matmul_precision_high_lets_fp32_matmuls_run_in_tf32() -> None:
+    high = _ok(_trial("tests.fixtures.models:Small", matmul_precision="high"))
+    highest = _ok(_trial("tests.fixtures.models:Small", matmul_precision="highest"))
+    assert high.ranks[0].diagnostics is not None and highest.ranks[0].diagnostics is not None
+    assert high.ranks[0].diagnostics.matmul_precision == "high"
+    assert highest.ranks[0].diagnostics.matmul_precision == "highest"
+    # The effect: TF32 rounds an fp32 matmul's inputs to a 10-bit mantissa.
+    a = torch.randn(512, 512, device="cuda")
+    torch.set_float32_matmul_precision("high")
+    fast = a @ a
+    torch.set_float32_matmul_precision("highest")
+    exact = a @ a
+    assert not torch.equal(fast, exact)
