@@ -98,6 +98,11 @@ class TrainConfig(BaseModel):
         description="Micro-batches per optimizer step; the micro-batch per rank is "
         "global_batch_size / (world_size * grad_accum_steps).",
     )
+    channels_last: bool = Field(
+        False,
+        description="Convolutions in channels-last memory format: the model's weights and its "
+        "4-D image batches (N, C, H, W) stored NHWC, which tensor-core convolutions prefer.",
+    )
     compile: Compile = Field(
         "off",
         description="torch.compile mode for the wrapped model (off: eager). Compiled after "
@@ -225,6 +230,8 @@ class TrainConfig(BaseModel):
             parts.append("grad-views")
         if self.checkpoint_segments:
             parts.append(f"ckpt={self.checkpoint_segments}")
+        if self.channels_last:
+            parts.append("channels-last")
         if self.compile != "off":
             parts.append(f"compile={self.compile}")
         parts.append(f"accum={self.grad_accum_steps}")

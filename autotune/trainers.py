@@ -59,6 +59,12 @@ def _hook_note(config: TrainConfig, where: str) -> str:
     )
 
 
+CHANNELS_LAST_NOTE = (
+    "channels_last=true is set in code: model.to(memory_format=torch.channels_last) before "
+    "training, and each 4-D image batch .to(memory_format=torch.channels_last)"
+)
+
+
 def _matmul_note(config: TrainConfig) -> str:
     return (
         f"matmul_precision={config.matmul_precision} is a process setting: call "
@@ -133,6 +139,8 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
     note = _checkpoint_note(config, "gradient_checkpointing")
     if note:
         notes.append(note)
+    if config.channels_last:
+        notes.append(CHANNELS_LAST_NOTE)
     return kwargs, notes
 
 
@@ -194,6 +202,8 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         trainer["strategy"] = "ddp"
     if config.matmul_precision != "default":
         notes.append(_matmul_note(config))
+    if config.channels_last:
+        notes.append(CHANNELS_LAST_NOTE)
     if config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments}: Lightning has no Trainer flag "
@@ -250,6 +260,8 @@ def accelerate(
         }
     if config.matmul_precision != "default":
         notes.append(_matmul_note(config))
+    if config.channels_last:
+        notes.append(CHANNELS_LAST_NOTE)
     if config.parallel != "fsdp" and config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."

@@ -31,6 +31,7 @@ VARIANTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "checkpoint_segments": ({}, {"checkpoint_segments": 2}),
     "grad_accum_steps": ({}, {"grad_accum_steps": 2}),
     "compile": ({}, {"compile": "default"}),
+    "channels_last": ({}, {"channels_last": True}),
     "num_workers": ({}, {"num_workers": 2}),
     "prefetch_factor": ({"num_workers": 2}, {"prefetch_factor": 4}),
     "pin_memory": ({}, {"pin_memory": True}),

@@ -109,13 +109,19 @@ def wrap_model(
     return model
 
 
-def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+def move_to(
+    batch: Any, device: torch.device, non_blocking: bool, channels_last: bool = False
+) -> Any:
+    """``batch`` on ``device``; with ``channels_last``, its 4-D floating tensors (image
+    batches) in channels-last memory format."""
     if isinstance(batch, torch.Tensor):
+        if channels_last and batch.dim() == 4 and batch.is_floating_point():
+            return batch.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, dict):
-        return {k: move_to(v, device, non_blocking) for k, v in batch.items()}
+        return {k: move_to(v, device, non_blocking, channels_last) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to(v, device, non_blocking) for v in batch)
+        return type(batch)(move_to(v, device, non_blocking, channels_last) for v in batch)
     return batch
 
 
@@ -194,7 +200,8 @@ class TrainStep:
             fetch_start = time.perf_counter()
             batch = next(batches)
             data_wait += time.perf_counter() - fetch_start
-            args, kwargs, target = split_batch(move_to(batch, self.device, self.non_blocking))
+            moved = move_to(batch, self.device, self.non_blocking, self.config.channels_last)
+            args, kwargs, target = split_batch(moved)
             calls_before = self.hooks.calls
             with self._sync_context(micro == accum - 1):
                 with self._autocast():
@@ -229,6 +236,8 @@ def prepare_model(
     """Checkpoint, move and wrap ``model``; return (wrapped, hook counter, ckpt'd, repeated)."""
     repeated = len(find_repeated_blocks(model))
     checkpointed = apply_checkpointing(model, config.checkpoint_segments)
+    if config.channels_last:  # before the wrap: DDP and FSDP take the parameters as they are
+        model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     hooks = HookCounter()
     wrapped = wrap_model(model, config, device, hooks)
     if config.compile != "off":

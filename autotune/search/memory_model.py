@@ -57,6 +57,7 @@ MEMORY_NEUTRAL_FIELDS = {
     "prefetch_factor": "a few batches queued in host memory, within each worker's share",
     "pin_memory": "page-locked host memory, not the device's",
     "matmul_precision": "how fp32 matmuls compute (TF32), not what they hold",
+    "channels_last": "the same bytes in another layout",
     "persistent_workers": "keeps the same workers between epochs, not more of them",
 }
 """Fields the model leaves out of the peak, and why. A test fails for a field in neither."""

@@ -19,7 +19,7 @@ from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.launch import run_trial
 from autotune.runner.request import TrialOptions
-from autotune.runner.workload import WorkloadSpec, load_model
+from autotune.runner.workload import WorkloadSpec, load_dataset, load_model
 from autotune.search.space import SearchSpace
 
 PROBE_MODEL = "workloads.mlp:mlp_tiny"
@@ -115,6 +115,7 @@ def restrict_space(
     devices: int,
     repeated_blocks: int | None,
     run_checks: bool = True,
+    image_batches: bool | None = None,
 ) -> tuple[SearchSpace, list[Exclusion]]:
     """Drop the choices that cannot work here; return the space and what was dropped."""
     cuda = platform.device_type == "cuda"
@@ -153,6 +154,8 @@ def restrict_space(
                     segments,
                     f"the model has {repeated_blocks} repeated blocks",
                 )
+    if image_batches is False:
+        drop("channels_last", True, "the model is not fed 4-D image batches (N, C, H, W)")
     cores = platform.cpu_count
     for workers in params["num_workers"].choices if "num_workers" in params else ():
         if isinstance(workers, int) and workers > cores:
@@ -184,3 +187,24 @@ def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
         return None
     blocks = find_repeated_blocks(model)
     return len(blocks), type(blocks[0]).__name__ if blocks else ""
+
+
+def feeds_images(workload: WorkloadSpec) -> bool | None:
+    """Whether the model's samples hold an image (a 3-D floating tensor: a 4-D batch), from a
+    build on the meta device and one sample; None when that cannot be told here."""
+    import torch
+    from torch.utils.data import IterableDataset
+
+    try:
+        with torch.device("meta"):
+            module, model = load_model(workload.model)
+        dataset, _ = load_dataset(workload, module, model)
+        sample = next(iter(dataset)) if isinstance(dataset, IterableDataset) else dataset[0]
+    except Exception:  # the trials will say what is wrong with it
+        return None
+    found = [sample] if isinstance(sample, torch.Tensor) else []
+    if isinstance(sample, dict):
+        found = [v for v in sample.values() if isinstance(v, torch.Tensor)]
+    elif isinstance(sample, (list, tuple)):
+        found = [v for v in sample if isinstance(v, torch.Tensor)]
+    return any(t.dim() == 3 and t.is_floating_point() for t in found)
