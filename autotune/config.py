@@ -75,6 +75,11 @@ class TrainConfig(BaseModel):
         description="DDP gradient_as_bucket_view=True: gradients are views into the "
         "communication buckets, not copies (one copy of the gradients less).",
     )
+    reshard_after_forward: bool = Field(
+        True,
+        description="FSDP2: free each block's gathered parameters after its forward (true) or "
+        "keep them until its backward (false: no second all-gather, more memory).",
+    )
     amp: Amp = Field(
         "off",
         description="Automatic mixed precision: off, fp16 (with a gradient scaler) or bf16.",
@@ -146,6 +151,10 @@ class TrainConfig(BaseModel):
         if self.gradient_as_bucket_view and self.parallel != "ddp":
             problems.append(
                 f"gradient_as_bucket_view=true needs parallel=ddp, got parallel={self.parallel}"
+            )
+        if not self.reshard_after_forward and self.parallel != "fsdp":
+            problems.append(
+                f"reshard_after_forward=false needs parallel=fsdp, got parallel={self.parallel}"
             )
         if self.find_unused_parameters and self.parallel != "ddp":
             problems.append(
@@ -228,6 +237,8 @@ class TrainConfig(BaseModel):
             parts.append(f"bucket={self.bucket_cap_mb}MB")
         if self.gradient_as_bucket_view:
             parts.append("grad-views")
+        if not self.reshard_after_forward:
+            parts.append("no-reshard")
         if self.checkpoint_segments:
             parts.append(f"ckpt={self.checkpoint_segments}")
         if self.channels_last:

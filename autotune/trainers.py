@@ -107,8 +107,9 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         kwargs["use_cpu"] = True
     notes = []
     if config.parallel == "fsdp":
-        kwargs["fsdp"] = "full_shard auto_wrap"
-        notes.append("parallel=fsdp maps to the Trainer's FSDP full_shard with auto-wrap")
+        strategy = "full_shard" if config.reshard_after_forward else "shard_grad_op"
+        kwargs["fsdp"] = f"{strategy} auto_wrap"
+        notes.append(f"parallel=fsdp maps to the Trainer's FSDP {strategy} with auto-wrap")
     if config.parallel in ("ddp", "fsdp"):
         notes.append(f"launch with torchrun --nproc-per-node={config.world_size}")
     if config.parallel == "dp":
@@ -145,8 +146,13 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
 
 
 def _lightning_strategy(config: TrainConfig) -> Any:
-    if config.parallel == "fsdp":
+    if config.parallel == "fsdp" and config.reshard_after_forward:
         return "fsdp"
+    if config.parallel == "fsdp":
+        return {
+            "class_path": "lightning.pytorch.strategies.FSDPStrategy",
+            "init_args": {"sharding_strategy": "SHARD_GRAD_OP"},
+        }
     if config.parallel != "ddp":
         return "auto"
     init: dict[str, Any] = {}
@@ -246,7 +252,7 @@ def accelerate(
     if config.parallel == "fsdp":
         values["fsdp_config"] = {
             "fsdp_version": 2,
-            "fsdp_reshard_after_forward": True,
+            "fsdp_reshard_after_forward": config.reshard_after_forward,
             "fsdp_activation_checkpointing": config.checkpoint_segments > 0,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             **({"fsdp_transformer_layer_cls_to_wrap": block_class} if block_class else {}),

@@ -24,6 +24,7 @@ VARIANTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "powersgd_start_iter": ({"comm_hook": "powersgd"}, {"powersgd_start_iter": 4}),
     "static_graph": ({}, {"static_graph": True}),
     "find_unused_parameters": ({}, {"find_unused_parameters": True}),
+    "reshard_after_forward": ({"parallel": "fsdp"}, {"reshard_after_forward": False}),
     "bucket_cap_mb": ({}, {"bucket_cap_mb": 100}),
     "gradient_as_bucket_view": ({}, {"gradient_as_bucket_view": True}),
     "amp": ({}, {"amp": "bf16"}),

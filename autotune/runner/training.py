@@ -84,7 +84,7 @@ def wrap_model(
         _move(model, device)
         mesh = init_device_mesh(device.type, (config.world_size,))
         for block in find_repeated_blocks(model):
-            fully_shard(block, mesh=mesh)
+            fully_shard(block, mesh=mesh, reshard_after_forward=config.reshard_after_forward)
         fully_shard(model, mesh=mesh)
         return model
     _move(model, device)

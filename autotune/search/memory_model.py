@@ -38,6 +38,7 @@ MEMORY_FIELDS = {
     "gradient_as_bucket_view": "DDP's buckets hold the gradients: no second copy",
     "bucket_cap_mb": "the bucket a compressing hook holds compressed",
     "world_size": "FSDP's shards",
+    "reshard_after_forward": "FSDP's blocks kept gathered from forward to backward, or not",
     "comm_hook": "a compressed bucket; PowerSGD's error feedback",
     "amp": "the step traced under its autocast",
     "checkpoint_segments": "the step traced with those blocks checkpointed",
@@ -93,8 +94,14 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
         shards = config.world_size
         for name in ("parameters", "gradients", "optimizer state"):
             parts[name] = parts[name] // shards
-        root = peak.outside_blocks_bytes - peak.outside_blocks_bytes // shards
-        parts["fsdp gathered"] = root + 3 * peak.block_parameters_bytes
+        # Gathered parameters are whole copies beside the local shards: the root's own (never
+        # resharded after forward), and the blocks'.
+        root = peak.outside_blocks_bytes
+        if config.reshard_after_forward:  # the running block and the prefetched one
+            blocks = 2 * peak.block_parameters_bytes
+        else:  # every block stays gathered from its forward to its backward
+            blocks = peak.parameters_bytes - peak.outside_blocks_bytes
+        parts["fsdp gathered"] = root + blocks + peak.block_parameters_bytes  # + its gradients
     return parts
 
 

@@ -191,3 +191,19 @@ def test_matmul_precision_high_lets_fp32_matmuls_run_in_tf32() -> None:
     torch.set_float32_matmul_precision("highest")
     exact = a @ a
     assert not torch.equal(fast, exact)
+
+
+def test_keeping_fsdp_blocks_gathered_raises_the_allocator_peak() -> None:
+    peaks = {}
+    for reshard in (True, False):
+        result = _ok(
+            _trial(
+                "tests.fixtures.traced:WideBlocks",
+                parallel="fsdp",
+                world_size=1,
+                reshard_after_forward=reshard,
+            )
+        )
+        peaks[reshard] = result.peak_memory_bytes or 0
+    # All four 16 MiB blocks gathered until backward, against two at a time.
+    assert peaks[False] - peaks[True] > 16 * 2**20

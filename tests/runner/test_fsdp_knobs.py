@@ -1,0 +1,44 @@
+"""FSDP2's reshard_after_forward reaches the blocks: with false, a block's parameters stay
+gathered (whole tensors, not shards) from its forward to its backward. The memory that costs
+is the memory model's to predict (tests/search/test_memory_model.py) and the allocator's to show
+(tests/runner/test_gpu.py): on CPU, the resident peak hides it in the heap the build freed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from autotune.config import TrainConfig
+from autotune.runner.training import HookCounter, wrap_model
+from tests.fixtures.traced import WideBlocks
+
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path) -> Iterator[None]:
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _gathered_after_forward(reshard: bool) -> list[bool]:
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=1, device="cpu",
+        reshard_after_forward=reshard,
+    )  # fmt: skip
+    model = wrap_model(WideBlocks(), config, torch.device("cpu"), HookCounter())
+    model(torch.randn(2, 2048)).sum()  # forward only: backward has not come yet
+    return [not isinstance(b[0].weight, DTensor) for b in model.blocks]  # type: ignore[union-attr]
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_blocks_stay_gathered_until_backward_only_when_not_resharded() -> None:
+    assert _gathered_after_forward(reshard=True) == [False] * 4
+    assert _gathered_after_forward(reshard=False) == [True] * 4
