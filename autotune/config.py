@@ -21,6 +21,7 @@ CommHook = Literal["none", "fp16", "bf16", "powersgd"]
 Amp = Literal["off", "fp16", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
 MatmulPrecision = Literal["default", "highest", "high"]
+OptimizerImpl = Literal["default", "foreach", "fused"]
 Compile = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 GRAPH_CAPTURING_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that capture CUDA graphs on CUDA (Inductor's cudagraph trees)."""
@@ -83,6 +84,11 @@ class TrainConfig(BaseModel):
     amp: Amp = Field(
         "off",
         description="Automatic mixed precision: off, fp16 (with a gradient scaler) or bf16.",
+    )
+    optimizer_impl: OptimizerImpl = Field(
+        "default",
+        description="The optimizer's implementation: foreach (multi-tensor kernels) or fused "
+        "(one kernel per step), where its class takes the flag; default leaves it as built.",
     )
     matmul_precision: MatmulPrecision = Field(
         "default",
@@ -227,6 +233,8 @@ class TrainConfig(BaseModel):
         parts = [f"{self.parallel}x{self.world_size}", f"amp={self.amp}"]
         if self.matmul_precision != "default":
             parts.append(f"matmul={self.matmul_precision}")
+        if self.optimizer_impl != "default":
+            parts.append(f"optim={self.optimizer_impl}")
         if self.comm_hook != "none":
             parts.append(f"hook={self.comm_hook}")
         if self.find_unused_parameters:

@@ -71,6 +71,9 @@ class StepDiagnostics(BaseModel):
     matmul_precision: str = Field(
         "", description="torch.get_float32_matmul_precision() while the trial ran."
     )
+    optimizer_impl: str = Field(
+        "", description="The flag the optimizer ran with: fused, foreach, or default (neither)."
+    )
 
 
 class RankReport(BaseModel):

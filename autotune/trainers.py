@@ -65,6 +65,20 @@ CHANNELS_LAST_NOTE = (
 )
 
 
+def _optimizer_note(config: TrainConfig) -> str:
+    return (
+        f"optimizer_impl={config.optimizer_impl} is set where the optimizer is built: "
+        f"{config.optimizer_impl}=True (e.g. torch.optim.AdamW(params, ..., "
+        f"{config.optimizer_impl}=True)"
+        + (
+            "; Hugging Face: optim='adamw_torch_fused' for AdamW"
+            if config.optimizer_impl == "fused"
+            else ""
+        )
+        + ")"
+    )
+
+
 def _matmul_note(config: TrainConfig) -> str:
     return (
         f"matmul_precision={config.matmul_precision} is a process setting: call "
@@ -142,6 +156,8 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         notes.append(note)
     if config.channels_last:
         notes.append(CHANNELS_LAST_NOTE)
+    if config.optimizer_impl != "default":
+        notes.append(_optimizer_note(config))
     return kwargs, notes
 
 
@@ -210,6 +226,8 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         notes.append(_matmul_note(config))
     if config.channels_last:
         notes.append(CHANNELS_LAST_NOTE)
+    if config.optimizer_impl != "default":
+        notes.append(_optimizer_note(config))
     if config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments}: Lightning has no Trainer flag "
@@ -268,6 +286,8 @@ def accelerate(
         notes.append(_matmul_note(config))
     if config.channels_last:
         notes.append(CHANNELS_LAST_NOTE)
+    if config.optimizer_impl != "default":
+        notes.append(_optimizer_note(config))
     if config.parallel != "fsdp" and config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."

@@ -28,6 +28,7 @@ VARIANTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "bucket_cap_mb": ({}, {"bucket_cap_mb": 100}),
     "gradient_as_bucket_view": ({}, {"gradient_as_bucket_view": True}),
     "amp": ({}, {"amp": "bf16"}),
+    "optimizer_impl": ({}, {"optimizer_impl": "fused"}),
     "matmul_precision": ({}, {"matmul_precision": "high"}),
     "checkpoint_segments": ({}, {"checkpoint_segments": 2}),
     "grad_accum_steps": ({}, {"grad_accum_steps": 2}),

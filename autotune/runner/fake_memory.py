@@ -120,6 +120,7 @@ def trace_step(
     amp: str = "off",
     checkpoint_segments: int = 0,
     learning_rate: float = 1e-4,
+    optimizer_impl: str = "default",
 ) -> TensorPeak:
     """The peak of one training step of ``spec``'s model on one device, traced on the CPU.
 
@@ -129,14 +130,21 @@ def trace_step(
     try:
         with warnings.catch_warnings():  # the tracker's own notes on hooks it skipped
             warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
-            return _trace(spec, micro_batch_size, amp, checkpoint_segments, learning_rate)
+            return _trace(
+                spec, micro_batch_size, amp, checkpoint_segments, learning_rate, optimizer_impl
+            )
     except Exception as error:  # a private tool's failure is the caller's cue to fall back
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise TraceError(f"{type(error).__name__}: {text}"[:300]) from error
 
 
 def _trace(
-    spec: WorkloadSpec, micro_batch: int, amp: str, segments: int, learning_rate: float
+    spec: WorkloadSpec,
+    micro_batch: int,
+    amp: str,
+    segments: int,
+    learning_rate: float,
+    implementation: str,
 ) -> TensorPeak:
     import sys
 
@@ -144,6 +152,7 @@ def _trace(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+    from autotune.runner.optimizer import with_implementation
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
 
     for directory in reversed(spec.search_path):
@@ -169,6 +178,7 @@ def _trace(
         wrapped, _, _, _ = prepare_model(model, config, device)
         params = wrapped.parameters()
         optimizer = factory(params) if factory else torch.optim.AdamW(params, lr=learning_rate)
+        optimizer = with_implementation(optimizer, implementation)
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)
         with tracker:

@@ -23,6 +23,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, WorkloadError
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
+from autotune.runner.optimizer import running_implementation
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
@@ -258,6 +259,7 @@ def _measure(
             powersgd_lowrank_calls=step.hooks.lowrank_calls,
             compiled_graphs=_compiled_graphs() - graphs_before if compiling else 0,
             matmul_precision=torch.get_float32_matmul_precision(),
+            optimizer_impl=running_implementation(training.optimizer),
         ),
     )
 

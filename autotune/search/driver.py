@@ -16,7 +16,12 @@ from autotune.runner.workload import (
     declared_global_batch,
     describe_optimizer,
 )
-from autotune.search.probe import feeds_images, repeated_blocks, restrict_space
+from autotune.search.probe import (
+    feeds_images,
+    optimizer_flags,
+    repeated_blocks,
+    restrict_space,
+)
 from autotune.search.progress import Reporter
 from autotune.search.settings import SearchSettings
 from autotune.search.space import load_space
@@ -95,8 +100,14 @@ def run_search(
     # the first time on a platform this tries comm hooks and torch.compile in tiny trials
     reporter.phase("probing what works on this machine (cached per platform)")
     images = feeds_images(workload) if "channels_last" in space.params else None
+    flags = optimizer_flags(workload) if "optimizer_impl" in space.params else None
     space, exclusions = restrict_space(
-        space, platform, devices, blocks[0] if blocks else None, image_batches=images
+        space,
+        platform,
+        devices,
+        blocks[0] if blocks else None,
+        image_batches=images,
+        optimizer_flags=flags,
     )
     from autotune.runner.ray_executor import RayExecutor  # imports Ray: only when searching
 

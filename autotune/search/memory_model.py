@@ -44,6 +44,7 @@ MEMORY_FIELDS = {
     "checkpoint_segments": "the step traced with those blocks checkpointed",
     "grad_accum_steps": "the micro-batch the step is traced at",
     "compile": "predicted as eager: an upper bound",
+    "optimizer_impl": "the optimizer's step traced with that implementation (its temporaries)",
     "num_workers": "each DataLoader worker's share, calibrated (CPU ranks only)",
     "device": "which kind of memory is predicted and calibrated",
 }
@@ -193,7 +194,7 @@ class Prediction:
         return sum(v for k, v in self.parts.items() if k not in ("process", "workers"))
 
 
-_TRACED: dict[tuple[str, int, str, int], TensorPeak] = {}
+_TRACED: dict[tuple[str, int, str, int, str], TensorPeak] = {}
 """Traces by workload and what they depend on, shared by every model in this process."""
 
 
@@ -207,7 +208,7 @@ class MemoryModel:
     prior: Calibration = field(default_factory=Calibration)
     calibration: Calibration | None = None
     trace_error: str | None = None
-    _traces: dict[tuple[int, str, int], TensorPeak] = field(default_factory=dict)
+    _traces: dict[tuple[int, str, int, str], TensorPeak] = field(default_factory=dict)
     _corners: tuple[tuple[int, int], tuple[int, int]] | None = None
 
     def interpolate_between(self, configs: Iterable[TrainConfig]) -> None:
@@ -223,13 +224,15 @@ class MemoryModel:
         segments = [c.checkpoint_segments for c in configs]
         self._corners = ((min(batches), max(batches)), (min(segments), max(segments)))
 
-    def _trace(self, micro_batch: int, amp: str, segments: int) -> TensorPeak | None:
-        key = (micro_batch, precision(amp), segments)
+    def _trace(self, micro_batch: int, amp: str, segments: int, impl: str) -> TensorPeak | None:
+        key = (micro_batch, precision(amp), segments, impl)
         if key not in self._traces and self.trace_error is None:
             shared = (self.workload.model_dump_json(), *key)
             try:
                 if shared not in _TRACED:
-                    _TRACED[shared] = trace_step(self.workload, micro_batch, amp, segments)
+                    _TRACED[shared] = trace_step(
+                        self.workload, micro_batch, amp, segments, optimizer_impl=impl
+                    )
                 self._traces[key] = _TRACED[shared]
             except TraceError as error:
                 self.trace_error = str(error)
@@ -238,10 +241,11 @@ class MemoryModel:
     def tensor_peak(self, config: TrainConfig) -> TensorPeak | None:
         """The single-device tensor trace ``config`` needs, or None (``trace_error`` says why)."""
         mb, amp, k = config.micro_batch_size, config.amp, config.checkpoint_segments
-        if self._corners is None or (mb, precision(amp), k) in self._traces:
-            return self._trace(mb, amp, k)
+        impl = config.optimizer_impl
+        if self._corners is None or (mb, precision(amp), k, impl) in self._traces:
+            return self._trace(mb, amp, k, impl)
         (mb0, mb1), (k0, k1) = self._corners
-        corners = {(b, s): self._trace(b, amp, s) for b in (mb0, mb1) for s in (k0, k1)}
+        corners = {(b, s): self._trace(b, amp, s, impl) for b in (mb0, mb1) for s in (k0, k1)}
         if any(c is None for c in corners.values()):
             return None
         u = (mb - mb0) / (mb1 - mb0) if mb1 > mb0 else 0.0
@@ -293,7 +297,12 @@ class MemoryModel:
         shown = {**parts, "process": process}
         if workers:
             shown["workers"] = workers * calibration.per_worker_bytes
-        exact = (config.micro_batch_size, precision(config.amp), config.checkpoint_segments)
+        exact = (
+            config.micro_batch_size,
+            precision(config.amp),
+            config.checkpoint_segments,
+            config.optimizer_impl,
+        )
         source = "fake-tensor trace" + ("" if exact in self._traces else ", interpolated")
         source += ", compile predicted as eager" if config.compile != "off" else ""
         source += f", {calibration.describe()}"

@@ -19,7 +19,7 @@ from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.launch import run_trial
 from autotune.runner.request import TrialOptions
-from autotune.runner.workload import WorkloadSpec, load_dataset, load_model
+from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, load_optimizer
 from autotune.search.space import SearchSpace
 
 PROBE_MODEL = "workloads.mlp:mlp_tiny"
@@ -116,6 +116,7 @@ def restrict_space(
     repeated_blocks: int | None,
     run_checks: bool = True,
     image_batches: bool | None = None,
+    optimizer_flags: tuple[str, tuple[str, ...]] | None = None,
 ) -> tuple[SearchSpace, list[Exclusion]]:
     """Drop the choices that cannot work here; return the space and what was dropped."""
     cuda = platform.device_type == "cuda"
@@ -154,6 +155,11 @@ def restrict_space(
                     segments,
                     f"the model has {repeated_blocks} repeated blocks",
                 )
+    if optimizer_flags is not None:
+        name, accepted = optimizer_flags
+        for flag in ("foreach", "fused"):
+            if flag not in accepted:
+                drop("optimizer_impl", flag, f"the optimizer {name} takes no {flag} flag")
     if image_batches is False:
         drop("channels_last", True, "the model is not fed 4-D image batches (N, C, H, W)")
     cores = platform.cpu_count
@@ -208,3 +214,22 @@ def feeds_images(workload: WorkloadSpec) -> bool | None:
     elif isinstance(sample, (list, tuple)):
         found = [v for v in sample if isinstance(v, torch.Tensor)]
     return any(t.dim() == 3 and t.is_floating_point() for t in found)
+
+
+def optimizer_flags(workload: WorkloadSpec) -> tuple[str, tuple[str, ...]] | None:
+    """(class name, implementation flags it takes) of the workload's optimizer, built over a
+    meta-device model; None when that cannot be told here."""
+    import torch
+
+    from autotune.runner.optimizer import accepted_implementations  # imports torch
+
+    try:
+        with torch.device("meta"):
+            module, model = load_model(workload.model)
+            factory, _ = load_optimizer(workload, module)
+            built = (
+                factory(model.parameters()) if factory else torch.optim.AdamW(model.parameters())
+            )
+    except Exception:  # the trials will say what is wrong with it
+        return None
+    return type(built).__name__, accepted_implementations(type(built))

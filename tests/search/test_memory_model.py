@@ -99,7 +99,7 @@ def test_interpolation_is_exact_for_a_bilinear_peak() -> None:
     model.interpolate_between(configs)
     for mb in (4, 16):
         for k in (0, 2):
-            model._traces[(mb, "fp32", k)] = peak(mb, k)
+            model._traces[(mb, "fp32", k, "default")] = peak(mb, k)
     for config in configs:
         got = model.tensor_peak(config)
         assert got == peak(config.micro_batch_size, config.checkpoint_segments)

@@ -1,0 +1,43 @@
+"""The optimizer's implementation as a knob: the user's optimizer rebuilt with ``foreach`` or
+``fused`` where its class takes the flag (PyTorch's Adam, AdamW, SGD and others do)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from autotune.errors import ConfigError
+
+IMPLEMENTATIONS = ("foreach", "fused")
+
+
+def accepted_implementations(optimizer_class: type) -> tuple[str, ...]:
+    """The implementation flags ``optimizer_class`` takes, of ``foreach`` and ``fused``."""
+    parameters = inspect.signature(optimizer_class).parameters
+    return tuple(flag for flag in IMPLEMENTATIONS if flag in parameters)
+
+
+def with_implementation(optimizer: Any, implementation: str) -> Any:
+    """``optimizer`` (just built, no state yet) rebuilt over the same parameter groups with
+    ``implementation`` on and the other flag off; ``default`` returns it as it is."""
+    if implementation == "default":
+        return optimizer
+    cls = type(optimizer)
+    accepted = accepted_implementations(cls)
+    if implementation not in accepted:
+        raise ConfigError(
+            f"optimizer_impl={implementation}: {cls.__name__} takes no {implementation!r} flag "
+            f"(it takes: {', '.join(accepted) or 'neither foreach nor fused'}); use "
+            "optimizer_impl=default"
+        )
+    flags = {flag: flag == implementation for flag in accepted}
+    groups = [{**group, **flags} for group in optimizer.param_groups]
+    taken = inspect.signature(cls).parameters  # defaults may hold more than the class takes
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in taken and k != "params"}
+    return cls(groups, **{**defaults, **flags})
+
+
+def running_implementation(optimizer: Any) -> str:
+    """The implementation flag ``optimizer``'s first parameter group is set to run with."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    return next((flag for flag in IMPLEMENTATIONS if group.get(flag)), "default")

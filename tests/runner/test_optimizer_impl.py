@@ -1,0 +1,50 @@
+"""optimizer_impl: the user's optimizer runs fused (or foreach) where its class takes the flag,
+and the probe drops the flag where it does not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.api import run_trial
+from autotune.errors import ConfigError
+from autotune.runner.optimizer import with_implementation
+from autotune.runner.workload import WorkloadSpec
+from autotune.search.probe import optimizer_flags
+
+
+def test_the_users_optimizer_is_rebuilt_fused_keeping_its_hyperparameters() -> None:
+    model = torch.nn.Linear(8, 8)
+    built = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    fused = with_implementation(built, "fused")
+    assert type(fused) is torch.optim.SGD
+    assert fused.param_groups[0]["fused"] is True and fused.param_groups[0]["foreach"] is False
+    assert fused.param_groups[0]["momentum"] == 0.9 and fused.defaults["lr"] == 0.1
+    model(torch.randn(2, 8)).sum().backward()
+    fused.step()  # the fused kernel runs on this device
+    assert with_implementation(built, "default") is built
+
+
+def test_an_optimizer_without_the_flag_is_refused_in_one_line() -> None:
+    lbfgs = torch.optim.LBFGS(torch.nn.Linear(2, 2).parameters())
+    with pytest.raises(ConfigError, match="LBFGS takes no 'fused' flag"):
+        with_implementation(lbfgs, "fused")
+
+
+def test_the_probe_reads_the_users_optimizer_class() -> None:
+    name, flags = optimizer_flags(WorkloadSpec(model="tests.fixtures.optimizers:Wide")) or ("", ())
+    assert name == "SGD" and flags == ("foreach", "fused")
+    assert optimizer_flags(WorkloadSpec(model="workloads.gpt:gpt_tiny")) == (
+        "AdamW",
+        ("foreach", "fused"),
+    )
+
+
+def test_a_trial_runs_its_optimizer_fused() -> None:
+    config = {"global_batch_size": 8, "device": "cpu", "optimizer_impl": "fused"}
+    result = run_trial(
+        "tests.fixtures.models:Small", config, warmup_steps=1, measured_steps=2, target_interval=0
+    )
+    assert result.status == "ok", result.message
+    assert result.ranks[0].diagnostics is not None
+    assert result.ranks[0].diagnostics.optimizer_impl == "fused"
