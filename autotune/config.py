@@ -114,6 +114,12 @@ class TrainConfig(BaseModel):
         description="Convolutions in channels-last memory format: the model's weights and its "
         "4-D image batches (N, C, H, W) stored NHWC, which tensor-core convolutions prefer.",
     )
+    expandable_segments: bool = Field(
+        False,
+        description="The CUDA caching allocator's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True): segments that grow in place, less fragmentation; set per "
+        "trial in the rank, no effect on CPU.",
+    )
     compile: Compile = Field(
         "off",
         description="torch.compile mode for the wrapped model (off: eager). Compiled after "
@@ -251,6 +257,8 @@ class TrainConfig(BaseModel):
             parts.append(f"ckpt={self.checkpoint_segments}")
         if self.channels_last:
             parts.append("channels-last")
+        if self.expandable_segments:
+            parts.append("expandable")
         if self.compile != "off":
             parts.append(f"compile={self.compile}")
         parts.append(f"accum={self.grad_accum_steps}")

@@ -102,6 +102,8 @@ def torchrun_command(target: Exported, script: str, config_file: str) -> str:
     """How to launch ``script`` with the configuration, read from ``config_file``."""
     config = _config(target)
     env = []
+    if config.expandable_segments:
+        env.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     if config.device == "cpu":
         cores = target.platform.cpu_count if isinstance(target, Recommendation) else usable_cpus()
         threads = max(1, cores // config.processes - config.num_workers)

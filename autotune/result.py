@@ -71,6 +71,9 @@ class StepDiagnostics(BaseModel):
     matmul_precision: str = Field(
         "", description="torch.get_float32_matmul_precision() while the trial ran."
     )
+    allocator_settings: str = Field(
+        "", description="The CUDA caching allocator's settings as the rank read them back."
+    )
     optimizer_impl: str = Field(
         "", description="The flag the optimizer ran with: fused, foreach, or default (neither)."
     )

@@ -59,6 +59,11 @@ def _hook_note(config: TrainConfig, where: str) -> str:
     )
 
 
+EXPANDABLE_NOTE = (
+    "expandable_segments=true is a process setting: start training with "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment"
+)
+
 CHANNELS_LAST_NOTE = (
     "channels_last=true is set in code: model.to(memory_format=torch.channels_last) before "
     "training, and each 4-D image batch .to(memory_format=torch.channels_last)"
@@ -158,6 +163,8 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         notes.append(CHANNELS_LAST_NOTE)
     if config.optimizer_impl != "default":
         notes.append(_optimizer_note(config))
+    if config.expandable_segments:
+        notes.append(EXPANDABLE_NOTE)
     return kwargs, notes
 
 
@@ -228,6 +235,8 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         notes.append(CHANNELS_LAST_NOTE)
     if config.optimizer_impl != "default":
         notes.append(_optimizer_note(config))
+    if config.expandable_segments:
+        notes.append(EXPANDABLE_NOTE)
     if config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments}: Lightning has no Trainer flag "
@@ -288,6 +297,8 @@ def accelerate(
         notes.append(CHANNELS_LAST_NOTE)
     if config.optimizer_impl != "default":
         notes.append(_optimizer_note(config))
+    if config.expandable_segments:
+        notes.append(EXPANDABLE_NOTE)
     if config.parallel != "fsdp" and config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."

@@ -34,6 +34,7 @@ VARIANTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "grad_accum_steps": ({}, {"grad_accum_steps": 2}),
     "compile": ({}, {"compile": "default"}),
     "channels_last": ({}, {"channels_last": True}),
+    "expandable_segments": ({}, {"expandable_segments": True}),
     "num_workers": ({}, {"num_workers": 2}),
     "prefetch_factor": ({"num_workers": 2}, {"prefetch_factor": 4}),
     "pin_memory": ({}, {"pin_memory": True}),

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError, WorkloadError
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
+from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
 from autotune.runner.optimizer import running_implementation
 from autotune.runner.platform import usable_cpus
@@ -168,6 +169,7 @@ def _measure(
     graphs_before = _compiled_graphs() if compiling else 0
     progress("building the workload")
     release_earlier_trials(device)  # what earlier trials held must not count in this one's peak
+    allocator = apply_expandable_segments(config.expandable_segments)  # every trial: reused ranks
     torch.manual_seed(options.seed)
     workload = workloads.get(request.workload) if workloads else build_workload(request.workload)
     progress("applying the configuration")
@@ -260,6 +262,7 @@ def _measure(
             compiled_graphs=_compiled_graphs() - graphs_before if compiling else 0,
             matmul_precision=torch.get_float32_matmul_precision(),
             optimizer_impl=running_implementation(training.optimizer),
+            allocator_settings=allocator,
         ),
     )
 

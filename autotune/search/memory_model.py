@@ -44,6 +44,8 @@ MEMORY_FIELDS = {
     "checkpoint_segments": "the step traced with those blocks checkpointed",
     "grad_accum_steps": "the micro-batch the step is traced at",
     "compile": "predicted as eager: an upper bound",
+    "expandable_segments": "the allocator's reserve over its tensors, learnt by the calibration "
+    "from CUDA trials (one scale for both settings: an approximation)",
     "optimizer_impl": "the optimizer's step traced with that implementation (its temporaries)",
     "num_workers": "each DataLoader worker's share, calibrated (CPU ranks only)",
     "device": "which kind of memory is predicted and calibrated",

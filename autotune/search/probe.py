@@ -140,6 +140,7 @@ def restrict_space(
         drop("comm_hook", "bf16", "the bf16 compression hook needs CUDA and NCCL")
         drop("pin_memory", True, "pinned memory only helps copies to a CUDA device")
         drop("matmul_precision", "high", "TF32 matmuls are CUDA's: on a CPU it changes nothing")
+        drop("expandable_segments", True, "a setting of the CUDA caching allocator: none on CPU")
     elif devices < 2:
         drop("parallel", "dp", "DataParallel needs at least 2 GPUs")
     if cuda:

@@ -207,3 +207,9 @@ def test_keeping_fsdp_blocks_gathered_raises_the_allocator_peak() -> None:
         peaks[reshard] = result.peak_memory_bytes or 0
     # All four 16 MiB blocks gathered until backward, against two at a time.
     assert peaks[False] - peaks[True] > 16 * 2**20
+
+
+def test_expandable_segments_reach_the_cuda_allocator() -> None:
+    result = _ok(_trial("tests.fixtures.models:Small", expandable_segments=True))
+    assert result.ranks[0].diagnostics is not None
+    assert result.ranks[0].diagnostics.allocator_settings == "expandable_segments:True"
