@@ -22,6 +22,7 @@ Amp = Literal["off", "fp16", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
 MatmulPrecision = Literal["default", "highest", "high"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
+FsdpMixedPrecision = Literal["off", "bf16", "bf16-reduce-fp32"]
 Compile = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 GRAPH_CAPTURING_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that capture CUDA graphs on CUDA (Inductor's cudagraph trees)."""
@@ -80,6 +81,12 @@ class TrainConfig(BaseModel):
         True,
         description="FSDP2: free each block's gathered parameters after its forward (true) or "
         "keep them until its backward (false: no second all-gather, more memory).",
+    )
+    fsdp_mixed_precision: FsdpMixedPrecision = Field(
+        "off",
+        description="FSDP2's mixed-precision policy, the FSDP form of AMP: bf16 gathers and "
+        "computes with bf16 parameters and reduces gradients in bf16; bf16-reduce-fp32 reduces "
+        "them in fp32. Not with amp.",
     )
     amp: Amp = Field(
         "off",
@@ -164,6 +171,17 @@ class TrainConfig(BaseModel):
             problems.append(
                 f"gradient_as_bucket_view=true needs parallel=ddp, got parallel={self.parallel}"
             )
+        if self.fsdp_mixed_precision != "off":
+            if self.parallel != "fsdp":
+                problems.append(
+                    f"fsdp_mixed_precision={self.fsdp_mixed_precision} needs parallel=fsdp, "
+                    f"got parallel={self.parallel}"
+                )
+            if self.amp != "off":
+                problems.append(
+                    f"fsdp_mixed_precision={self.fsdp_mixed_precision} is FSDP's form of AMP: "
+                    f"use it or amp={self.amp}, not both"
+                )
         if not self.reshard_after_forward and self.parallel != "fsdp":
             problems.append(
                 f"reshard_after_forward=false needs parallel=fsdp, got parallel={self.parallel}"
@@ -253,6 +271,8 @@ class TrainConfig(BaseModel):
             parts.append("grad-views")
         if not self.reshard_after_forward:
             parts.append("no-reshard")
+        if self.fsdp_mixed_precision != "off":
+            parts.append(f"fsdp-mp={self.fsdp_mixed_precision}")
         if self.checkpoint_segments:
             parts.append(f"ckpt={self.checkpoint_segments}")
         if self.channels_last:

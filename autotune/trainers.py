@@ -59,6 +59,15 @@ def _hook_note(config: TrainConfig, where: str) -> str:
     )
 
 
+def _fsdp_mp_note(config: TrainConfig) -> str:
+    reduce = "torch.float32" if config.fsdp_mixed_precision == "bf16-reduce-fp32" else "None"
+    return (
+        f"fsdp_mixed_precision={config.fsdp_mixed_precision}: fully_shard(..., mp_policy="
+        f"MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype={reduce})) on each "
+        "block and the root"
+    )
+
+
 EXPANDABLE_NOTE = (
     "expandable_segments=true is a process setting: start training with "
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment"
@@ -129,6 +138,9 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         strategy = "full_shard" if config.reshard_after_forward else "shard_grad_op"
         kwargs["fsdp"] = f"{strategy} auto_wrap"
         notes.append(f"parallel=fsdp maps to the Trainer's FSDP {strategy} with auto-wrap")
+    if config.fsdp_mixed_precision != "off":
+        kwargs["bf16"] = True  # the Trainer's FSDP casts as its mixed-precision policy
+        notes.append(_fsdp_mp_note(config))
     if config.parallel in ("ddp", "fsdp"):
         notes.append(f"launch with torchrun --nproc-per-node={config.world_size}")
     if config.parallel == "dp":
@@ -237,6 +249,9 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         notes.append(_optimizer_note(config))
     if config.expandable_segments:
         notes.append(EXPANDABLE_NOTE)
+    if config.fsdp_mixed_precision != "off":
+        trainer["precision"] = "bf16-mixed"
+        notes.append(_fsdp_mp_note(config))
     if config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments}: Lightning has no Trainer flag "
@@ -276,6 +291,9 @@ def accelerate(
         "DataLoader settings are yours to pass: "
         + ", ".join(f"{k}={v}" for k, v in _dataloader(config).items()),
     ]
+    if config.fsdp_mixed_precision != "off":
+        values["mixed_precision"] = "bf16"
+        notes.append(_fsdp_mp_note(config))
     if config.parallel == "fsdp":
         values["fsdp_config"] = {
             "fsdp_version": 2,

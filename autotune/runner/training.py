@@ -73,6 +73,15 @@ def _move(model: nn.Module, device: torch.device) -> None:
         model.to(device)
 
 
+def _mixed_precision(config: TrainConfig) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if config.fsdp_mixed_precision == "off":
+        return MixedPrecisionPolicy()
+    reduce = torch.float32 if config.fsdp_mixed_precision == "bf16-reduce-fp32" else None
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
+
+
 def wrap_model(
     model: nn.Module, config: TrainConfig, device: torch.device, hooks: HookCounter
 ) -> nn.Module:
@@ -83,9 +92,15 @@ def wrap_model(
 
         _move(model, device)
         mesh = init_device_mesh(device.type, (config.world_size,))
+        policy = _mixed_precision(config)
         for block in find_repeated_blocks(model):
-            fully_shard(block, mesh=mesh, reshard_after_forward=config.reshard_after_forward)
-        fully_shard(model, mesh=mesh)
+            fully_shard(
+                block,
+                mesh=mesh,
+                reshard_after_forward=config.reshard_after_forward,
+                mp_policy=policy,
+            )
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         return model
     _move(model, device)
     if config.parallel == "dp":

@@ -38,6 +38,7 @@ MEMORY_FIELDS = {
     "gradient_as_bucket_view": "DDP's buckets hold the gradients: no second copy",
     "bucket_cap_mb": "the bucket a compressing hook holds compressed",
     "world_size": "FSDP's shards",
+    "fsdp_mixed_precision": "traced as bf16 autocast, FSDP's gathered parameters halved",
     "reshard_after_forward": "FSDP's blocks kept gathered from forward to backward, or not",
     "comm_hook": "a compressed bucket; PowerSGD's error feedback",
     "amp": "the step traced under its autocast",
@@ -77,6 +78,12 @@ def precision(amp: str) -> str:
     return "fp32" if amp == "off" else "16-bit"
 
 
+def traced_amp(config: TrainConfig) -> str:
+    """The autocast the step is traced under: FSDP's bf16 policy computes as bf16 autocast
+    does (bf16 activations), with its gathered parameters halved in ``device_parts``."""
+    return "bf16" if config.fsdp_mixed_precision != "off" else config.amp
+
+
 def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
     """The tensors one device holds at its peak under ``config``'s parallel mode, by part."""
     parts = {
@@ -104,7 +111,10 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
             blocks = 2 * peak.block_parameters_bytes
         else:  # every block stays gathered from its forward to its backward
             blocks = peak.parameters_bytes - peak.outside_blocks_bytes
-        parts["fsdp gathered"] = root + blocks + peak.block_parameters_bytes  # + its gradients
+        gathered = root + blocks + peak.block_parameters_bytes  # + its gradients
+        if config.fsdp_mixed_precision != "off":
+            gathered //= 2  # gathered and computed in bf16
+        parts["fsdp gathered"] = gathered
     return parts
 
 
@@ -242,7 +252,7 @@ class MemoryModel:
 
     def tensor_peak(self, config: TrainConfig) -> TensorPeak | None:
         """The single-device tensor trace ``config`` needs, or None (``trace_error`` says why)."""
-        mb, amp, k = config.micro_batch_size, config.amp, config.checkpoint_segments
+        mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
         impl = config.optimizer_impl
         if self._corners is None or (mb, precision(amp), k, impl) in self._traces:
             return self._trace(mb, amp, k, impl)
@@ -301,7 +311,7 @@ class MemoryModel:
             shown["workers"] = workers * calibration.per_worker_bytes
         exact = (
             config.micro_batch_size,
-            precision(config.amp),
+            precision(traced_amp(config)),
             config.checkpoint_segments,
             config.optimizer_impl,
         )

@@ -42,3 +42,37 @@ def _gathered_after_forward(reshard: bool) -> list[bool]:
 def test_blocks_stay_gathered_until_backward_only_when_not_resharded() -> None:
     assert _gathered_after_forward(reshard=True) == [False] * 4
     assert _gathered_after_forward(reshard=False) == [True] * 4
+
+
+def _step_dtypes(policy: str) -> tuple[torch.dtype, torch.dtype]:
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=1, device="cpu",
+        fsdp_mixed_precision=policy,  # type: ignore[arg-type]
+    )  # fmt: skip
+    model = wrap_model(WideBlocks(), config, torch.device("cpu"), HookCounter())
+    output = model(torch.randn(2, 2048))
+    output.float().sum().backward()
+    grad = model.blocks[0][0].weight.grad  # type: ignore[index]
+    return output.dtype, grad.dtype
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_the_mixed_precision_policy_computes_in_bf16_and_keeps_fp32_shards() -> None:
+    assert _step_dtypes("off") == (torch.float32, torch.float32)
+    assert _step_dtypes("bf16")[0] == torch.bfloat16
+    assert _step_dtypes("bf16-reduce-fp32") == (torch.bfloat16, torch.float32)
+
+
+def test_two_gloo_ranks_train_under_the_policy() -> None:
+    from autotune.api import run_trial
+
+    config = {
+        "global_batch_size": 8, "parallel": "fsdp", "world_size": 2, "device": "cpu",
+        "fsdp_mixed_precision": "bf16",
+    }  # fmt: skip
+    result = run_trial(
+        "tests.fixtures.models:Small", config, warmup_steps=1, measured_steps=2, target_interval=0
+    )
+    assert result.status == "ok", result.message
+    assert result.ranks[0].diagnostics is not None
+    assert result.ranks[0].diagnostics.output_dtype == "bfloat16"
