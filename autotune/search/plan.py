@@ -1,9 +1,11 @@
 """``autotune plan``: the predicted memory of a search space (or one configuration) on a number of
 devices this machine need not have, in seconds and without running a step.
 
-Only knobs that move memory are enumerated (parallel mode, devices, comm hook, precision,
-checkpointing, accumulation, and DataLoader workers for CPU ranks); the others keep their
-defaults, and ``torch.compile`` is predicted as eager. Every number is a prediction
+Only knobs that move memory are enumerated (``memory_model.MEMORY_FIELDS``, with DataLoader
+workers for CPU ranks only); the others keep their defaults. Left at their defaults too:
+``torch.compile`` (predicted as eager), the optimizer's implementation (the optimizer as
+built), DDP's bucket size (a compressed bucket, tens of MiB at most) and the CUDA allocator's
+setting (learnt from trials, not traced). Every number is a prediction
 (``autotune.search.memory_model``) and is labelled as one.
 """
 
@@ -17,10 +19,18 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.memory_model import MemoryModel, Point, Prediction, fit, prior_for
+from autotune.search.memory_model import (
+    MEMORY_FIELDS,
+    MemoryModel,
+    Point,
+    Prediction,
+    fit,
+    prior_for,
+)
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
-MEMORY_KNOBS = ("parallel", "world_size", "comm_hook", "amp", "checkpoint_segments")
+NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
+MEMORY_KNOBS = tuple(k for k in MEMORY_FIELDS if k not in NOT_ENUMERATED)
 """The knobs ``plan`` enumerates (accumulation is how the micro-batch is chosen; workers only
 count on CPU)."""
 
@@ -49,12 +59,13 @@ class Plan:
         return [r for r in self.rows if r.fits(self.limit_bytes)]
 
     def largest_micro_batches(self) -> dict[tuple[str, str], PlanRow]:
-        """Per (parallel mode, precision): the fitting row with the largest micro-batch (the
-        least checkpointing among those)."""
+        """Per (parallel mode, precision: AMP or FSDP's policy): the fitting row with the
+        largest micro-batch (the least checkpointing among those)."""
         best: dict[tuple[str, str], PlanRow] = {}
         for row in self.fitting():
             c = row.config
-            key = (f"{c.parallel}x{c.world_size}", c.amp)
+            precision = c.amp if c.fsdp_mixed_precision == "off" else c.fsdp_mixed_precision
+            key = (f"{c.parallel}x{c.world_size}", precision)
             rank = (c.micro_batch_size, -c.checkpoint_segments, -row.prediction.peak_bytes)
             held = best.get(key)
             if held is None or rank > (
@@ -112,7 +123,7 @@ def plan_space(space: SearchSpace, devices: int, device_type: str) -> SearchSpac
     (``devices`` itself included) and accumulation as the space lists it."""
     params: dict[str, Param] = {}
     for name, param in space.params.items():
-        if name not in (*MEMORY_KNOBS, "grad_accum_steps", "num_workers"):
+        if name not in MEMORY_KNOBS:
             continue
         if name == "num_workers" and device_type != "cpu":
             continue

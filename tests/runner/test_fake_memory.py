@@ -48,3 +48,32 @@ def test_activations_grow_with_the_micro_batch_and_shrink_with_checkpointing_and
 def test_a_model_the_fake_tensors_cannot_trace_raises_one_line() -> None:
     with pytest.raises(TraceError, match="DataDependentOutput"):
         trace_step(WorkloadSpec(model="tests.fixtures.traced:DataDependent"), 2)
+
+
+def _two_traced_steps(micro_batch: int) -> int:
+    """The peak of two whole steps of Stack under MemTracker, as PyTorch's tests use it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from tests.fixtures.traced import Stack
+
+    with FakeTensorMode():
+        model = Stack()
+        optimizer = torch.optim.AdamW(model.parameters())
+        batch = torch.zeros(micro_batch, 256)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            for _ in range(2):
+                model(batch).square().mean().backward()  # the default loss, without a target
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                tracker.reset_mod_stats()
+        return int(next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"])
+
+
+@pytest.mark.parametrize("micro_batch", [64, 8192])  # the peak in the step; in backward
+def test_one_traced_step_plus_the_state_is_the_peak_of_two(micro_batch: int) -> None:
+    # to a few bytes: a scalar or two (the loss, a step counter) live at different moments
+    assert abs(trace_step(STACK, micro_batch).total_bytes - _two_traced_steps(micro_batch)) < 1024
