@@ -8,7 +8,7 @@ from urllib.parse import unquote
 
 MASK = "***"
 _CREDENTIALS = re.compile(
-    r"^(?P<head>[A-Za-z][\w+.-]*://[^:/@]*):(?P<password>.*)@(?P<rest>[^@]*)$"
+    r"^(?P<head>[A-Za-z][\w+.-]*://[^:/@]*):(?P<password>.*)@(?P<rest>[^@]*)$", re.DOTALL
 )
 
 
@@ -18,7 +18,7 @@ _QUERY = re.compile(r"(?i)([?&]password=)([^&#]*)")
 def password_of(url: str) -> str | None:
     """The password in ``scheme://user:password@host/...`` or in a ``?password=`` query
     (None when it holds none)."""
-    match = _CREDENTIALS.match(url.strip())
+    match = _CREDENTIALS.match(url)
     if match is not None and match.group("password"):
         return match.group("password")
     query = _QUERY.search(url)
@@ -27,7 +27,7 @@ def password_of(url: str) -> str | None:
 
 def mask_url(url: str) -> str:
     """``url`` with its password replaced by ***; anything else unchanged."""
-    match = _CREDENTIALS.match(url.strip())
+    match = _CREDENTIALS.match(url)
     if match is not None and match.group("password"):
         url = f"{match.group('head')}:{MASK}@{match.group('rest')}"
     return _QUERY.sub(lambda m: m.group(1) + (MASK if m.group(2) else ""), url)

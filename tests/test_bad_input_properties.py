@@ -141,3 +141,59 @@ def test_huge_numbers_are_refused_in_one_line(text: str) -> None:
     for parse in (parse_bytes, parse_duration):
         with pytest.raises(ValueError, match="not a"):
             parse(text)
+
+
+@FAST
+@given(
+    st.one_of(REFERENCES, st.builds("tests.fixtures.optimizers:{}".format, st.text(max_size=10)))
+)
+def test_optimizer_references(reference: str) -> None:
+    try:
+        check_workload(WorkloadSpec(model="tests.fixtures.models:Small", optimizer=reference))
+    except AutotuneError as error:
+        one_line(error)
+
+
+@FAST
+@given(
+    st.sampled_from(["postgresql", "postgresql+psycopg2", "mysql+pymysql", "sqlite"]),
+    st.text(min_size=1, max_size=20),
+    st.text(alphabet=st.characters(blacklist_characters="@"), max_size=8),
+)
+def test_a_storage_password_of_any_characters_is_masked(
+    scheme: str, password: str, user: str
+) -> None:
+    from autotune.secrets import mask_url
+
+    user = user.replace(":", "").replace("/", "")
+    url = f"{scheme}://{user}:{password}@db.example:5432/tune"
+    assert mask_url(url) == f"{scheme}://{user}:***@db.example:5432/tune"
+
+
+PLAN_SETTINGS = settings(FAST, max_examples=25)
+
+
+@PLAN_SETTINGS
+@given(
+    st.one_of(st.integers(-3, 5000).map(str), st.text(max_size=6)),
+    st.one_of(st.from_regex(NUMBERS, fullmatch=True), st.text(max_size=10)),
+    st.one_of(st.just([]), st.just(["--device", "cpu"]), st.just(["--safety-margin", "1.5"])),
+)
+def test_plan_flags(devices: str, memory: str, extra: list[str]) -> None:
+    import contextlib
+    import io
+
+    from autotune.cli import main
+
+    argv = ["plan", "--model", "tests.fixtures.models:Small", "--space", "quick"]
+    argv += ["--devices", devices, "--device-memory", memory, *extra]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's own one-line refusals
+            code = int(exit_.code or 0)
+    assert code in (0, 2)
+    if code == 2:
+        lines = err.getvalue().strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err.getvalue()
