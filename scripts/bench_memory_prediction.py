@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from autotune.bench.memory_prediction import (
     errors,
@@ -37,6 +38,7 @@ from autotune.bench.memory_prediction import (
     machine,
     measure_grid,
     memory_bound_search,
+    rescored,
 )
 from autotune.runner.workload import WorkloadSpec
 
@@ -63,29 +65,51 @@ def _plan_seconds(model: str) -> float:
     return time.perf_counter() - started
 
 
+def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        print(
+            f"{model:32} {row['config']:58} {row['tensors_bytes'] / 2**20:7.0f}M "
+            f"{row['measured_bytes'] / 2**20:8.0f}M {row['after_one']:+8.1%} "
+            f"{row['left_out']:+7.1%}"
+        )
+    within = sum(abs(r["left_out"]) <= 0.10 for r in rows)
+    after_one = sum(abs(r["after_one"]) <= 0.10 for r in rows)
+    print(
+        f"{model}: within +-10% in {within} of {len(rows)} calibrated on the others, "
+        f"{after_one} of {len(rows)} calibrated on the first alone"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--out", default="results/memory_prediction.json")
     parser.add_argument("--plan-model", default="workloads.gpt:gpt2_124m")
     parser.add_argument("--search", help="A model for the memory-bound search.")
+    parser.add_argument(
+        "--rescore",
+        help="Score the grids saved in this JSON again with the calibration as it now stands "
+        "(no trial runs); writes --out.",
+    )
     parser.add_argument("--budget", default="700MiB", help="Its memory budget (all ranks).")
     args = parser.parse_args()
 
     report: dict[str, object] = {"machine": machine(), "models": {}}
+    if args.rescore:
+        saved = json.loads(Path(args.rescore).read_text())
+        report = {**saved, "rescored_from": args.rescore, "models": {}}
+        for model, rows in saved["models"].items():
+            report["models"][model] = rescored(model, rows)  # type: ignore[index]
+            _print_rows(model, report["models"][model])  # type: ignore[index]
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return
     print(f"{'model':32} {'config':58} {'tensors':>8} {'measured':>9} {'1 trial':>8} {'others':>7}")
     for model in args.models:
         batch, segments = MODELS.get(model, (32, 2))
         rows = errors(measure_grid(WorkloadSpec(model=model), grid(batch, segments)))
         report["models"][model] = rows  # type: ignore[index]
-        for row in rows:
-            print(
-                f"{model:32} {row['config']:58} {row['tensors_bytes'] / 2**20:7.0f}M "
-                f"{row['measured_bytes'] / 2**20:8.0f}M {row['after_one']:+8.1%} "
-                f"{row['left_out']:+7.1%}"
-            )
-        within = sum(abs(r["left_out"]) <= 0.10 for r in rows)
-        print(f"{model}: left out within +-10% in {within} of {len(rows)}")
+        _print_rows(model, rows)
     if args.plan_model:
         seconds = _plan_seconds(args.plan_model)
         report["plan"] = {"model": args.plan_model, "devices": 64, "seconds": seconds}

@@ -28,9 +28,11 @@ from autotune.search.memory_model import MemoryModel, Point, fit, prior_for
 class GridPoint:
     config: str
     status: str
+    values: dict[str, Any]  # the TrainConfig's fields, to trace it again
     tensors_bytes: int | None  # per device, as traced (a prediction's input)
     measured_bytes: int | None  # per device, measured by the trial
     workers: int
+    unsharded_bytes: int  # FSDP: the whole model a rank builds before sharding (else 0)
     trace_s: float
     trial_s: float
 
@@ -75,9 +77,11 @@ def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[Gri
             GridPoint(
                 config=config.summary(),
                 status=result.status,
+                values=config.model_dump(mode="json"),
                 tensors_bytes=sum(parts.values()) if parts else None,
                 measured_bytes=used // config.processes if used else None,
                 workers=config.num_workers,
+                unsharded_bytes=model._unsharded(config),
                 trace_s=traced - started,
                 trial_s=time.perf_counter() - traced,
             )
@@ -85,11 +89,27 @@ def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[Gri
     return points
 
 
+def rescored(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Saved rows traced and scored again with the memory model as it now stands (no trial
+    runs again)."""
+    traced = MemoryModel(WorkloadSpec(model=model), "cpu")
+    points = []
+    for row in rows:
+        config = TrainConfig(**row["values"])
+        parts = traced.device_tensors(config)
+        kept = {k: row[k] for k in GridPoint.__dataclass_fields__ if k in row}
+        kept["tensors_bytes"] = sum(parts.values()) if parts else None
+        kept["unsharded_bytes"] = traced._unsharded(config)
+        points.append(GridPoint(**kept))
+    return errors(points)
+
+
 def errors(points: list[GridPoint]) -> list[dict[str, Any]]:
     """Each point with its prediction after one calibration trial and with all others."""
     usable = [p for p in points if p.tensors_bytes is not None and p.measured_bytes]
     calibration_points = [
-        Point(p.tensors_bytes or 0, p.workers, p.measured_bytes or 0) for p in usable
+        Point(p.tensors_bytes or 0, p.workers, p.measured_bytes or 0, p.unsharded_bytes)
+        for p in usable
     ]
     prior = prior_for("cpu")
     first = fit(calibration_points[:1], prior)
@@ -98,8 +118,12 @@ def errors(points: list[GridPoint]) -> list[dict[str, Any]]:
         others = fit(calibration_points[:i] + calibration_points[i + 1 :], prior)
         measured = cal.measured_bytes
         row = asdict(point)
-        row["predicted_after_one_bytes"] = first.apply(cal.tensors_bytes, cal.workers)
-        row["predicted_left_out_bytes"] = others.apply(cal.tensors_bytes, cal.workers)
+        row["predicted_after_one_bytes"] = first.apply(
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes
+        )
+        row["predicted_left_out_bytes"] = others.apply(
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes
+        )
         row["after_one"] = (measured - row["predicted_after_one_bytes"]) / measured
         row["left_out"] = (measured - row["predicted_left_out_bytes"]) / measured
         row["tensor_share"] = cal.tensors_bytes / measured

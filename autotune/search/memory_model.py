@@ -43,7 +43,8 @@ MEMORY_FIELDS = {
     "comm_hook": "a compressed bucket; PowerSGD's error feedback",
     "amp": "the step traced under its autocast",
     "checkpoint_segments": "the step traced with those blocks checkpointed",
-    "grad_accum_steps": "the micro-batch the step is traced at",
+    "grad_accum_steps": "the micro-batch the step is traced at; under FSDP, the unsharded "
+    "gradients held from micro-step to micro-step",
     "compile": "predicted as eager: an upper bound",
     "expandable_segments": "the allocator's reserve over its tensors, learnt by the calibration "
     "from CUDA trials (one scale for both settings: an approximation)",
@@ -115,16 +116,22 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
         if config.fsdp_mixed_precision != "off":
             gathered //= 2  # gathered and computed in bf16
         parts["fsdp gathered"] = gathered
+        if config.grad_accum_steps > 1:  # no reduce-scatter before the last micro-step
+            parts["fsdp unsharded gradients"] = peak.gradient_bytes_full - peak.gradients_bytes
     return parts
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """``measured per device = scale * tensors + offset + workers * per_worker`` (bytes)."""
+    """``measured per device = scale * tensors + offset + workers * per_worker
+    + build_scale * unsharded`` (bytes), where ``unsharded`` is, for FSDP, the whole model a
+    rank builds before sharding it: freed, but still held (the heap's pages on CPU, the caching
+    allocator's reserve on CUDA)."""
 
     scale: float = 1.0
     offset_bytes: int = 0
     per_worker_bytes: int = 0
+    build_scale: float = 1.0
     trials: int = 0
     errors: tuple[float, ...] = ()  # leave-one-out relative errors over those trials
 
@@ -141,56 +148,97 @@ class Calibration:
         return (
             f"calibrated on {self.trials} trial(s): x{self.scale:.2f} + "
             f"{self.offset_bytes / 2**20:,.0f} MiB + {self.per_worker_bytes / 2**20:,.0f} MiB "
-            f"per DataLoader worker, error up to {self.margin:.0%}"
+            f"per DataLoader worker + x{self.build_scale:.1f} FSDP's unsharded build, error up "
+            f"to {self.margin:.0%}"
         )
 
-    def apply(self, tensors_bytes: int, workers: int) -> int:
-        return int(self.scale * tensors_bytes + self.offset_bytes + workers * self.per_worker_bytes)
+    def apply(self, tensors_bytes: int, workers: int, unsharded_bytes: int = 0) -> int:
+        return int(
+            self.scale * tensors_bytes
+            + self.offset_bytes
+            + workers * self.per_worker_bytes
+            + self.build_scale * unsharded_bytes
+        )
 
 
 @dataclass(frozen=True)
 class Point:
-    """One trial that ran: its tensors as traced, its workers, what one device measured."""
+    """One trial that ran: its tensors as traced, its workers, FSDP's unsharded build, and what
+    one device measured."""
 
     tensors_bytes: int
     workers: int
     measured_bytes: int
+    unsharded_bytes: int = 0
 
 
 def fit(points: Sequence[Point], prior: Calibration) -> Calibration:
     """The calibration that best explains ``points``, ridge-pulled towards ``prior`` where the
-    points cannot tell scale, offset and workers apart (one point, or no worker variety)."""
+    points cannot tell its parts apart (one point, no worker variety, no FSDP trial), each
+    coefficient kept within what is physical."""
     if not points:
         return prior
-    coefficients = _solve(points, prior)
     errors: list[float] = []
     if len(points) >= 2:
         for i, left_out in enumerate(points):
-            rest = [p for j, p in enumerate(points) if j != i]
-            scale, offset, worker = _solve(rest, prior)
-            predicted = scale * left_out.tensors_bytes + offset + worker * left_out.workers
+            held = _solve([p for j, p in enumerate(points) if j != i], prior)
+            predicted = held.apply(
+                left_out.tensors_bytes, left_out.workers, left_out.unsharded_bytes
+            )
             errors.append((left_out.measured_bytes - predicted) / left_out.measured_bytes)
-    scale, offset, worker = coefficients
-    return Calibration(scale, int(offset), int(worker), len(points), tuple(errors))
+    solved = _solve(points, prior)
+    return Calibration(
+        solved.scale,
+        solved.offset_bytes,
+        solved.per_worker_bytes,
+        solved.build_scale,
+        len(points),
+        tuple(errors),
+    )
 
 
 _GIB = float(2**30)
-_RIDGE = (2e-3, 1e-4, 1e-5)
-"""Pull towards the prior of (scale, per-worker GiB, offset GiB): weak enough that a few trials
-of different sizes decide, strong enough to settle what they cannot."""
+_RIDGE = (2e-3, 1e-4, 2e-3, 1e-5)
+"""Pull towards the prior of (scale, per-worker GiB, build scale, offset GiB): weak enough
+that a few trials of different kinds decide, strong enough to settle what they cannot."""
+_BOUNDS = ((0.8, 3.0), (0.0, 8.0), (0.0, 8.0), (-8.0, 64.0))
+"""Physical ranges of those coefficients (per-worker and offset in GiB)."""
 
 
-def _solve(points: Sequence[Point], prior: Calibration) -> tuple[float, float, float]:
-    """(scale, offset bytes, bytes per worker)."""
+def _solve(points: Sequence[Point], prior: Calibration) -> Calibration:
+    """Ridge least squares; a coefficient that leaves its range is fixed at the bound and the
+    others solved again (so a fit that wanted a negative scale does not keep the offset that
+    went with it)."""
     import numpy as np
 
-    x = np.array([[p.tensors_bytes / _GIB, p.workers, 1.0] for p in points])
+    x = np.array(
+        [[p.tensors_bytes / _GIB, p.workers, p.unsharded_bytes / _GIB, 1.0] for p in points]
+    )
     y = np.array([p.measured_bytes / _GIB for p in points])
-    theta0 = np.array([prior.scale, prior.per_worker_bytes / _GIB, prior.offset_bytes / _GIB])
-    ridge = np.diag(_RIDGE)
-    theta = np.linalg.solve(x.T @ x + ridge, x.T @ y + ridge @ theta0)
-    scale = float(min(3.0, max(0.8, theta[0])))
-    return scale, float(theta[2]) * _GIB, float(max(0.0, theta[1])) * _GIB  # scale, offset, worker
+    theta0 = np.array(
+        [prior.scale, prior.per_worker_bytes / _GIB, prior.build_scale, prior.offset_bytes / _GIB]
+    )
+    fixed: dict[int, float] = {}
+    for _ in range(len(_BOUNDS)):
+        free = [i for i in range(len(_BOUNDS)) if i not in fixed]
+        rest = y - sum((x[:, i] * v for i, v in fixed.items()), np.zeros_like(y))
+        xf, ridge = x[:, free], np.diag([_RIDGE[i] for i in free])
+        solved = np.linalg.solve(xf.T @ xf + ridge, xf.T @ rest + ridge @ theta0[free])
+        theta = dict(zip(free, solved.tolist(), strict=True)) | fixed
+        outside = {
+            i: min(max(v, _BOUNDS[i][0]), _BOUNDS[i][1])
+            for i, v in theta.items()
+            if i not in fixed and not _BOUNDS[i][0] <= v <= _BOUNDS[i][1]
+        }
+        if not outside:
+            break
+        fixed |= outside
+    return Calibration(
+        scale=theta[0],
+        per_worker_bytes=int(theta[1] * _GIB),
+        build_scale=theta[2],
+        offset_bytes=int(theta[3] * _GIB),
+    )
 
 
 @dataclass(frozen=True)
@@ -203,7 +251,8 @@ class Prediction:
 
     @property
     def tensors_bytes(self) -> int:
-        return sum(v for k, v in self.parts.items() if k not in ("process", "workers"))
+        beyond = ("process", "workers", "fsdp unsharded build")
+        return sum(v for k, v in self.parts.items() if k not in beyond)
 
 
 _TRACED: dict[tuple[str, int, str, int, str], TensorPeak] = {}
@@ -286,13 +335,19 @@ class MemoryModel:
                 continue
             per_device = record.memory_used_bytes // self._devices_counted(record.config)
             workers = self._workers(record.config)
-            points.append(Point(sum(parts.values()), workers, per_device))
+            unsharded = self._unsharded(record.config)
+            points.append(Point(sum(parts.values()), workers, per_device, unsharded))
         self.calibration = fit(points, self.prior)
         return self.calibration
 
     def _devices_counted(self, config: TrainConfig) -> int:
         """How many devices a measured figure sums: on CPU all ranks share one host."""
         return config.processes if self.device_type == "cpu" else 1
+
+    def _unsharded(self, config: TrainConfig) -> int:
+        """The whole model an FSDP rank builds before sharding it (0 for other modes)."""
+        peak = self.tensor_peak(config) if config.parallel == "fsdp" else None
+        return peak.parameters_bytes if peak is not None else 0
 
     def _workers(self, config: TrainConfig) -> int:
         return config.num_workers if self.device_type == "cpu" else 0  # host memory on CUDA
@@ -304,11 +359,14 @@ class MemoryModel:
         calibration = self.calibration or self.prior
         tensors = sum(parts.values())
         workers = self._workers(config)
-        per_device = calibration.apply(tensors, workers)
-        process = per_device - tensors - workers * calibration.per_worker_bytes
-        shown = {**parts, "process": process}
+        unsharded = self._unsharded(config)
+        per_device = calibration.apply(tensors, workers, unsharded)
+        shown = dict(parts)
+        if unsharded:
+            shown["fsdp unsharded build"] = int(calibration.build_scale * unsharded)
         if workers:
             shown["workers"] = workers * calibration.per_worker_bytes
+        shown["process"] = per_device - sum(shown.values())
         exact = (
             config.micro_batch_size,
             precision(traced_amp(config)),
