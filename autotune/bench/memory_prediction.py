@@ -11,6 +11,7 @@ traced under fake tensors. Two errors are reported per configuration, each the p
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -20,8 +21,11 @@ from autotune.config import TrainConfig
 from autotune.runner.launch import run_trial
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import WorkloadSpec
+from autotune.search.driver import run_search
 from autotune.search.log import memory_used
 from autotune.search.memory_model import MemoryModel, Point, fit, prior_for
+from autotune.search.progress import Reporter
+from autotune.search.settings import make_settings
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ def machine() -> dict[str, Any]:
 
     return {
         "cpu": platform.processor() or platform.machine(),
-        "cores": __import__("os").cpu_count(),
+        "cores": os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
@@ -148,21 +152,22 @@ def memory_bound_search(
     """One search of ``model`` over the quick space under ``budget`` (where most of it does not
     fit), with or without the memory prediction: how many trials ran that did not fit, and the
     wall time."""
-    from autotune.api import tune
-
     started = time.perf_counter()
-    recommendation = tune(
-        model,
-        global_batch_size=32,
-        devices=2,
-        space="quick",
-        trials=trials,
-        memory_budget=budget,
-        predict_memory=predict,
-        storage=storage,
-        seed=seed,
-        race_rounds=2,
+    settings = make_settings(
+        {
+            "global_batch_size": 32,
+            "devices": 2,
+            "space": "quick",
+            "trials": trials,
+            "memory_budget": budget,
+            "predict_memory": predict,
+            "storage": storage,
+            "seed": seed,
+            "race_rounds": 2,
+        }
     )
+    spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
+    recommendation = run_search(spec, settings, Reporter())
     wall = time.perf_counter() - started
     ran = [t for t in recommendation.trials if t.is_measurement]
     return {

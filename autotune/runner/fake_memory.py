@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.runner.optimizer import with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
     load_dataset,
@@ -167,7 +168,6 @@ def _trace(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
-    from autotune.runner.optimizer import with_implementation
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
 
     for directory in reversed(spec.search_path):
