@@ -93,6 +93,20 @@ def _optimizer_note(config: TrainConfig) -> str:
     )
 
 
+def _in_code_notes(config: TrainConfig, matmul: bool = True) -> list[str]:
+    """The knobs no trainer's settings express, each as the line of code that sets it."""
+    notes = []
+    if matmul and config.matmul_precision != "default":
+        notes.append(_matmul_note(config))
+    if config.channels_last:
+        notes.append(CHANNELS_LAST_NOTE)
+    if config.optimizer_impl != "default":
+        notes.append(_optimizer_note(config))
+    if config.expandable_segments:
+        notes.append(EXPANDABLE_NOTE)
+    return notes
+
+
 def _matmul_note(config: TrainConfig) -> str:
     return (
         f"matmul_precision={config.matmul_precision} is a process setting: call "
@@ -171,12 +185,7 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
     note = _checkpoint_note(config, "gradient_checkpointing")
     if note:
         notes.append(note)
-    if config.channels_last:
-        notes.append(CHANNELS_LAST_NOTE)
-    if config.optimizer_impl != "default":
-        notes.append(_optimizer_note(config))
-    if config.expandable_segments:
-        notes.append(EXPANDABLE_NOTE)
+    notes += _in_code_notes(config, matmul=False)  # tf32 above says the matmul precision
     return kwargs, notes
 
 
@@ -241,14 +250,7 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
             "sharding: more memory per rank than measured)"
         )
         trainer["strategy"] = "ddp"
-    if config.matmul_precision != "default":
-        notes.append(_matmul_note(config))
-    if config.channels_last:
-        notes.append(CHANNELS_LAST_NOTE)
-    if config.optimizer_impl != "default":
-        notes.append(_optimizer_note(config))
-    if config.expandable_segments:
-        notes.append(EXPANDABLE_NOTE)
+    notes += _in_code_notes(config)
     if config.fsdp_mixed_precision != "off":
         trainer["precision"] = "bf16-mixed"
         notes.append(_fsdp_mp_note(config))
@@ -309,14 +311,7 @@ def accelerate(
             "dynamo_use_fullgraph": False,
             "dynamo_use_dynamic": False,
         }
-    if config.matmul_precision != "default":
-        notes.append(_matmul_note(config))
-    if config.channels_last:
-        notes.append(CHANNELS_LAST_NOTE)
-    if config.optimizer_impl != "default":
-        notes.append(_optimizer_note(config))
-    if config.expandable_segments:
-        notes.append(EXPANDABLE_NOTE)
+    notes += _in_code_notes(config)
     if config.parallel != "fsdp" and config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."

@@ -68,3 +68,17 @@ def probe_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     cache = tmp_path_factory.getbasetemp() / "cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     return cache
+
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path):
+    """A one-rank gloo process group in the test's own process, left afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
