@@ -138,8 +138,10 @@ def errors(points: list[GridPoint]) -> list[dict[str, Any]]:
 def machine() -> dict[str, Any]:
     import torch
 
+    from autotune.runner.platform import detect_platform
+
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": detect_platform("cpu").device_name,
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),
