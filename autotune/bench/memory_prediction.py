@@ -19,6 +19,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.runner.launch import run_trial
+from autotune.runner.platform import detect_platform
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.driver import run_search
@@ -137,8 +138,6 @@ def errors(points: list[GridPoint]) -> list[dict[str, Any]]:
 
 def machine() -> dict[str, Any]:
     import torch
-
-    from autotune.runner.platform import detect_platform
 
     return {
         "cpu": detect_platform("cpu").device_name,

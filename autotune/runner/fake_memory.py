@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.runner.optimizer import with_implementation
+from autotune.runner.optimizer import default_optimizer, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
     load_dataset,
@@ -192,7 +192,7 @@ def _trace(
     with mode:
         wrapped, _, _, _ = prepare_model(model, config, device)
         params = wrapped.parameters()
-        optimizer = factory(params) if factory else torch.optim.AdamW(params, lr=learning_rate)
+        optimizer = factory(params) if factory else default_optimizer(params, learning_rate)
         optimizer = with_implementation(optimizer, implementation)
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)

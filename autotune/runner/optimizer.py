@@ -11,6 +11,13 @@ from autotune.errors import ConfigError
 IMPLEMENTATIONS = ("foreach", "fused")
 
 
+def default_optimizer(parameters: Any, learning_rate: float = 1e-4) -> Any:
+    """What trials train with when the workload names no optimizer: AdamW."""
+    import torch  # imports torch only where an optimizer is built
+
+    return torch.optim.AdamW(parameters, lr=learning_rate)
+
+
 def accepted_implementations(optimizer_class: type) -> tuple[str, ...]:
     """The implementation flags ``optimizer_class`` takes, of ``foreach`` and ``fused``."""
     parameters = inspect.signature(optimizer_class).parameters

@@ -24,7 +24,7 @@ from autotune.errors import ConfigError, WorkloadError
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
-from autotune.runner.optimizer import running_implementation
+from autotune.runner.optimizer import default_optimizer, running_implementation
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
@@ -179,7 +179,7 @@ def _measure(
         workload.dataset,
         workload.loss,
         optimizer=workload.optimizer
-        or (lambda params: torch.optim.AdamW(params, lr=options.learning_rate)),
+        or (lambda params: default_optimizer(params, options.learning_rate)),
         device=device,
         seed=options.seed,
     )

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from autotune.config import TrainConfig
 from autotune.runner.loss import default_loss
 from autotune.runner.memory import child_pids
-from autotune.runner.optimizer import with_implementation
+from autotune.runner.optimizer import default_optimizer, with_implementation
 from autotune.runner.training import HookCounter, StepStats, TrainStep, prepare_model
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -206,7 +206,7 @@ def prepare(
     joined = not dist.is_initialized()
     rank = init_distributed(config, device)
     wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)
-    make_optimizer = optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-4))
+    make_optimizer = optimizer or default_optimizer
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)
     loader, sampler = make_loader(config, dataset, rank, seed)
     runner = TrainStep(wrapped, opt, loss or default_loss, config, device, hooks)

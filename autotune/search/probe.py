@@ -8,6 +8,7 @@ fingerprint under ``$XDG_CACHE_HOME/autotune``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from autotune.config import TrainConfig, make_config
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.launch import run_trial
+from autotune.runner.optimizer import accepted_implementations, default_optimizer
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, load_optimizer
 from autotune.search.space import SearchSpace
@@ -180,19 +182,28 @@ def restrict_space(
     return space, dropped
 
 
-def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
-    """(number, class name) of the user's model's repeated blocks, from a build on the meta
-    device (no memory, no initialisation); None if it cannot be built there."""
+@functools.cache
+def _meta_model(model_reference: str) -> tuple[Any, Any] | None:
+    """(module, model) built once on the meta device (no memory, no initialisation) for the
+    probe's questions about the model; None if it cannot be built there."""
     import torch
-
-    from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
 
     try:
         with torch.device("meta"):
-            _, model = load_model(model_reference)
+            return load_model(model_reference)
     except Exception:  # a model that cannot be built on meta: trials will report it
         return None
-    blocks = find_repeated_blocks(model)
+
+
+def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
+    """(number, class name) of the user's model's repeated blocks; None if the model cannot be
+    built on the meta device."""
+    from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+
+    built = _meta_model(model_reference)
+    if built is None:
+        return None
+    blocks = find_repeated_blocks(built[1])
     return len(blocks), type(blocks[0]).__name__ if blocks else ""
 
 
@@ -202,10 +213,11 @@ def feeds_images(workload: WorkloadSpec) -> bool | None:
     import torch
     from torch.utils.data import IterableDataset
 
+    built = _meta_model(workload.model)
+    if built is None:
+        return None
     try:
-        with torch.device("meta"):
-            module, model = load_model(workload.model)
-        dataset, _ = load_dataset(workload, module, model)
+        dataset, _ = load_dataset(workload, *built)
         sample = next(iter(dataset)) if isinstance(dataset, IterableDataset) else dataset[0]
     except Exception:  # the trials will say what is wrong with it
         return None
@@ -220,17 +232,13 @@ def feeds_images(workload: WorkloadSpec) -> bool | None:
 def optimizer_flags(workload: WorkloadSpec) -> tuple[str, tuple[str, ...]] | None:
     """(class name, implementation flags it takes) of the workload's optimizer, built over a
     meta-device model; None when that cannot be told here."""
-    import torch
-
-    from autotune.runner.optimizer import accepted_implementations  # imports torch
-
+    model = _meta_model(workload.model)
+    if model is None:
+        return None
     try:
-        with torch.device("meta"):
-            module, model = load_model(workload.model)
-            factory, _ = load_optimizer(workload, module)
-            built = (
-                factory(model.parameters()) if factory else torch.optim.AdamW(model.parameters())
-            )
+        factory, _ = load_optimizer(workload, model[0])
+        parameters = model[1].parameters()
+        built = factory(parameters) if factory else default_optimizer(parameters)
     except Exception:  # the trials will say what is wrong with it
         return None
     return type(built).__name__, accepted_implementations(type(built))
