@@ -321,9 +321,9 @@ def format_plan(plan: Plan, model: str) -> str:
     largest = plan.largest_micro_batches()
     if largest:
         lines.append("largest micro-batch that fits, per parallel mode and precision:")
-        for (mode, amp), row in sorted(largest.items()):
+        for (mode, precision), row in sorted(largest.items()):
             lines.append(
-                f"  {mode} amp={amp}: micro-batch {row.config.micro_batch_size} "
+                f"  {mode} {precision}: micro-batch {row.config.micro_batch_size} "
                 f"(~{format_bytes(row.prediction.peak_bytes)}): {row.config.summary()}"
             )
     least = plan.least_memory()

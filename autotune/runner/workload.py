@@ -297,10 +297,14 @@ def load_loss(spec: WorkloadSpec) -> tuple[Callable[[Any, Any], Any], str]:
 def resolve_optimizer(reference: str) -> Callable[[Any], Any]:
     """The optimizer factory ``reference`` names, checked to be callable (not yet called)."""
     _, factory = resolve_reference(reference, "--optimizer")
+    return _callable_factory(factory, f"--optimizer {reference!r}")
+
+
+def _callable_factory(factory: Any, named: str) -> Callable[[Any], Any]:
     if not callable(factory):
         raise WorkloadError(
-            f"--optimizer {reference!r} is a {type(factory).__name__}, expected a factory "
-            "taking the model's parameters and returning a torch.optim.Optimizer"
+            f"{named} is a {type(factory).__name__}, expected a factory taking the model's "
+            "parameters and returning a torch.optim.Optimizer"
         )
     return factory  # type: ignore[no-any-return]
 
@@ -317,12 +321,7 @@ def load_optimizer(spec: WorkloadSpec, model_module: Any) -> tuple[OptimizerFact
     if factory is None:
         return None, f"default {DEFAULT_OPTIMIZER}"
     reference = f"{model_module.__name__}:{OPTIMIZER_ATTRIBUTE}"
-    if not callable(factory):
-        raise WorkloadError(
-            f"{reference} is a {type(factory).__name__}, expected a factory taking the model's "
-            "parameters and returning a torch.optim.Optimizer"
-        )
-    return _checked_optimizer(factory, reference)
+    return _checked_optimizer(_callable_factory(factory, reference), reference)
 
 
 def _checked_optimizer(
@@ -344,11 +343,10 @@ def _checked_optimizer(
 
 def describe_optimizer(spec: WorkloadSpec) -> str:
     """Where the trials' optimizer comes from, in words (the default says how to give one)."""
-    if spec.optimizer:
-        return f"--optimizer {spec.optimizer}"
     module, _ = resolve_reference(spec.model, "--model")
-    if getattr(module, OPTIMIZER_ATTRIBUTE, None) is not None:
-        return f"{module.__name__}:{OPTIMIZER_ATTRIBUTE}"
+    factory, source = load_optimizer(spec, module)
+    if factory is not None:
+        return f"--optimizer {source}" if spec.optimizer else source
     return (
         f"default {DEFAULT_OPTIMIZER}: memory and speed hold for it; give the one you train "
         f"with by --optimizer module:attr or {OPTIMIZER_ATTRIBUTE} in the model's module"

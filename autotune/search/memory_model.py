@@ -24,7 +24,6 @@ Where the model defeats the fake tensors, ``predict`` returns None and says why
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -381,16 +380,6 @@ class MemoryModel:
     @property
     def margin(self) -> float:
         return (self.calibration or self.prior).margin
-
-
-def relative_error(measured: int, predicted: int) -> float:
-    """(measured - predicted) / measured: positive when the prediction was low."""
-    return (measured - predicted) / measured
-
-
-def median_error(pairs: Iterable[tuple[int, int]]) -> float | None:
-    errors = [abs(relative_error(m, p)) for m, p in pairs if m]
-    return statistics.median(errors) if errors else None
 
 
 def prior_for(device_type: str) -> Calibration:

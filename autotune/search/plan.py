@@ -64,7 +64,11 @@ class Plan:
         best: dict[tuple[str, str], PlanRow] = {}
         for row in self.fitting():
             c = row.config
-            precision = c.amp if c.fsdp_mixed_precision == "off" else c.fsdp_mixed_precision
+            precision = (
+                f"amp={c.amp}"
+                if c.fsdp_mixed_precision == "off"
+                else f"fsdp-mp={c.fsdp_mixed_precision}"
+            )
             key = (f"{c.parallel}x{c.world_size}", precision)
             rank = (c.micro_batch_size, -c.checkpoint_segments, -row.prediction.peak_bytes)
             held = best.get(key)
@@ -91,8 +95,8 @@ class Plan:
                 "trace_error": self.trace_error,
                 "configurations": [_row_json(r, self.limit_bytes) for r in self.rows],
                 "largest_micro_batch": {
-                    f"{mode} amp={amp}": _row_json(r, self.limit_bytes)
-                    for (mode, amp), r in self.largest_micro_batches().items()
+                    f"{mode} {precision}": _row_json(r, self.limit_bytes)
+                    for (mode, precision), r in self.largest_micro_batches().items()
                 },
                 "least_memory": _row_json(least, self.limit_bytes) if least else None,
             },
