@@ -24,7 +24,7 @@ from autotune.report import (
     verification_line,
 )
 from autotune.search.driver import load_recommendation
-from autotune.search.study import open_storage
+from autotune.search.storage import open_storage
 from autotune.secrets import mask_url
 from autotune.units import format_bytes
 

@@ -8,7 +8,7 @@ from autotune.records import TrialRecord
 from autotune.result import TrialResult
 from autotune.search.log import stored_records
 from autotune.search.plan import Plan
-from autotune.search.study import open_storage
+from autotune.search.storage import open_storage
 from autotune.secrets import mask_url
 from autotune.units import format_bytes
 

@@ -82,3 +82,18 @@ def one_rank_group(tmp_path: Path):
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server of the module's own on the loopback address (skipped, with the
+    reason, where none can be started)."""
+    from tests import postgres as pg
+
+    reason = pg.why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    server = pg.Server()
+    server.start()
+    yield server
+    server.close()

@@ -7,6 +7,21 @@ import sys
 
 from autotune.cli import main
 
+SMALL_SEARCH = [
+    "search",
+    "--model",
+    "tests.fixtures.models:Small",
+    "--global-batch-size",
+    "32",
+    "--measured-steps",
+    "3",
+    "--target-interval",
+    "0",
+    "--warmup-steps",
+    "1",
+]
+"""A search of a small model with short trials (add --devices, --storage, budgets)."""
+
 
 def exit_code(argv: list[str]) -> int | str | None:
     """main's return value, or the code of the SystemExit argparse raises for bad flags."""
@@ -24,3 +39,45 @@ def run_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]
         text=True,
         check=check,
     )
+
+
+def stored_records(storage: str, with_running: bool = False) -> list[dict]:
+    """Every finished trial's stored record in ``storage`` (a URL), with its number and state;
+    ``with_running``: every other trial too (running, or failed without a record), as
+    ``{"number", "state"}``."""
+    import optuna
+
+    try:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    except Exception:
+        return []
+    out = []
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=storage)
+        for t in study.get_trials(deepcopy=False):
+            record = t.user_attrs.get("autotune:record")
+            if record and t.state.is_finished():
+                out.append({**record, "number": t.number, "state": t.state.name})
+            elif with_running:
+                out.append({"number": t.number, "state": t.state.name})
+    return out
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a driver started with ``start_new_session``, then sweep up its private Ray (in
+    the driver's session)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    time.sleep(1)
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == process.pid:
+                p.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass

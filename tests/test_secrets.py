@@ -46,4 +46,16 @@ def test_no_command_prints_the_password_of_a_storage_it_cannot_open(
     assert "postgresql://alice:***@127.0.0.1:1/tune" in out
     assert "Traceback" not in out
     assert len(captured.err.strip().splitlines()) == 1
-    assert "autotune[postgres]" in captured.err  # the driver is an extra, and it says which
+    assert "cannot be opened (OperationalError" in captured.err  # nothing answers on port 1
+
+
+def test_a_missing_database_driver_names_the_extra_that_brings_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as where the extra is not installed
+    assert main(["show", "--storage", URL]) == 2
+    err = capsys.readouterr().err
+    assert "S3cretPW" not in err and len(err.strip().splitlines()) == 1
+    assert "autotune[postgres]" in err  # the driver is an extra, and it says which

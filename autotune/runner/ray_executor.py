@@ -41,6 +41,7 @@ from autotune.runner.ray_gang import (
     Gang,
     GangShape,
     gang_shape,
+    lost_node,
     quiet_raylet_errors,
     reusable,
     start_gang,
@@ -67,12 +68,20 @@ class _Running:
     next_look: float = 0.0
 
 
-def _died(rank: int, error: Exception) -> RankReport:
+def _died(rank: int, error: Exception, node: str | None = None) -> RankReport:
+    """The report of a rank whose actor died; ``node``: the node it ran on, which died too."""
     text = " ".join(str(error).split())
     lowered = text.lower()
     if isinstance(error, ray.exceptions.OutOfMemoryError) or "memory monitor" in lowered:
         return RankReport(
             rank=rank, status="oom", message=f"killed by Ray's memory monitor: {text[:300]}"
+        )
+    if node is not None:
+        return RankReport(
+            rank=rank,
+            status="crashed",
+            message=f"node lost: the Ray node {node[:12]} running rank {rank} left the cluster "
+            f"({text[:200]})",
         )
     return RankReport(rank=rank, status="crashed", message=f"rank actor died: {text[:400]}")
 
@@ -226,7 +235,7 @@ class RayExecutor:
             try:
                 report = RankReport.model_validate_json(ray.get(ref))
             except (ray.exceptions.RayError, ray.exceptions.OutOfMemoryError) as error:
-                report = _died(rank, error)
+                report = _died(rank, error, lost_node(trial.gang, rank, error))
             trial.reports[rank] = report
             if report.status != "ok":
                 trial.watchdog.rank_failed(time.perf_counter())

@@ -10,7 +10,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import ray
@@ -139,6 +140,8 @@ class Gang:
     shape: GangShape
     group: PlacementGroup
     actors: list[Any]
+    nodes: dict[int, str] = field(default_factory=dict)
+    """The Ray node each rank's bundle was placed on, by rank."""
     restart_s: float = 0.0
     """What a fresh gang like this one costs before its first step: its start (placement,
     processes, process group) and its first trial's start-up and build (imports, the
@@ -167,4 +170,28 @@ def start_gang(shape: GangShape, group: PlacementGroup) -> Gang:
     ]
     master_addr, master_port = ray.get(actors[0].address.remote())
     ray.get([a.join.remote(master_addr, master_port, processes, i) for i, a in enumerate(actors)])
-    return Gang(shape, group, actors)
+    placed = ray.util.placement_group_table(group).get("bundles_to_node_id", {})
+    return Gang(shape, group, actors, nodes={int(i): str(n) for i, n in placed.items()})
+
+
+NODE_DEATH_S = 30.0
+"""How long Ray may take to declare a node dead after its actors stopped answering (its
+health checks: a few seconds apart, several missed)."""
+
+
+def lost_node(gang: Gang, rank: int, error: Exception) -> str | None:
+    """The node ``rank`` ran on, if Ray no longer has it alive (None: it is, or unknown).
+
+    A node that vanished first shows as its actors being unavailable; Ray declares the node
+    dead only after its health checks fail, so for that error this waits to be sure."""
+    node = gang.nodes.get(rank)
+    if not node:
+        return None
+    patience = NODE_DEATH_S if isinstance(error, ray.exceptions.ActorUnavailableError) else 0.0
+    deadline = time.perf_counter() + patience
+    while True:
+        if not any(n["NodeID"] == node and n.get("Alive") for n in ray.nodes()):
+            return node
+        if time.perf_counter() >= deadline:
+            return None
+        time.sleep(0.5)

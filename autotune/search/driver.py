@@ -25,7 +25,8 @@ from autotune.search.probe import (
 from autotune.search.progress import Reporter
 from autotune.search.settings import SearchSettings
 from autotune.search.space import load_space
-from autotune.search.study import model_hash, open_storage, open_study
+from autotune.search.storage import open_storage
+from autotune.search.study import model_hash, open_study
 from autotune.search.tuner import Tuner
 from autotune.secrets import mask_url
 
@@ -72,7 +73,7 @@ def run_search(
     check_workload(workload)
     settings, batch_source = resolve_global_batch(workload, settings)
     space = load_space(settings.space)
-    storage = open_storage(settings.study.storage)
+    storage = open_storage(settings.study.storage, settings.study.storage_wait_s, reporter.phase)
     device = resolve_device(settings.cluster.device)
     platform = detect_platform(device)
     count = platform.device_count if device == "cuda" else usable_cpus()

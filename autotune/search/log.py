@@ -14,12 +14,16 @@ a completed trial over the limit; anything else failed.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from autotune.records import SEARCH_ROLES, Role, TrialRecord, last_baseline
 from autotune.result import TrialResult
 from autotune.search.precheck import Observation
+from autotune.search.storage import OWNER_ATTR, claims, owner
 from autotune.search.study import ATTR_PREFIX
+
+ID_ATTR = ATTR_PREFIX + "id"
 
 
 def memory_used(result: TrialResult, device_type: str) -> int | None:
@@ -109,11 +113,35 @@ def stored_records(study: Any) -> list[TrialRecord]:
 
 
 class StudyLog:
-    """A study's records, read once when it opens and appended to by every write."""
+    """A study's records, read when it opens, appended to by every write, and refreshed with
+    what other drivers of the study stored (``refresh``)."""
 
     def __init__(self, study: Any, limit_bytes: int) -> None:
         self.study, self.limit_bytes = study, limit_bytes
         self.records: list[TrialRecord] = stored_records(study)
+
+    def refresh(self) -> list[TrialRecord]:
+        """Add the records other drivers stored since the last read; return them."""
+        known = {r.number for r in self.records}
+        new = [r for r in stored_records(self.study) if r.number not in known]
+        if new:
+            self.records = sorted([*self.records, *new], key=lambda r: r.number)
+        return new
+
+    def claimed(self) -> dict[str, int]:
+        """Configurations another driver of the study is measuring now: key -> trial."""
+        return claims(self.study)
+
+    def claim(self, trial: Any, key: str | None, hold_s: float) -> None:
+        """Mark ``trial`` as this driver's, measuring the configuration ``key``, for at most
+        ``hold_s`` seconds (then another driver may take it for abandoned)."""
+        trial.set_user_attr(OWNER_ATTR, owner(key, hold_s))
+
+    def ask_claimed(self, key: str, hold_s: float) -> Any:
+        """A new trial, claimed for ``key``, for a run the sampler did not propose."""
+        trial = self.study.ask()
+        self.claim(trial, key, hold_s)
+        return trial
 
     def violation(self, record: TrialRecord) -> float | None:
         """How far over the memory limit (> 0: infeasible), from the measured peak or else the
@@ -157,31 +185,40 @@ class StudyLog:
         value = record.samples_per_s or 0.0
         pruned = self._pruned(record)
         if trial is not None:
-            for key, attr in _attributes(record).items():
-                trial.set_user_attr(key, attr)
-            if constraint is not None:
-                trial.set_constraint("memory", constraint)
-            if pruned:  # TPE ranks it below complete trials, by value
-                trial.report(value, step=0)
-                self.study.tell(trial, state=TrialState.PRUNED)
-            elif constraint is None:
-                self.study.tell(trial, state=TrialState.FAIL)
-            else:
-                self.study.tell(trial, value)
-            stored = record.model_copy(update={"number": trial.number})
-        else:
-            state = TrialState.PRUNED if pruned else TrialState.COMPLETE
-            self.study.add_trial(
-                optuna.trial.create_trial(
-                    state=TrialState.FAIL if constraint is None and not pruned else state,
-                    value=None if constraint is None or pruned else value,
-                    intermediate_values={0: value} if pruned else None,
-                    user_attrs=_attributes(record),
-                    constraints=None if constraint is None else {"memory": constraint},
-                )
+            try:
+                for key, attr in _attributes(record).items():
+                    trial.set_user_attr(key, attr)
+                if constraint is not None:
+                    trial.set_constraint("memory", constraint)
+                if pruned:  # TPE ranks it below complete trials, by value
+                    trial.report(value, step=0)
+                    self.study.tell(trial, state=TrialState.PRUNED)
+                elif constraint is None:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                else:
+                    self.study.tell(trial, value)
+                stored = record.model_copy(update={"number": trial.number})
+                self.records.append(stored)
+                return stored
+            except (RuntimeError, ValueError):
+                # another driver took it for abandoned and failed it: stored anew below
+                if not self.study.get_trials(deepcopy=False)[trial.number].state.is_finished():
+                    raise
+        state = TrialState.PRUNED if pruned else TrialState.COMPLETE
+        ident = uuid.uuid4().hex
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.FAIL if constraint is None and not pruned else state,
+                value=None if constraint is None or pruned else value,
+                intermediate_values={0: value} if pruned else None,
+                user_attrs={**_attributes(record), ID_ATTR: ident},
+                constraints=None if constraint is None else {"memory": constraint},
             )
-            number = self.study.get_trials(deepcopy=False)[-1].number
-            stored = record.model_copy(update={"number": number})
+        )
+        # other drivers may add trials at the same time: find this one by its id
+        trials = self.study.get_trials(deepcopy=False)
+        number = next(t.number for t in reversed(trials) if t.user_attrs.get(ID_ATTR) == ident)
+        stored = record.model_copy(update={"number": number})
         self.records.append(stored)
         return stored
 

@@ -1,9 +1,9 @@
 """The searcher: proposes configurations from the space and learns from their outcomes.
 
 Shaped like a Ray Tune searcher: ``propose`` asks Optuna's sampler for the next point,
-``record`` reports the outcome of a proposed point, ``add`` an evaluated point the proposer did
-not propose (the baseline). Deciding whether a proposal is worth running, and running it, are
-not its business.
+``record`` reports the outcome of a proposed point (points it did not propose, such as the
+baseline, go to the log directly: the sampler learns from every stored trial). Deciding whether
+a proposal is worth running, and running it, are not its business.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from autotune.search.climb import Complete, Seen, next_move
 from autotune.search.lessons import needs_unused_parameters
 from autotune.search.log import StudyLog
 from autotune.search.space import SearchSpace
+from autotune.search.storage import UNCLAIMED_S
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,12 @@ class Proposer:
         fixed: dict[str, Any],
         climb: bool = False,
         climb_floor: float = 0.5,
+        hold_s: float = UNCLAIMED_S,
     ) -> None:
         self.study, self.log, self.space, self.fixed = study, log, space, fixed
         self.climb, self.climb_floor = climb, climb_floor
+        self.hold_s = hold_s
+        """How long a proposal is claimed for (another driver of the study leaves it alone)."""
         self._proposed: set[str] = set()
 
     def _next_move(self) -> dict[str, Any] | None:
@@ -107,15 +111,13 @@ class Proposer:
                 values[name] = trial.suggest_categorical(name, list(param.choices))
         try:
             config = TrainConfig(**self.completer()(values))
-            self._proposed.add(config.key())
-            return Proposal(trial, config)
         except ValueError as error:
+            self.log.claim(trial, None, self.hold_s)
             return Proposal(trial, None, str(error).splitlines()[-1].strip())
+        self._proposed.add(config.key())
+        self.log.claim(trial, config.key(), self.hold_s)
+        return Proposal(trial, config)
 
     def record(self, proposal: Proposal, record: TrialRecord) -> TrialRecord:
         """The outcome of ``proposal`` (measured, or decided without running)."""
         return self.log.write(record.model_copy(update={"number": proposal.number}), proposal.trial)
-
-    def add(self, record: TrialRecord) -> TrialRecord:
-        """An evaluated point the sampler did not propose: it learns from it all the same."""
-        return self.log.write(record)

@@ -165,6 +165,18 @@ class StorageSettings(BaseModel):
     storage: str = Field("autotune.db", description="A file path or an Optuna storage URL.")
     study_name: str | None = Field(None, description="Default: from the model and global batch.")
     new_study: bool = Field(False, description="Start a new study when the stored one differs.")
+    storage_wait_s: float = Field(
+        300.0,
+        ge=0,
+        description="How long to wait for a study database that stopped answering before the "
+        "search stops (nothing stored is lost): seconds, or a duration such as 5m.",
+        json_schema_extra={"flag": "storage-wait", "text": True},
+    )
+
+    @field_validator("storage_wait_s", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return parse_duration(value) if isinstance(value, str) else value
 
 
 class ClusterSettings(BaseModel):

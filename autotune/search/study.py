@@ -14,45 +14,9 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.runner.workload import resolve_reference
-from autotune.secrets import mask_url, redact
+from autotune.search.storage import abandoned
 
 ATTR_PREFIX = "autotune:"
-
-
-def storage_url(storage: str) -> str:
-    """A plain file path becomes a SQLite URL; URLs pass through."""
-    if "://" in storage:
-        return storage
-    return f"sqlite:///{Path(storage).expanduser().resolve()}"
-
-
-def open_storage(storage: str) -> Any:
-    import optuna
-
-    url = storage_url(storage)
-    try:
-        return optuna.storages.RDBStorage(url)
-    except ImportError:  # Optuna's word for a database driver that is not installed
-        raise ConfigError(
-            f"--storage {mask_url(storage)!r} needs a database driver that is not installed: "
-            f"{_driver_hint(url)}"
-        ) from None
-    except Exception as error:  # SQLAlchemy raises many kinds; all mean "cannot open"
-        first = redact(" ".join(str(error).split())[:200], storage, url)
-        raise ConfigError(
-            f"--storage {mask_url(storage)!r} cannot be opened ({type(error).__name__}: "
-            f"{first}); use a file path such as autotune.db, or a database URL such as "
-            "postgresql://host/db"
-        ) from None
-
-
-def _driver_hint(url: str) -> str:
-    scheme = url.partition("://")[0].lower()
-    if scheme.startswith("postgres"):
-        return "pip install 'autotune[postgres]' (psycopg2-binary)"
-    if scheme.startswith("mysql"):
-        return "pip install pymysql, and name it in the URL (mysql+pymysql://...)"
-    return "install the driver the URL's scheme names"
 
 
 def model_hash(model_reference: str) -> str:
@@ -115,12 +79,14 @@ def make_sampler(seed: int | None) -> Any:
 
 
 def requeue_abandoned(study: Any) -> int:
-    """Fail the trials a killed driver left running, and queue their parameters again."""
+    """Fail the trials a killed driver left running, and queue their parameters again; the
+    trials other drivers of the study are running now are theirs."""
     from optuna.trial import TrialState
 
-    abandoned = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    for trial in abandoned:
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    left = [t for t in running if abandoned(t)]  # not another live driver's
+    for trial in left:
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         if trial.params:
             study.enqueue_trial(trial.params, skip_if_exists=False)
-    return len(abandoned)
+    return len(left)

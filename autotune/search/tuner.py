@@ -32,6 +32,8 @@ from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
 
 MAX_UNPRODUCTIVE_PROPOSALS = 200
+CLAIM_POLL_S = 2.0
+"""How often a driver waiting for another driver's run of the same configuration looks."""
 MAX_PLACEMENT_FAILURES = 3
 """Trials the cluster refused in a row, with nothing running, before the search gives up."""
 
@@ -65,8 +67,10 @@ class Tuner:
         self.global_batch_size = settings.global_batch_size
         fixed = {"global_batch_size": self.global_batch_size, "device": platform.device_type}
         climb = settings.budget.climb
+        # a claim outlives the longest run: another driver leaves the configuration alone
+        self.hold_s = 2 * settings.measurement.trial_timeout_s + 300
         self.proposer = Proposer(
-            study, self.log, space, fixed, climb, settings.measurement.prune_ratio
+            study, self.log, space, fixed, climb, settings.measurement.prune_ratio, self.hold_s
         )
         self.memory: MemoryModel | None = None
         if settings.memory.predict_memory:
@@ -134,9 +138,15 @@ class Tuner:
             self.memory.calibrate(self.log.records)
 
     def _run_one(
-        self, config: TrainConfig, role: Role, longer: int = 1, race_round: int | None = None
+        self,
+        config: TrainConfig,
+        role: Role,
+        longer: int = 1,
+        race_round: int | None = None,
+        trial: Any = None,
     ) -> tuple[TrialRecord, TrialResult]:
-        """Run one trial to its end and store it (the sampler learns from it too)."""
+        """Run one trial to its end and store it (the sampler learns from it too), on the
+        claimed ``trial`` where one was asked for it."""
         self.reporter.trial_started(role, config)
         prediction = self.predict(config)
         try:
@@ -147,7 +157,7 @@ class Tuner:
             result = run_to_end(self.executor, request)
         except PlacementError as error:
             result = TrialResult(config=config, status="invalid", message=str(error))
-        record = self.proposer.add(self._record(role, result, race_round, prediction))
+        record = self.log.write(self._record(role, result, race_round, prediction), trial)
         self._learn_memory()
         self.reporter.trial_finished(record, self.log.best())
         return record, result
@@ -164,6 +174,7 @@ class Tuner:
     def baseline(self) -> TrialRecord:
         """Plain DDP (or one device), fp32, no hook, no checkpointing, no workers; accumulation
         only as far as needed to fit."""
+        self.log.refresh()  # another driver of the study may have measured it
         record = self.log.baseline()
         accum = self._predicted_accumulation() if record is None else 1
         while True:
@@ -179,9 +190,37 @@ class Tuner:
                 config = TrainConfig(**self.proposer.completer()(self._baseline_values(accum)))
             except ValueError as error:
                 raise ConfigError(f"no baseline configuration is possible: {error}") from None
-            record, _ = self._run_one(config, "baseline")
+            trial = self._claim(config)
+            if trial is None:  # another driver measured it meanwhile
+                record = self.log.baseline()
+                continue
+            record, _ = self._run_one(config, "baseline", trial=trial)
             if self._learn_unused_parameters(record):
                 record = None  # the same baseline again, with find_unused_parameters
+
+    def _claim(self, config: TrainConfig) -> Any:
+        """A trial claimed for running ``config``, or None after waiting out another driver
+        of the study that claimed it first."""
+        key = config.key()
+        trial = self.log.ask_claimed(key, self.hold_s)
+        other = self.log.claimed().get(key)
+        if other is None or other > trial.number:
+            return trial
+        self.log.write(
+            TrialRecord(
+                number=trial.number,
+                role="search",
+                status="duplicate",
+                config=config,
+                message=f"measured by another driver's trial {other}",
+            ),
+            trial,
+        )
+        self.reporter.phase(f"{config.summary()}: another driver measures it (trial {other})")
+        while key in self.log.claimed():
+            time.sleep(CLAIM_POLL_S)
+        self.log.refresh()
+        return None
 
     def _baseline_values(self, accum: int) -> dict[str, object]:
         return {
@@ -234,6 +273,13 @@ class Tuner:
         base = {"number": proposal.number, "role": "search", "config": config}
         if config is None:
             return TrialRecord(**base, status="invalid", message=proposal.invalid_reason)
+        other = self.log.claimed().get(config.key())
+        if other is not None and other < proposal.number:  # the earlier claim runs it
+            return TrialRecord(
+                **base,
+                status="duplicate",
+                message=f"being measured by another driver's trial {other}",
+            )
         seen = self.log.measured().get(config.key())
         if seen is not None:  # never measured twice: the sampler hears the earlier outcome
             return TrialRecord(
@@ -280,6 +326,7 @@ class Tuner:
         while True:
             while len(running) < limit:
                 if pending is None:
+                    self.log.refresh()  # other drivers' trials count, and are not repeated
                     if self._out_of_budget() or unproductive >= MAX_UNPRODUCTIVE_PROPOSALS:
                         break
                     proposal = self.proposer.propose()
@@ -340,7 +387,9 @@ class Tuner:
         alive = list(candidates)
         for number in range(1, finishing.race_rounds + 1):
             # A resumed study keeps its stored rounds and runs only what they lack, so a
-            # search run again with more --race-rounds goes on where its race stopped.
+            # search run again with more --race-rounds goes on where its race stopped; so do
+            # the rounds another driver of the study ran.
+            self.log.refresh()
             todo = [
                 c
                 for c in race.rotated(alive, number)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,46 @@ def test_two_ranks_on_two_nodes_rendezvous_train_and_are_measured(tmp_path: Path
     assert len(out["nodes"]) == 2
     for rank in ranks:
         assert len(rank["step_times_s"]) == 3 and all(x > 0 for x in rank["losses"])
+
+
+LOST_NODE = Path(__file__).resolve().parent.parent / "fixtures" / "lost_node_trial.py"
+
+
+def _ray_processes() -> list[int]:
+    """Ray processes this test session started (they inherit its token)."""
+    import psutil
+
+    token = os.environ["AUTOTUNE_TEST_SESSION"]
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = " ".join(process.info["cmdline"] or [])
+            ours = process.environ().get("AUTOTUNE_TEST_SESSION") == token
+            alive = process.status() != psutil.STATUS_ZOMBIE
+            if "ray" in cmdline and "pytest" not in cmdline and ours and alive:
+                found.append(process.pid)
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_node_fails_its_trial_with_the_reason_and_the_rest_goes_on() -> None:
+    before = set(_ray_processes())
+    process = subprocess.run(
+        [sys.executable, str(LOST_NODE)],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        check=False,
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    out = json.loads(process.stdout.strip().splitlines()[-1])
+    assert out["lost"]["status"] == "crashed"
+    assert "node lost: the Ray node" in out["lost"]["message"], out["lost"]["message"]
+    assert out["lost_after_s"] < 120  # found within the failure grace, not the trial timeout
+    assert out["after"]["status"] == "ok", out["after"]["message"]  # what is left still runs
+    deadline = time.time() + 20
+    while set(_ray_processes()) - before and time.time() < deadline:
+        time.sleep(1)
+    assert not set(_ray_processes()) - before, "Ray processes left behind"

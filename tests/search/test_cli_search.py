@@ -4,37 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import optuna
-import psutil
 import pytest
 
 from autotune.config import load_config
-from tests.helpers import exit_code, run_cli
+from tests.helpers import SMALL_SEARCH, exit_code, kill_tree, run_cli, stored_records
 
 pytestmark = pytest.mark.usefixtures("probe_cache")
 
-SEARCH = [
-    "search",
-    "--model",
-    "tests.fixtures.models:Small",
-    "--global-batch-size",
-    "32",
-    "--devices",
-    "2",
-    "--measured-steps",
-    "3",
-    "--target-interval",
-    "0",
-    "--warmup-steps",
-    "1",
-    "--quiet",
-]
+SEARCH = [*SMALL_SEARCH, "--devices", "2", "--quiet"]
 
 
 @pytest.mark.parametrize(
@@ -55,35 +37,6 @@ def test_bad_search_input_is_one_line(
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
-
-
-def _records(db: Path) -> list[dict]:
-    storage = f"sqlite:///{db}"
-    try:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-    except Exception:
-        return []
-    out = []
-    for name in names:
-        study = optuna.load_study(study_name=name, storage=storage)
-        for t in study.get_trials(deepcopy=False):
-            record = t.user_attrs.get("autotune:record")
-            if record and t.state.is_finished():
-                out.append({**record, "number": t.number, "state": t.state.name})
-    return out
-
-
-def _kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the driver, then sweep up its private Ray (in the driver's session)."""
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    time.sleep(1)
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == process.pid:
-                p.kill()
-        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-            pass
 
 
 @pytest.mark.slow
@@ -114,19 +67,22 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path
     deadline = time.time() + 240
     while time.time() < deadline and first.poll() is None:
         if (
-            sum(r["role"] in ("baseline", "search") and r["status"] == "ok" for r in _records(db))
+            sum(
+                r["role"] in ("baseline", "search") and r["status"] == "ok"
+                for r in stored_records(f"sqlite:///{db}")
+            )
             >= 2
         ):
             break
         time.sleep(0.5)
     assert first.poll() is None, "the search ended before it could be killed"
-    _kill_tree(first)
-    before = _records(db)
+    kill_tree(first)
+    before = stored_records(f"sqlite:///{db}")
     assert len([r for r in before if r["status"] == "ok"]) >= 2
 
     second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert second.returncode == 0, second.stderr[-2000:]
-    after = _records(db)
+    after = stored_records(f"sqlite:///{db}")
     # nothing completed is lost
     assert all(
         any(a["number"] == b["number"] and a["status"] == b["status"] for a in after)

@@ -7,7 +7,8 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.search.settings import make_settings
-from autotune.search.study import open_storage, open_study, requeue_abandoned
+from autotune.search.storage import OWNER_ATTR, claims, open_storage, owner
+from autotune.search.study import open_study, requeue_abandoned
 
 
 @pytest.mark.parametrize(
@@ -137,3 +138,66 @@ def test_trial_option_errors_list_the_trial_options_fields() -> None:
         as_options(None, {"warmup": 3})
     assert "known fields: warmup_steps, measured_steps" in str(error.value)
     assert "global_batch_size" not in str(error.value)  # not TrainConfig's fields
+
+
+def _running(study: optuna.Study, driver: str, key: str | None, expires_in_s: float) -> int:
+    """A trial another driver runs (or ran): its owner attribute as that driver writes it."""
+    import time
+
+    trial = study.ask()
+    held = {"driver": driver, "key": key, "expires": time.time() + expires_in_s}
+    trial.set_user_attr(OWNER_ATTR, held)
+    return trial.number
+
+
+def test_trials_of_live_drivers_are_theirs_and_those_of_dead_ones_are_requeued(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    storage = open_storage(str(tmp_path / "s.db"))
+    study, _, _ = open_study(storage, "s", {"model": "a"}, new_study=False)
+    elsewhere = _running(study, "other-host:123:456", "k1", 600)  # alive, as far as we know
+    lapsed = _running(study, "other-host:123:456", "k2", -1)  # its claim ran out
+    dead_here = _running(study, f"{socket.gethostname()}:999999999:1", "k3", 600)
+    mine = study.ask()
+    mine.set_user_attr(OWNER_ATTR, owner("k4", 600))
+    assert claims(study) == {"k1": elsewhere}  # neither mine nor the dead ones
+    assert requeue_abandoned(study) == 2
+    states = {t.number: t.state.name for t in study.get_trials()}
+    assert states[elsewhere] == states[mine.number] == "RUNNING"
+    assert states[lapsed] == states[dead_here] == "FAIL"
+
+
+def test_a_write_to_a_trial_another_driver_failed_is_stored_as_a_new_trial(
+    tmp_path: Path,
+) -> None:
+    from autotune.config import make_config
+    from autotune.records import TrialRecord
+    from autotune.search.log import StudyLog, stored_records
+
+    storage = open_storage(str(tmp_path / "s.db"))
+    study, _, _ = open_study(storage, "s", {"model": "a"}, new_study=False)
+    log = StudyLog(study, 1 << 30)
+    trial = study.ask()
+    study.tell(trial.number, state=optuna.trial.TrialState.FAIL)  # "abandoned" by another
+    config = make_config({"global_batch_size": 8, "device": "cpu"})
+    record = TrialRecord(number=-1, role="search", status="ok", config=config, samples_per_s=5.0)
+    stored = log.write(record, trial)
+    assert stored.number != trial.number
+    assert [r.samples_per_s for r in stored_records(study)] == [5.0]  # not lost
+
+
+def test_a_log_refresh_adds_what_another_driver_stored(tmp_path: Path) -> None:
+    from autotune.config import make_config
+    from autotune.records import TrialRecord
+    from autotune.search.log import StudyLog
+
+    storage = open_storage(str(tmp_path / "s.db"))
+    study, _, _ = open_study(storage, "s", {"model": "a"}, new_study=False)
+    ours, theirs = StudyLog(study, 1 << 30), StudyLog(study, 1 << 30)
+    config = make_config({"global_batch_size": 8, "device": "cpu"})
+    theirs.write(TrialRecord(number=-1, role="baseline", status="ok", config=config))
+    assert ours.records == [] and ours.baseline() is None
+    assert [r.role for r in ours.refresh()] == ["baseline"]
+    assert ours.baseline() is not None and ours.refresh() == []

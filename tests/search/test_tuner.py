@@ -250,7 +250,7 @@ def test_search_trials_are_pruned_against_the_incumbent_and_the_sampler_hears_it
     record = TrialRecord(
         number=-1, role="search", status="pruned", config=baseline.config, samples_per_s=10.0
     )
-    stored = tuner.proposer.add(record)
+    stored = tuner.log.write(record)
     trial = tuner.proposer.study.trials[stored.number]
     assert trial.state == optuna.trial.TrialState.PRUNED and trial.intermediate_values == {0: 10.0}
     assert not stored.fits and stored.counts_toward_budget  # it ran, it cost, it never wins
@@ -356,3 +356,25 @@ def test_the_baseline_is_never_the_runner_up() -> None:
     assert recommendation.config.num_workers == 1
     assert recommendation.runner_up is None  # the only other finalist is the baseline
     assert "runner-up" not in format_recommendation(recommendation)
+
+
+def test_a_configuration_another_driver_claimed_first_is_not_measured_again() -> None:
+    import time
+
+    from autotune.search.storage import OWNER_ATTR
+
+    executor = FakeExecutor(lambda c, n: ok(c, speed(c), 100))
+    tuner = make_tuner(executor, SPACE)
+    earlier = tuner.proposer.study.ask()  # another driver's trial, asked first
+    proposal = tuner.proposer.propose()
+    assert proposal.config is not None
+    held = {"driver": "other-host:1:1", "key": proposal.config.key(), "expires": time.time() + 60}
+    earlier.set_user_attr(OWNER_ATTR, held)
+    decided = tuner.decide(proposal)
+    assert decided is not None and decided.status == "duplicate"
+    assert f"another driver's trial {earlier.number}" in decided.message
+    # a later claim is the other driver's to give up: this one runs it
+    later = tuner.proposer.study.ask()
+    earlier.set_user_attr(OWNER_ATTR, {**held, "key": "none"})
+    later.set_user_attr(OWNER_ATTR, {**held})
+    assert tuner.decide(proposal) is None

@@ -1,0 +1,222 @@
+"""The study's database, shared by drivers on several machines: waited for when it stops
+answering, and told who runs what.
+
+``open_storage`` gives Optuna's ``RDBStorage`` with every call made patient: a call that fails
+because the database stopped answering (a restarting server, a dropped connection) is retried
+until it answers again, for at most ``wait_s`` seconds, said once on the terminal; past that the
+search stops with one line, and every trial stored before is kept. Connections are checked
+before use (``pool_pre_ping``), so a restarted server is reconnected to, not failed on.
+
+Several drivers may run one study at once. Each trial a driver runs carries its owner
+(``OWNER_ATTR``: the driver, the configuration's key, and when the claim lapses), so another
+driver neither measures that configuration too nor takes the trial for one a killed driver
+left behind (``abandoned``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autotune.errors import AutotuneError, ConfigError
+from autotune.secrets import mask_url, redact
+
+OWNER_ATTR = "autotune:owner"
+UNCLAIMED_S = 600.0
+"""How long an asked trial without a configuration yet belongs to its driver."""
+RETRY_S = 2.0
+
+
+class StorageLost(AutotuneError):
+    """The study's database stopped answering for longer than the search waits."""
+
+
+@functools.cache
+def driver_id() -> str:
+    """This process, as other drivers of the study see it: host, pid, start time (a pid
+    alone may be reused)."""
+    import psutil
+
+    started = psutil.Process().create_time()
+    return f"{socket.gethostname()}:{os.getpid()}:{started:.0f}"
+
+
+def owner(key: str | None, hold_s: float) -> dict[str, Any]:
+    """The owner attribute of a trial this driver runs (``key``: its configuration's)."""
+    return {"driver": driver_id(), "key": key, "expires": time.time() + hold_s}
+
+
+def _alive(driver: str) -> bool:
+    """Whether ``driver`` may still be running: another host's driver is taken to be; on this
+    host, its process must exist with the same start time."""
+    import psutil
+
+    host, _, rest = driver.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return True
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.0f}" == started
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
+def abandoned(trial: Any, now: float | None = None) -> bool:
+    """A running trial no live driver will finish: it has no owner, its driver is gone, or its
+    claim lapsed (a driver on another host that was killed)."""
+    held = trial.user_attrs.get(OWNER_ATTR)
+    if not isinstance(held, dict):
+        return True
+    if held.get("driver") == driver_id():
+        return False
+    expired = float(held.get("expires", 0)) < (now or time.time())
+    return expired or not _alive(str(held.get("driver")))
+
+
+def claims(study: Any) -> dict[str, int]:
+    """Configurations other live drivers are measuring now: key -> trial number."""
+    from optuna.trial import TrialState
+
+    now = time.time()
+    found: dict[str, int] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        held = trial.user_attrs.get(OWNER_ATTR)
+        theirs = isinstance(held, dict) and held.get("driver") != driver_id()
+        if theirs and held.get("key") and not abandoned(trial, now):
+            found[str(held["key"])] = trial.number
+    return found
+
+
+# -- the database ------------------------------------------------------------------------------
+
+
+def storage_url(storage: str) -> str:
+    """A plain file path becomes a SQLite URL; URLs pass through."""
+    from pathlib import Path
+
+    if "://" in storage:
+        return storage
+    return f"sqlite:///{Path(storage).expanduser().resolve()}"
+
+
+def _connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` says the database did not answer (not that the call was wrong)."""
+    import sqlalchemy.exc
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+            return True
+        if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.connection_invalidated:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _patient(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not hasattr(self, "wait_s"):  # still being opened: open_storage says why not
+            return method(self, *args, **kwargs)
+        deadline = None
+        while True:
+            try:
+                result = method(self, *args, **kwargs)
+            except Exception as error:
+                if not _connection_lost(error):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.wait_s
+                    self.waiting_since = self.waiting_since or now
+                    if self.wait_s > 0:
+                        self.say(
+                            f"the study database at {self.shown} stopped answering; waiting up "
+                            f"to {self.wait_s:g} s for it"
+                        )
+                if now >= deadline:
+                    first = redact(" ".join(str(error).split())[:160], self.url)
+                    raise StorageLost(
+                        f"the study database at {self.shown} did not answer for "
+                        f"{self.wait_s:g} s ({first}); every trial stored before is kept: run "
+                        "the same command again to resume (--storage-wait waits longer)"
+                    ) from None
+                time.sleep(min(RETRY_S, max(deadline - now, 0.05)))
+                continue
+            if self.waiting_since is not None:
+                self.say(
+                    f"the study database answers again after "
+                    f"{time.monotonic() - self.waiting_since:.0f} s"
+                )
+                self.waiting_since = None
+            return result
+
+    return call
+
+
+@functools.cache
+def _patient_class() -> type:
+    """``RDBStorage`` with every call patient, the private ones Optuna's cache makes too
+    (made on first use: it imports Optuna)."""
+    from optuna.storages import RDBStorage
+
+    namespace: dict[str, Any] = {
+        name: _patient(member)
+        for name, member in vars(RDBStorage).items()
+        if callable(member)
+        and not isinstance(member, staticmethod | classmethod)
+        and not name.startswith("__")
+        and name != "remove_session"
+    }
+    return type("PatientStorage", (RDBStorage,), namespace)
+
+
+def open_storage(
+    storage: str, wait_s: float = 0.0, say: Callable[[str], None] | None = None
+) -> Any:
+    """The study's storage; one line naming the driver to install when it is missing."""
+    url = storage_url(storage)
+    engine = {} if url.startswith("sqlite") else {"engine_kwargs": {"pool_pre_ping": True}}
+    try:
+        try:
+            backend = _patient_class()(url, **engine)
+        except Exception as error:
+            if not _schema_race(error):
+                raise
+            time.sleep(RETRY_S)  # another driver is creating the tables: they exist now
+            backend = _patient_class()(url, **engine)
+    except ImportError:  # Optuna's word for a database driver that is not installed
+        raise ConfigError(
+            f"--storage {mask_url(storage)!r} needs a database driver that is not installed: "
+            f"{_driver_hint(url)}"
+        ) from None
+    except Exception as error:  # SQLAlchemy raises many kinds; all mean "cannot open"
+        first = redact(" ".join(str(error).split())[:200], storage, url)
+        raise ConfigError(
+            f"--storage {mask_url(storage)!r} cannot be opened ({type(error).__name__}: "
+            f"{first}); use a file path such as autotune.db, or a database URL such as "
+            "postgresql://host/db"
+        ) from None
+    backend.wait_s, backend.shown, backend.waiting_since = wait_s, mask_url(storage), None
+    backend.say = say or (lambda _line: None)
+    return backend
+
+
+def _schema_race(error: BaseException) -> bool:
+    """Two drivers opening one new database at once: the second one's tables clash."""
+    import sqlalchemy.exc
+
+    return isinstance(error, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.ProgrammingError)
+
+
+def _driver_hint(url: str) -> str:
+    scheme = url.partition("://")[0].lower()
+    if scheme.startswith("postgres"):
+        return "pip install 'autotune[postgres]' (psycopg 3, SQLAlchemy's postgresql:// driver)"
+    if scheme.startswith("mysql"):
+        return "pip install pymysql, and name it in the URL (mysql+pymysql://...)"
+    return "install the driver the URL's scheme names"

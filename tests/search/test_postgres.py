@@ -1,0 +1,172 @@
+"""A team's study in a real PostgreSQL server: killed and resumed, two drivers at once, the
+server restarting under a search, and no password anywhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import quote
+
+import optuna
+import pytest
+
+from autotune.search.storage import StorageLost, open_storage
+from tests.helpers import SMALL_SEARCH, kill_tree, run_cli, stored_records
+from tests.postgres import PASSWORD, Server, why_not
+
+pytestmark = pytest.mark.usefixtures("probe_cache")
+
+SECRETS = (PASSWORD, quote(PASSWORD, safe=""))
+SEARCH = [sys.executable, "-m", "autotune.cli", *SMALL_SEARCH, "--space", "quick"]
+SEARCH += ["--top-k", "2", "--race-rounds", "2"]
+
+
+def _no_secret(*texts: str) -> None:
+    for text in texts:
+        for secret in SECRETS:
+            assert secret not in text
+
+
+def _measured_keys(records: list[dict]) -> list[str]:
+    return [
+        json.dumps(r["config"], sort_keys=True)
+        for r in records
+        if r.get("role") in ("baseline", "search")
+        and r.get("status") not in (None, "skipped", "duplicate", "invalid")
+    ]
+
+
+def _wait_for(storage: str, process: subprocess.Popen[str], count: int, within_s: float) -> None:
+    """Until ``count`` trials of the baseline and the search are stored."""
+    deadline = time.time() + within_s
+    while time.time() < deadline and process.poll() is None:
+        if len(_measured_keys(stored_records(storage))) >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"fewer than {count} trials stored (driver exit {process.poll()})")
+
+
+def _own_server() -> Server:
+    """A server of the test's own (it is stopped and started), or a skip saying why not."""
+    reason = why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    return Server()
+
+
+def test_a_database_that_stops_answering_is_waited_for_then_given_up_in_one_line() -> None:
+    server = _own_server()
+    server.start()
+    try:
+        url = server.create_database("patience")
+        said: list[str] = []
+        study = optuna.create_study(study_name="s", storage=open_storage(url, 1.0, said.append))
+        study.add_trial(optuna.trial.create_trial(value=1.0))
+        server.stop()
+        with pytest.raises(StorageLost) as lost:
+            study.get_trials(deepcopy=False)
+        message = str(lost.value)
+        assert "did not answer for 1 s" in message and "run the same command again" in message
+        assert "\n" not in message and "***" in message
+        assert said == [f"the study database at {url.replace(quote(PASSWORD, safe=''), '***')}"
+                        " stopped answering; waiting up to 1 s for it"]  # fmt: skip
+        _no_secret(message, *said)
+
+        server.start()  # the server is back: the stored trial is there, the same storage works
+        said.clear()
+        again = optuna.load_study(study_name="s", storage=open_storage(url, 30.0, said.append))
+        assert [t.value for t in again.get_trials()] == [1.0]
+        assert [t.value for t in study.get_trials()] == [1.0]
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_postgres_study_is_killed_resumed_and_holds_no_password(
+    postgres: Server, tmp_path: Path
+) -> None:
+    url = postgres.create_database(f"k{uuid.uuid4().hex[:8]}")
+    argv = [*SEARCH, "--devices", "2", "--trials", "5", "--storage", url]
+    argv += ["--out", str(tmp_path / "best.yaml")]
+    first = subprocess.Popen(
+        argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    _wait_for(url, first, 2, 240)
+    kill_tree(first)
+    before = stored_records(url)
+
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert second.returncode == 0, second.stderr[-2000:]
+    after = stored_records(url)
+    assert all(any(a["number"] == b["number"] and a["status"] == b["status"] for a in after)
+               for b in before)  # fmt: skip
+    measured = _measured_keys(after)
+    assert len(measured) == len(set(measured))  # nothing measured twice
+    assert "***@127.0.0.1" in second.stdout  # where the study lives, said, its password not
+
+    outputs = [second.stdout, second.stderr, (first.stdout.read() if first.stdout else "")]
+    for fmt in ("yaml", "json", "torchrun", "hf", "lightning", "accelerate"):
+        exported = run_cli("export", "--storage", url, "--format", fmt, "--out",
+                           str(tmp_path / f"export.{fmt}"))  # fmt: skip
+        outputs += [exported.stdout, exported.stderr]
+    for command in (["show"], ["report", "--out", str(tmp_path / "report.html")]):
+        shown = run_cli(*command, "--storage", url, check=True)
+        outputs += [shown.stdout, shown.stderr]
+    files = [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) >= 6
+    _no_secret(*outputs, *files, postgres.dump(url.rsplit("/", 1)[1]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_drivers_on_one_study_share_the_work_and_never_measure_twice(
+    postgres: Server,
+) -> None:
+    url = postgres.create_database(f"t{uuid.uuid4().hex[:8]}")
+    argv = [*SEARCH, "--devices", "1", "--trials", "6", "--storage", url, "--study-name", "team"]
+    drivers = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [d.communicate(timeout=800) for d in drivers]
+    for driver, (_, err) in zip(drivers, outs, strict=True):
+        assert driver.returncode == 0, err[-2000:]
+    everything = stored_records(url, with_running=True)
+    assert all(r["state"] != "RUNNING" for r in everything)  # no trial left hanging
+    records = [r for r in everything if "role" in r]
+    measured = _measured_keys(records)
+    assert len(measured) == len(set(measured))  # not one configuration measured twice
+    assert 6 <= len(measured) <= 7  # the study's budget, shared (one may start as it fills)
+    assert [r for r in everything if "role" not in r] == []  # every trial holds its record
+    _no_secret(*(o for pair in outs for o in pair))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_search_waits_out_a_server_restart_and_loses_nothing(tmp_path: Path) -> None:
+    server = _own_server()
+    server.start()
+    try:
+        url = server.create_database("restart")
+        argv = [*SEARCH, "--devices", "1", "--trials", "6", "--storage", url]
+        driver = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_for(url, driver, 2, 300)
+        before = stored_records(url)
+        server.stop()
+        time.sleep(8)  # longer than a trial: the driver finds the database gone
+        server.start()
+        out, err = driver.communicate(timeout=600)
+        assert driver.returncode == 0, err[-2000:]
+        assert "stopped answering; waiting up to 300 s" in err, err[-3000:]  # progress
+        assert "answers again after" in err
+        after = stored_records(url)
+        assert all(any(a["number"] == b["number"] for a in after) for b in before)
+        assert len(_measured_keys(after)) >= 6
+        _no_secret(out, err)
+    finally:
+        server.close()
