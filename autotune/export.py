@@ -38,7 +38,13 @@ def _header(r: Recommendation) -> str:
     return (
         f"# autotune recommendation for study {r.study_name}: {r.samples_per_s:,.1f} samples/s"
         + (f", {r.speedup:.2f}x the baseline" if r.speedup else "")
+        + (
+            f", {r.speedup_over_recipe:.2f}x the standard recipe"
+            if r.speedup_over_recipe and not r.recipe_won
+            else (", the standard recipe itself" if r.recipe_won else "")
+        )
         + f", {r.memory_used_bytes / 2**30:.2f} GiB peak on {r.platform.device_name}\n"
+        + (f"# numerics changed: {', '.join(r.numerics_changes)}\n" if r.numerics_changes else "")
         + (f"# {optimizer_note(r)}\n" if r.optimizer else "")
         + caveat
     )

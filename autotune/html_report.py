@@ -17,6 +17,8 @@ from autotune.report import (
     baseline_cells,
     compile_line,
     memory_cell,
+    numerics_line,
+    recipe_lines,
     runner_up_line,
     selection_line,
     speedup_cell,
@@ -205,6 +207,11 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
         summary.insert(-3, ("runner-up", close.removeprefix("runner-up "), ""))
     if (luck := selection_line(r)) is not None:
         summary.insert(-3, ("winner's curse", luck.removeprefix("samples/s and speed-up: "), ""))
+    for line in recipe_lines(r):
+        summary.insert(3, ("standard recipe", line, ""))
+    summary.insert(3, ("numerics", numerics_line(r).removeprefix("numerics").lstrip(": "), ""))
+    if r.simpler_choice:
+        summary.insert(3, ("chosen for changing less", r.simpler_choice, ""))
     if r.config.compile != "off":
         summary.append(("compile", compile_line(r), ""))
     if base is not None and r.baseline_failed:

@@ -109,6 +109,34 @@ class Recommendation(BaseModel):
     )
     speedup_low: float | None = Field(None, description="95% interval of the speed-up.")
     speedup_high: float | None = None
+    recipe: TrainConfig | None = Field(
+        None,
+        description="The standard recipe, as the search measured it: what a skilled engineer "
+        "writes by hand (None: it fitted at no micro-batch, or the study predates it).",
+    )
+    recipe_samples_per_s: float | None = Field(
+        None, description="Mean over the recipe's race runs."
+    )
+    speedup_over_recipe: float | None = Field(
+        None,
+        description="Over the standard recipe: the geometric mean of the paired ratios of the "
+        "rounds both ran in the race, with the same correction as speedup (1.0: the recipe is "
+        "the recommendation).",
+    )
+    speedup_over_recipe_low: float | None = Field(
+        None, description="95% interval of the speed-up over the recipe."
+    )
+    speedup_over_recipe_high: float | None = None
+    numerics_changes: list[str] = Field(
+        default_factory=list,
+        description="What the recommendation changes about the training's arithmetic against "
+        "fp32 (autocast, compressed gradients, TF32, FSDP's bf16 policy), as knob=value.",
+    )
+    simpler_choice: str = Field(
+        "",
+        description="Why a configuration that changes less was recommended over the fastest "
+        "measured one the race could not tell from it (empty: the fastest was recommended).",
+    )
     runner_up: RunnerUp | None = Field(
         None, description="The race's next-fastest finalist (None: no other finished the race)."
     )
@@ -130,6 +158,11 @@ class Recommendation(BaseModel):
     )
     storage: str
     study_name: str
+
+    @property
+    def recipe_won(self) -> bool:
+        """The standard recipe is the recommendation: tuning found nothing better."""
+        return self.recipe is not None and self.recipe.key() == self.config.key()
 
     @property
     def baseline_failed(self) -> bool:

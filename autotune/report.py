@@ -183,6 +183,31 @@ def speedup_cell(r: Recommendation) -> str:
     return f"{r.speedup:.2f}x{_range(r.speedup_low, r.speedup_high, '.2f')}"
 
 
+def recipe_lines(r: Recommendation) -> list[str]:
+    """The recommendation against the standard recipe (what a skilled engineer writes by
+    hand), or that the recipe is the recommendation; nothing for a study without one."""
+    if r.recipe is None:
+        return []
+    if r.recipe_won:
+        return [
+            "the standard recipe is the recommendation: tuning found nothing the race could "
+            f"show faster than {r.recipe.summary()}"
+        ]
+    speed = f"{r.recipe_samples_per_s:,.1f} samples/s" if r.recipe_samples_per_s else "-"
+    over = "-"
+    if r.speedup_over_recipe:
+        interval = _range(r.speedup_over_recipe_low, r.speedup_over_recipe_high, ".2f")
+        over = f"{r.speedup_over_recipe:.2f}x{interval}"
+    return [f"over the standard recipe ({r.recipe.summary()}, {speed}): {over}"]
+
+
+def numerics_line(r: Recommendation) -> str:
+    """Every change the recommendation makes to the training's arithmetic, on its own line."""
+    if not r.numerics_changes:
+        return "numerics: unchanged (fp32 arithmetic, uncompressed gradients)"
+    return f"numerics changed: {', '.join(r.numerics_changes)}"
+
+
 def format_recommendation(recommendation: Recommendation, out: str | None = None) -> str:
     """The recommendation against the baseline, what was excluded, and where things are."""
     r = recommendation
@@ -214,6 +239,10 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
         lines.append(f"baseline {base.status}: {base.message} (no speed-up can be given)")
     elif base is not None and base.config == r.config:
         lines.append("the baseline itself is the fastest configuration found: keep it")
+    lines.extend(recipe_lines(r))
+    lines.append(numerics_line(r))
+    if r.simpler_choice:
+        lines.append(f"chosen for changing less: {r.simpler_choice}")
     if (luck := selection_line(r)) is not None:
         lines.append(luck)
     if (close := runner_up_line(r)) is not None:

@@ -13,6 +13,11 @@ accumulation steps: micro-batch = global batch / (devices x accumulation).
   largest micro-batch that fits by binary search, then the throughput of the largest few
   micro-batches measured; the next stage is kept only if it gains at least 5%, else the
   search stops. AMP as the user's config has it, taken to be on where available.
+* ``standard_recipe``: the configuration a skilled engineer writes by hand
+  (``autotune.search.recipe``): bf16 (else fp16) autocast, compile, DDP over every device, the
+  optimizer's fused form, workers ``min(4, cores per rank)``; by hand, the largest micro-batch
+  that fits is found by trying from the largest down (FSDP when DDP fits at none). It never
+  compares speeds either.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 
 from autotune.bench.landscape import Measure, Measured
 from autotune.config import TrainConfig
+from autotune.search.recipe import recipe_candidates, recipe_values
+from autotune.search.space import SearchSpace
 
 STAGE_GAIN = 0.05  # DeepSpeed moves on to the next stage only for at least this gain
 TUNED_MICRO_BATCHES = 3  # micro-batch sizes DeepSpeed measures per stage, largest first
@@ -107,3 +114,20 @@ def deepspeed_rule(
         else:
             break  # the next stage did not pay: stop, as the autotuner's fast mode does
     return best, memo.trials
+
+
+def standard_recipe(
+    measure: Measure, base: dict[str, Any], space: SearchSpace, cores_per_rank: int
+) -> tuple[Measured | None, list[Measured]]:
+    """(the pick, every measurement) of the standard recipe over the knobs ``space`` offers:
+    its micro-batches tried from the largest down until one fits."""
+    memo = _Memo(measure)
+    devices = int(base.get("world_size", 1))
+    choices = {name: list(param.choices) for name, param in space.params.items()}
+    values = recipe_values(choices, str(base.get("device", "cpu")), devices, cores_per_rank)
+    fixed = {k: v for k, v in base.items() if k != "world_size"}
+    for config in recipe_candidates(values, space, lambda v: {**v, **fixed}):
+        run = memo(config)
+        if run.fits:
+            return run, memo.trials
+    return None, memo.trials

@@ -47,9 +47,15 @@ def replayed_steps(point: Point, options: TrialOptions | None) -> int:
     return max(1, options.measured_steps, round(run.measured_steps * share))
 
 
-def noisy_value(point: Point, rng: random.Random, run_noise: float, steps: int) -> float:
-    """A draw of ``point``'s throughput over ``steps`` steps (``replayed_steps``)."""
+def noisy_value(
+    point: Point, rng: random.Random, run_noise: float, steps: int, noise: float | None = None
+) -> float:
+    """A draw of ``point``'s throughput over ``steps`` steps (``replayed_steps``); ``noise``:
+    a run-to-run coefficient of variation to draw at instead of the recorded ones (2% is what
+    an H100's race runs showed)."""
     value = point.value or 0.0
+    if noise is not None:
+        return max(0.0, value * (1 + rng.gauss(0.0, noise)))
     within = point.spread / P10_P90_SIGMAS / math.sqrt(steps)
     sigma = math.hypot(within, run_noise)
     return max(0.0, value * (1 + rng.gauss(0.0, sigma)))
@@ -58,8 +64,11 @@ def noisy_value(point: Point, rng: random.Random, run_noise: float, steps: int) 
 class ReplayExecutor:
     """Answers trial requests from a landscape: the ``Executor`` where nothing runs."""
 
-    def __init__(self, landscape: Landscape, rng: random.Random) -> None:
-        self.landscape, self.rng = landscape, rng
+    def __init__(
+        self, landscape: Landscape, rng: random.Random, noise: float | None = None
+    ) -> None:
+        self.landscape, self.rng, self.noise = landscape, rng, noise
+        """``noise``: the coefficient of variation to draw at (None: the landscape's own)."""
         self._done: list[tuple[int, TrialResult]] = []
         self._next = 0
 
@@ -73,7 +82,7 @@ class ReplayExecutor:
         # One report carrying the judged memory: the sum on CPU and the max on CUDA agree.
         report = RankReport(rank=0, status="ok", peak_memory_bytes=point.memory_used_bytes or 0)
         steps = replayed_steps(point, options)
-        value = noisy_value(point, self.rng, self.landscape.run_noise, steps)
+        value = noisy_value(point, self.rng, self.landscape.run_noise, steps, self.noise)
         prune_below = options.prune_below_samples_per_s if options is not None else None
         pruned = prune_below is not None and value < prune_below
         steady = point.steady_ratio
@@ -105,8 +114,8 @@ class ReplayExecutor:
         pass
 
 
-def replay_measure(landscape: Landscape, rng: random.Random) -> Measure:
-    executor = ReplayExecutor(landscape, rng)
+def replay_measure(landscape: Landscape, rng: random.Random, noise: float | None = None) -> Measure:
+    executor = ReplayExecutor(landscape, rng, noise)
 
     def measure(config: TrainConfig) -> Measured:
         result = executor.result(config)
@@ -133,6 +142,10 @@ class Replay:
     """The samples/s the recommendation would report for the pick."""
     selection_factor: float = 1.0
     """The share of the pick's race mean that ``estimate`` kept (the winner's curse)."""
+    recipe: TrainConfig | None = None
+    """The standard recipe the tuner measured beside the baseline."""
+    finishing_runs: int = 0
+    """What the race and the verification cost, in trial runs."""
 
 
 def make_replay_tuner(
@@ -142,6 +155,7 @@ def make_replay_tuner(
     *,
     climb: bool = True,
     sampler: Any = None,
+    noise: float | None = None,
     **settings: Any,
 ) -> Tuner:
     """The real Tuner over a replaying executor, with the landscape's budget and window;
@@ -169,7 +183,7 @@ def make_replay_tuner(
     )
     return Tuner(
         study=study,
-        executor=ReplayExecutor(landscape, random.Random(seed)),
+        executor=ReplayExecutor(landscape, random.Random(seed), noise),
         workload=WorkloadSpec(model=landscape.workload),
         settings=checked,
         space=landscape.space,
@@ -187,12 +201,13 @@ def replay_tuner(
     finish: bool = True,
     climb: bool = True,
     sampler: Any = None,
+    noise: float | None = None,
 ) -> Replay:
     """The tuner's search (baseline first) with ``trials`` measured trials; with ``finish``
     its race and verification pick the winner, as in a live search. ``climb`` and ``sampler``
-    (default: the tool's) let set-ups be compared."""
-    tuner = make_replay_tuner(landscape, seed, trials, climb=climb, sampler=sampler)
-    tuner.baseline()
+    (default: the tool's) let set-ups be compared; ``noise`` replaces the recorded noise."""
+    tuner = make_replay_tuner(landscape, seed, trials, climb=climb, sampler=sampler, noise=noise)
+    tuner.references()
     tuner.search()
     # Each configuration is measured at most once, so this is in the order they were run.
     measured = [r.config for r in tuner.log.measured().values() if r.config is not None]
@@ -204,17 +219,39 @@ def replay_tuner(
     close = runner_up(records, pick, base.config if base is not None else None)
     told = close.ruled_out if close is not None else None
     reported, luck = estimate(records, pick) or (None, 1.0)
-    return Replay(measured, pick, told, tuple(race.raced(records)), reported, luck)
+    finishing = sum(r.role in ("race", "verify") for r in records)
+    return Replay(
+        measured, pick, told, tuple(race.raced(records)), reported, luck, tuner.recipe_config,
+        finishing,
+    )  # fmt: skip
 
 
-def replay_random(landscape: Landscape, seed: int, trials: int) -> Replay:
+def replay_random(
+    landscape: Landscape, seed: int, trials: int, noise: float | None = None
+) -> Replay:
     """Random search without repeats: configurations drawn uniformly from the grid."""
     rng = random.Random(seed)
     configs = [p.config for p in landscape.points]
     chosen = rng.sample(configs, min(trials, len(configs)))
-    measure = replay_measure(landscape, rng)
+    measure = replay_measure(landscape, rng, noise)
     best = fastest_fitting([measure(c) for c in chosen])
     return Replay(chosen, best.config if best else None)
+
+
+def replay_recipe(
+    landscape: Landscape, seed: int, cores_per_rank: int = 1, noise: float | None = None
+) -> Replay:
+    """The standard recipe by hand on ``landscape`` (``heuristics.standard_recipe``)."""
+    from autotune.bench.heuristics import standard_recipe
+
+    measure = replay_measure(landscape, random.Random(seed), noise)
+    base = {
+        "global_batch_size": landscape.global_batch_size,
+        "world_size": landscape.devices,
+        "device": landscape.platform.device_type,
+    }
+    picked, trials = standard_recipe(measure, base, landscape.space, cores_per_rank)
+    return Replay([m.config for m in trials], picked.config if picked else None)
 
 
 def trials_to_reach(

@@ -94,10 +94,11 @@ def rotated(candidates: Sequence[TrainConfig], round_number: int) -> list[TrainC
 def still_in(
     records: Sequence[TrialRecord],
     candidates: Sequence[TrainConfig],
-    baseline: TrainConfig | None,
+    references: Sequence[TrainConfig | None],
     round_number: int,
 ) -> list[TrainConfig]:
-    """The candidates that stay in the race after ``round_number``."""
+    """The candidates that stay in the race after ``round_number``; ``references`` (the
+    baseline, the standard recipe) stay ``BASELINE_ROUNDS`` at least, for their speed-ups."""
     alive = [c for c in candidates if not out_of_race(records, c)]
     if round_number < MIN_ROUNDS or not alive:
         return alive
@@ -105,17 +106,21 @@ def still_in(
     kept = []
     for config in alive:
         slower = config != leader and compare(log_ratios(records, leader, config)) == "slower"
-        if config == baseline and round_number < BASELINE_ROUNDS:
+        if config in references and round_number < BASELINE_ROUNDS:
             slower = False  # the speed-up needs its rounds
         if not slower:
             kept.append(config)
     return kept
 
 
-def decided(alive: Sequence[TrainConfig], baseline: TrainConfig | None, round_number: int) -> bool:
-    """Nothing is left to decide: one candidate, and the baseline has had its rounds."""
-    challengers = [c for c in alive if c != baseline]
-    return len(challengers) <= 1 and (baseline not in alive or round_number >= BASELINE_ROUNDS)
+def decided(
+    alive: Sequence[TrainConfig], references: Sequence[TrainConfig | None], round_number: int
+) -> bool:
+    """Nothing is left to decide: one candidate is left, and the references have had their
+    rounds. A reference (the baseline, the recipe) still in contends like the others: a pick
+    the race cannot tell from a simpler configuration gives way to it (``prefer_simpler``)."""
+    waiting = any(r in alive for r in references if r is not None)
+    return len(alive) <= 1 and (not waiting or round_number >= BASELINE_ROUNDS)
 
 
 def ranking(records: Sequence[TrialRecord], candidates: Sequence[TrainConfig]) -> list[TrainConfig]:

@@ -17,6 +17,7 @@ from autotune.recommendation import ROUNDS_IN_REACH, Recommendation, RunnerUp, T
 from autotune.records import Exclusion, TrialRecord, last_baseline
 from autotune.result import Platform, TrialResult
 from autotune.search import race
+from autotune.search.recipe import numerics_changes
 from autotune.stats import mean_interval, pairs_to_decide, ratio_interval
 
 THROUGHPUT_TOLERANCE = 0.10
@@ -103,6 +104,23 @@ def runner_up(
     )
 
 
+def simpler_choice(records: list[TrialRecord], winner: TrainConfig) -> str:
+    """Why ``winner`` was recommended over a faster-measured finalist of the race ("" when it
+    is the fastest): the race could not tell them apart, and the winner changes less."""
+    ranked = race.ranking(records, race.raced(records))
+    if not ranked or ranked[0] == winner or winner not in ranked:
+        return ""
+    fastest = ranked[0]
+    ratio = race.speedup(records, fastest, winner)
+    measured = f" ({ratio[0]:.3f}x [{ratio[1]:.2f}, {ratio[2]:.2f}])" if ratio else ""
+    what = ", ".join(numerics_changes(fastest)) or "more knobs"
+    return (
+        f"{fastest.summary()} measured faster{measured}, but the race could not tell it from "
+        f"this one beyond the noise, and it changes more ({what}): the one that changes less "
+        "is recommended"
+    )
+
+
 def recommend(
     records: list[TrialRecord],
     winner: TrainConfig,
@@ -116,6 +134,7 @@ def recommend(
     study_name: str,
     model: str = "",
     block_class: str | None = None,
+    recipe: TrainConfig | None = None,
 ) -> Recommendation:
     """The recommendation of ``winner``, from the records alone (and the verification run)."""
     runs = _evidence(records, winner)
@@ -147,6 +166,18 @@ def recommend(
             found = race.speedup(records, winner, baseline.config)
             if found is not None:
                 paired = (found[0] * luck, found[1] * luck, found[2] * luck)
+    over_recipe: tuple[float, float | None, float | None] | None = None
+    recipe_speed = None
+    if recipe is not None:
+        recipe_runs = _evidence(records, recipe)
+        if recipe_runs:
+            recipe_speed = statistics.fmean(r.samples_per_s or 0.0 for r in recipe_runs)
+        if recipe.key() == winner.key():
+            over_recipe = (1.0, 1.0, 1.0)
+        elif (found := race.speedup(records, winner, recipe)) is not None:
+            over_recipe = (found[0] * luck, found[1] * luck, found[2] * luck)
+        elif recipe_speed:
+            over_recipe = (expected / recipe_speed, None, None)
     return Recommendation(
         config=winner,
         samples_per_s=expected,
@@ -171,6 +202,13 @@ def recommend(
         speedup=paired[0] if paired else (expected / baseline_speed if baseline_speed else None),
         speedup_low=paired[1] if paired else None,
         speedup_high=paired[2] if paired else None,
+        recipe=recipe,
+        recipe_samples_per_s=recipe_speed,
+        speedup_over_recipe=over_recipe[0] if over_recipe else None,
+        speedup_over_recipe_low=over_recipe[1] if over_recipe else None,
+        speedup_over_recipe_high=over_recipe[2] if over_recipe else None,
+        numerics_changes=numerics_changes(winner),
+        simpler_choice=simpler_choice(records, winner),
         runner_up=runner_up(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,
         trials=sorted(records, key=lambda r: r.number),

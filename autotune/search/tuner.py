@@ -1,6 +1,6 @@
-"""The search's sequence: baseline, proposals run until a budget is spent (each stopped early
-once it is clearly slower than the incumbent), a race of the best few and the baseline,
-verification of the winner.
+"""The search's sequence: baseline, the standard recipe (``search.recipe``), proposals run
+until a budget is spent (each stopped early once it is clearly slower than the incumbent), a
+race of the best few with the baseline and the recipe, verification of the winner.
 
 Propose (``Proposer``), decide (duplicates, the memory pre-check), run (the ``Executor``),
 record (``StudyLog``) and recommend (``recommend``) are separate; this module only sequences
@@ -18,6 +18,7 @@ from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
 from autotune.runner.executor import Executor, PlacementError, run_to_end
+from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
@@ -27,11 +28,14 @@ from autotune.search.memory_model import MemoryModel, Prediction, prior_for
 from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
+from autotune.search.recipe import recipe_candidates, recipe_values, simplicity
 from autotune.search.recommendation import finalists, recommend
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
 
 MAX_UNPRODUCTIVE_PROPOSALS = 200
+RECIPE_ATTR = "autotune:recipe"
+"""The study's standard recipe, as first settled (a resumed search races the same one)."""
 CLAIM_POLL_S = 2.0
 """How often a driver waiting for another driver's run of the same configuration looks."""
 MAX_PLACEMENT_FAILURES = 3
@@ -78,6 +82,8 @@ class Tuner:
             self.memory = MemoryModel(workload, platform.device_type, prior)
             self.memory.calibrate(self.log.records)  # a resumed study's trials, at once
         self.started = time.perf_counter()
+        self.recipe_config: TrainConfig | None = None
+        """The standard recipe as measured (None: not measured, or it fits nowhere)."""
 
     # -- running ----------------------------------------------------------------------------
 
@@ -221,6 +227,44 @@ class Tuner:
             time.sleep(CLAIM_POLL_S)
         self.log.refresh()
         return None
+
+    def references(self) -> None:
+        """Measure what the pick is compared with: the baseline, then the standard recipe."""
+        self.baseline()
+        self.recipe_config = self.recipe()
+
+    def recipe(self) -> TrainConfig | None:
+        """Measure the standard recipe (``search.recipe``) as one of the search's trials: its
+        knobs from what the space offers after the probe, its micro-batch the largest that is
+        predicted to fit and does (a run that does not fit tries the next smaller one). None:
+        no form of it fits or runs; the race then has the baseline alone to compare with."""
+        stored = self.log.study.user_attrs.get(RECIPE_ATTR)
+        if stored is not None:
+            return TrainConfig.model_validate(stored) if stored else None
+        choices = {name: list(param.choices) for name, param in self.proposer.space.params.items()}
+        cores = max(1, usable_cpus() // max(1, self.devices))
+        values = recipe_values(choices, self.platform.device_type, self.devices, cores)
+        found = None
+        for config in recipe_candidates(values, self.proposer.space, self.proposer.completer()):
+            if self.predicted_over(self.predict(config)):
+                continue
+            self.log.refresh()
+            record = self.log.measured().get(config.key())
+            if record is None:
+                trial = self._claim(config)
+                if trial is None:
+                    record = self.log.measured().get(config.key())
+                else:
+                    record, _ = self._run_one(config, "search", trial=trial)
+            if record is not None and record.fits:
+                found = config
+                break
+            if record is not None and record.status not in ("ok", "oom"):
+                break  # it failed for another reason than memory: a smaller batch will too
+        self.log.study.set_user_attr(RECIPE_ATTR, found.model_dump(mode="json") if found else {})
+        if found is None:
+            self.reporter.phase("the standard recipe fits at no micro-batch the space offers")
+        return found
 
     def _baseline_values(self, accum: int) -> dict[str, object]:
         return {
@@ -375,15 +419,19 @@ class Tuner:
                 self.reporter.trial_finished(record, self.log.best())
 
     def race(self) -> list[TrainConfig]:
-        """Race the best few and the baseline in interleaved rounds until the winner is
-        decided (see ``race``); return the candidates, best first. Rounds already stored
-        (a resumed study) are not run again."""
+        """Race the best few, the baseline and the standard recipe in interleaved rounds until
+        the winner is decided (see ``race``); return the candidates, best first, except that
+        the one that changes least among those the race could not tell from the fastest comes
+        first (``prefer_simpler``). Rounds already stored (a resumed study) are not run
+        again."""
         finishing = self.settings.finishing
         candidates = finalists(self.log.records, finishing.top_k)
         base = self.log.baseline()
         baseline = base.config if base is not None and base.fits else None
-        if baseline is not None and baseline not in candidates:
-            candidates.append(baseline)
+        references = [baseline, self.recipe_config]
+        for reference in references:
+            if reference is not None and reference not in candidates:
+                candidates.append(reference)
         alive = list(candidates)
         for number in range(1, finishing.race_rounds + 1):
             # A resumed study keeps its stored rounds and runs only what they lack, so a
@@ -401,10 +449,11 @@ class Tuner:
                 )
             for config in todo:
                 self._run_one(config, "race", race_round=number)
-            alive = race.still_in(self.log.records, alive, baseline, number)
-            if race.decided(alive, baseline, number):
+            alive = race.still_in(self.log.records, alive, references, number)
+            if race.decided(alive, references, number):
                 break
-        return race.ranking(self.log.records, candidates)  # the search's order: best first
+        ranked = race.ranking(self.log.records, candidates)  # the search's order: best first
+        return prefer_simpler(self.log.records, ranked, baseline)
 
     def verify(self, ranked: list[TrainConfig]) -> tuple[TrainConfig, TrialResult]:
         """Confirm the race's winner in a longer run; a finalist whose longer run fails or
@@ -450,7 +499,7 @@ class Tuner:
         """The whole search, and its recommendation."""
         if stored := len(self.log.measured()):
             self.reporter.resumed(stored)
-        self.baseline()
+        self.references()
         self.search()
         winner, verification = self.verify(self.race())
         return recommend(
@@ -463,4 +512,24 @@ class Tuner:
             exclusions=exclusions,
             storage=storage,
             study_name=study_name,
+            recipe=self.recipe_config,
         )
+
+
+def prefer_simpler(
+    records: list[TrialRecord], ranked: list[TrainConfig], baseline: TrainConfig | None
+) -> list[TrainConfig]:
+    """``ranked`` (the race's order) with the configuration that changes least first, among
+    those the race could not show slower than the fastest: fewer numerics changes, then fewer
+    knobs moved from the baseline (``search.recipe.simplicity``). A pick the race cannot tell
+    from a simpler configuration changes no more than that one."""
+    if len(ranked) < 2:
+        return ranked
+    fastest = ranked[0]
+    tied = [
+        c
+        for c in ranked
+        if c == fastest or race.compare(race.log_ratios(records, c, fastest)) != "faster"
+    ]
+    simplest = min(tied, key=lambda c: (simplicity(c, baseline), ranked.index(c)))
+    return [simplest, *[c for c in ranked if c != simplest]]

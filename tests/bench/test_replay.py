@@ -202,7 +202,7 @@ def test_a_replayed_search_reports_its_finalists_and_whether_the_race_told_them_
     verdicts = []
     for seed in SEEDS:
         tuner = make_replay_tuner(landscape, seed, 14)
-        tuner.baseline()
+        tuner.references()
         tuner.search()
         pick = tuner.verify(tuner.race())[0]
         replayed = replay_tuner(landscape, seed, 14)  # the same seed replays the same search

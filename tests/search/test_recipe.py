@@ -1,0 +1,159 @@
+"""The standard recipe: what a skilled engineer writes by hand, measured beside the baseline;
+and the numerics a configuration changes, which a pick must earn."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.report import format_recommendation
+from autotune.result import TrialResult
+from autotune.search.recipe import (
+    knobs_moved,
+    numerics_changes,
+    recipe_candidates,
+    recipe_values,
+    simplicity,
+)
+from tests.search.fakes import FakeExecutor, make_tuner, ok
+
+GPU_CHOICES = {
+    "parallel": ["single", "dp", "ddp", "fsdp"],
+    "world_size": [2, 4, 8],
+    "amp": ["off", "fp16", "bf16"],
+    "compile": ["off", "default", "reduce-overhead"],
+    "num_workers": [0, 1, 2, 4, 8],
+    "persistent_workers": [False, True],
+    "pin_memory": [False, True],
+    "optimizer_impl": ["default", "foreach", "fused"],
+    "grad_accum_steps": [1, 2, 4, 8],
+}
+
+
+def _complete(values: dict) -> dict:
+    return {**values, "global_batch_size": 64, "device": values.get("device", "cuda")}
+
+
+def test_the_recipe_on_gpus_is_bf16_compiled_ddp_fused_with_four_pinned_workers() -> None:
+    values = recipe_values(GPU_CHOICES, "cuda", devices=8, cores_per_rank=12)
+    assert values == {
+        "amp": "bf16",
+        "parallel": "ddp",
+        "world_size": 8,
+        "compile": "default",
+        "num_workers": 4,
+        "persistent_workers": True,
+        "pin_memory": True,
+        "optimizer_impl": "fused",
+    }
+    # fewer cores than four per rank: as many workers as cores, from what the space offers
+    assert recipe_values(GPU_CHOICES, "cuda", 8, cores_per_rank=3)["num_workers"] == 2
+
+
+def test_the_recipe_takes_only_what_the_probe_left() -> None:
+    # no bf16 on this device, no compile (the probe dropped it), one device, a CPU
+    choices = {**GPU_CHOICES, "amp": ["off", "fp16"], "compile": ["off"]}
+    values = recipe_values(choices, "cpu", devices=1, cores_per_rank=1)
+    assert values["amp"] == "fp16" and "compile" not in values
+    assert values["parallel"] == "single" and values["world_size"] == 1
+    assert "pin_memory" not in values and "persistent_workers" not in values  # CUDA only
+    assert values["num_workers"] == 1
+    none = recipe_values({"amp": ["off"]}, "cpu", devices=2, cores_per_rank=1)
+    assert none == {"amp": "off", "parallel": "single", "world_size": 1}
+
+
+def test_recipe_candidates_go_from_the_largest_micro_batch_down_then_to_fsdp() -> None:
+    values = recipe_values(GPU_CHOICES, "cuda", devices=2, cores_per_rank=4)
+    found = recipe_candidates(values, [4, 1, 2], _complete, fsdp=True)
+    assert [(c.parallel, c.grad_accum_steps) for c in found] == [
+        ("ddp", 1), ("ddp", 2), ("ddp", 4), ("fsdp", 1), ("fsdp", 2), ("fsdp", 4),
+    ]  # fmt: skip
+    assert all(c.amp == "bf16" and c.optimizer_impl == "fused" for c in found)
+    no_fsdp = recipe_candidates(values, [1], _complete, fsdp=False)
+    assert [c.parallel for c in no_fsdp] == ["ddp"]
+
+
+def test_a_knob_a_combination_refuses_is_left_at_its_default() -> None:
+    # pin_memory needs CUDA: on a CPU config the recipe drops it rather than the whole recipe
+    values = {"amp": "bf16", "parallel": "single", "world_size": 1, "pin_memory": True}
+    (config,) = recipe_candidates(values, [1], lambda v: {**v, "global_batch_size": 8,
+                                                          "device": "cpu"}, fsdp=False)  # fmt: skip
+    assert config.amp == "bf16" and config.pin_memory is False
+
+
+def test_numerics_changes_name_each_change_to_the_arithmetic() -> None:
+    plain = TrainConfig(global_batch_size=64, parallel="ddp", world_size=2, device="cuda")
+    assert numerics_changes(plain) == []
+    changed = plain.model_copy(
+        update={"amp": "bf16", "comm_hook": "fp16", "matmul_precision": "high"}
+    )
+    assert numerics_changes(changed) == ["amp=bf16", "comm_hook=fp16", "matmul_precision=high"]
+    fsdp = TrainConfig(
+        global_batch_size=64, parallel="fsdp", world_size=2, device="cuda",
+        fsdp_mixed_precision="bf16",
+    )  # fmt: skip
+    assert numerics_changes(fsdp) == ["fsdp_mixed_precision=bf16"]
+    workers = plain.model_copy(update={"num_workers": 2, "grad_accum_steps": 2})
+    assert numerics_changes(workers) == [] and knobs_moved(workers, plain) == 2
+    assert simplicity(workers, plain) < simplicity(changed, plain)  # numerics first
+
+
+def _speeds(recipe_speed: float, noise: float):
+    rng = random.Random(5)
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        speed = 1000.0 + 100 * config.num_workers  # a worker helps
+        if config.amp == "bf16":
+            speed = recipe_speed if config.num_workers else speed * 1.01
+        return ok(config, speed * rng.gauss(1, noise), 100)
+
+    return outcome
+
+
+SPACE = {"parallel": ["ddp"], "world_size": [2], "amp": ["off", "bf16"], "num_workers": [0, 1]}
+
+
+def test_every_search_measures_the_recipe_and_states_the_speed_up_over_it() -> None:
+    tuner = make_tuner(FakeExecutor(_speeds(900.0, 0.005)), SPACE, trials=4, race_rounds=4)
+    recommendation = tuner.run([], "s.db", "s")
+    recipe = recommendation.recipe
+    assert recipe is not None and (recipe.amp, recipe.num_workers) == ("bf16", 1)
+    raced = {r.config.key() for r in recommendation.trials if r.role == "race" and r.config}
+    assert recipe.key() in raced  # raced beside the baseline, in the same rounds
+    # the pick: fp32 with a worker, 1100 against the recipe's 900
+    assert (recommendation.config.amp, recommendation.config.num_workers) == ("off", 1)
+    assert recommendation.speedup_over_recipe == pytest.approx(1100 / 900, rel=0.03)
+    low, high = recommendation.speedup_over_recipe_low, recommendation.speedup_over_recipe_high
+    assert low is not None and high is not None and low < 1100 / 900 < high
+    assert recommendation.numerics_changes == []
+    text = format_recommendation(recommendation)
+    assert "over the standard recipe (" in text and "numerics: unchanged" in text
+    assert '"speedup_over_recipe"' in recommendation.to_json()
+
+
+def test_when_the_recipe_wins_it_is_the_recommendation_and_the_output_says_so() -> None:
+    tuner = make_tuner(FakeExecutor(_speeds(1500.0, 0.005)), SPACE, trials=4, race_rounds=4)
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.recipe_won and recommendation.speedup_over_recipe == 1.0
+    assert recommendation.numerics_changes == ["amp=bf16"]
+    text = format_recommendation(recommendation)
+    assert "the standard recipe is the recommendation" in text
+    assert "numerics changed: amp=bf16" in text.splitlines()
+
+
+def test_a_numerics_change_the_race_cannot_show_faster_is_not_recommended() -> None:
+    # bf16 is 1% faster at 6% noise: four rounds cannot show it, so fp32 is recommended
+    space = {"parallel": ["ddp"], "world_size": [2], "amp": ["off", "bf16"]}
+    rng = random.Random(2)
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        speed = 1010.0 if config.amp == "bf16" else 1000.0
+        return ok(config, speed * rng.gauss(1, 0.06), 100)
+
+    tuner = make_tuner(FakeExecutor(outcome), space, trials=2, race_rounds=4)
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.config.amp == "off" and recommendation.numerics_changes == []
+    if recommendation.simpler_choice:  # only when bf16 measured the faster in the race
+        assert "amp=bf16" in recommendation.simpler_choice
