@@ -28,7 +28,7 @@ def one_seed(
     landscape: Any, seed: int, trials: int, top_k: int, race_rounds: int
 ) -> dict[str, float]:
     from autotune.bench.replay import make_replay_tuner
-    from autotune.search.recommendation import finalists
+    from autotune.search.evidence import finalists
 
     tuner = make_replay_tuner(landscape, seed, trials, top_k=top_k, race_rounds=race_rounds)
     tuner.baseline()

@@ -26,8 +26,8 @@ from autotune.result import RankReport, TrialResult
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
+from autotune.search.evidence import estimate, runner_up_report
 from autotune.search.progress import Reporter
-from autotune.search.recommendation import estimate, runner_up
 from autotune.search.settings import make_settings
 from autotune.search.study import make_sampler
 from autotune.search.tuner import Tuner
@@ -216,7 +216,7 @@ def replay_tuner(
     pick = tuner.verify(tuner.race())[0]
     base = tuner.log.baseline()
     records = tuner.log.records
-    close = runner_up(records, pick, base.config if base is not None else None)
+    close = runner_up_report(records, pick, base.config if base is not None else None)
     told = close.ruled_out if close is not None else None
     reported, luck = estimate(records, pick) or (None, 1.0)
     finishing = sum(r.role in ("race", "verify") for r in records)

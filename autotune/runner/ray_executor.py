@@ -50,6 +50,11 @@ from autotune.runner.request import TrialRequest
 
 SHIP_EXCLUDES = [".git", ".venv", "venv", "__pycache__", "*.pyc", "*.db", "*.pt", "*.ckpt"]
 """Left out of the shipped directory besides what ``.gitignore`` names."""
+HEALTH_S = 3.0
+"""How often a waiting driver checks that the cluster's head still answers."""
+LOST_AFTER = 3
+"""Unanswered checks in a row after which the cluster is taken as lost: well inside the minute
+after which Ray ends a driver whose head is gone, without a word of ours."""
 PLACEMENT_TIMEOUT_S = 30.0
 POLL_S = 0.05
 LOOK_S = 0.25
@@ -124,6 +129,32 @@ def _init_failure(error: Exception, address: str | None, ship: str | None) -> st
     )
 
 
+class ClusterLost(AutotuneError):
+    """The Ray cluster's head stopped answering: the search stops, the study keeps every
+    trial stored before, and the same command resumes it."""
+
+
+def _answers(endpoint: tuple[str, int] | None) -> bool:
+    """Whether the cluster's head (its GCS) accepts a connection (True: unknown)."""
+    import socket
+
+    if endpoint is None:
+        return True
+    try:
+        with socket.create_connection(endpoint, timeout=2.0):
+            return True
+    except OSError:
+        return False
+
+
+def _head(address: str | None) -> tuple[str, int] | None:
+    try:
+        host, _, port = str(ray.get_runtime_context().gcs_address).rpartition(":")
+        return host, int(port)
+    except Exception:  # an older Ray, or a client connection: no check
+        return None
+
+
 class RayExecutor:
     """Submits trials to Ray and collects their results."""
 
@@ -167,6 +198,26 @@ class RayExecutor:
         self._idle: list[Gang] = []
         self._running: dict[int, _Running] = {}
         self._next_ticket = 0
+        self.address = address
+        self._head = _head(address)
+        self._unanswered, self._next_check, self.lost = 0, 0.0, False
+
+    def _check_head(self, now: float) -> None:
+        """Raise ``ClusterLost`` once the head has not answered ``LOST_AFTER`` checks."""
+        if now < self._next_check:
+            return
+        self._next_check = now + HEALTH_S
+        self._unanswered = 0 if _answers(self._head) else self._unanswered + 1
+        if self._unanswered >= LOST_AFTER:
+            self._lose()
+
+    def _lose(self) -> None:
+        self.lost = True
+        where = f"at {self.address!r}" if self.address else "(the local instance)"
+        raise ClusterLost(
+            f"lost the Ray cluster {where}: its head stopped answering; every finished trial "
+            "is stored in the study: run the same command again once the cluster is back"
+        )
 
     def _gang(self, shape: GangShape) -> Gang:
         for gang in self._idle:
@@ -235,6 +286,8 @@ class RayExecutor:
             try:
                 report = RankReport.model_validate_json(ray.get(ref))
             except (ray.exceptions.RayError, ray.exceptions.OutOfMemoryError) as error:
+                if not _answers(self._head):  # the whole cluster went: asking Ray would hang
+                    self._lose()
                 report = _died(rank, error, lost_node(trial.gang, rank, error))
             trial.reports[rank] = report
             if report.status != "ok":
@@ -319,12 +372,19 @@ class RayExecutor:
                     done.append((trial.ticket, self._finish(trial)))
             if done:
                 return done
+            self._check_head(now)
             if deadline is not None and now > deadline:
                 return []
         return []
 
     def shutdown(self) -> None:
-        """Kill every gang; stop Ray if this executor started it."""
+        """Kill every gang; stop Ray if this executor started it (with a lost cluster, only
+        disconnect: there is nothing left to kill, and asking would hang)."""
+        if self.lost:
+            self._running.clear()
+            self._idle.clear()
+            ray.shutdown()
+            return
         for trial in list(self._running.values()):
             trial.gang.kill()
         self._running.clear()

@@ -136,7 +136,7 @@ def raced(records: Sequence[TrialRecord]) -> list[TrainConfig]:
     return list(found.values())
 
 
-def runner_up(
+def second_fastest(
     records: Sequence[TrialRecord], winner: TrainConfig, baseline: TrainConfig | None
 ) -> TrainConfig | None:
     """The fastest other finalist by its race runs (never the baseline, whose comparison is the

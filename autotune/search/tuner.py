@@ -22,6 +22,7 @@ from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
+from autotune.search.evidence import finalists, recommend
 from autotune.search.lessons import accumulation_cut_memory, needs_unused_parameters
 from autotune.search.log import StudyLog, to_record
 from autotune.search.memory_model import MemoryModel, Prediction, prior_for
@@ -29,7 +30,6 @@ from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
 from autotune.search.recipe import recipe_candidates, recipe_values, simplicity
-from autotune.search.recommendation import finalists, recommend
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
 

@@ -197,7 +197,7 @@ def test_the_memory_line_falls_in_the_widest_gap_not_inside_a_cluster() -> None:
 def test_a_replayed_search_reports_its_finalists_and_whether_the_race_told_them_apart(
     landscape: Landscape,
 ) -> None:
-    from autotune.search.recommendation import runner_up
+    from autotune.search.evidence import runner_up_report
 
     verdicts = []
     for seed in SEEDS:
@@ -208,7 +208,7 @@ def test_a_replayed_search_reports_its_finalists_and_whether_the_race_told_them_
         replayed = replay_tuner(landscape, seed, 14)  # the same seed replays the same search
         assert replayed.pick == pick and pick in replayed.raced
         base = tuner.log.baseline()
-        close = runner_up(tuner.log.records, pick, base.config if base else None)
+        close = runner_up_report(tuner.log.records, pick, base.config if base else None)
         assert replayed.told_apart == (close.ruled_out if close else None)
         assert close is None or close.config in replayed.raced
         # the throughput the recommendation would report: the race mean, less the winner's luck

@@ -84,7 +84,7 @@ def _ray_processes() -> list[int]:
 
 
 @pytest.mark.timeout(600)
-def test_a_lost_node_fails_its_trial_with_the_reason_and_the_rest_goes_on() -> None:
+def test_a_lost_node_fails_its_trial_and_a_lost_cluster_stops_in_one_line() -> None:
     before = set(_ray_processes())
     process = subprocess.run(
         [sys.executable, str(LOST_NODE)],
@@ -99,6 +99,10 @@ def test_a_lost_node_fails_its_trial_with_the_reason_and_the_rest_goes_on() -> N
     assert "node lost: the Ray node" in out["lost"]["message"], out["lost"]["message"]
     assert out["lost_after_s"] < 120  # found within the failure grace, not the trial timeout
     assert out["after"]["status"] == "ok", out["after"]["message"]  # what is left still runs
+    # the whole cluster lost: a clear message within seconds, not Ray's ending the driver
+    assert out["cluster_lost"].startswith("lost the Ray cluster at '"), out["cluster_lost"]
+    assert "run the same command again" in out["cluster_lost"]
+    assert out["cluster_lost_after_s"] < 30 and out["shutdown_after_s"] < 40
     deadline = time.time() + 20
     while set(_ray_processes()) - before and time.time() < deadline:
         time.sleep(1)

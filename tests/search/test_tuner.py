@@ -270,7 +270,7 @@ def test_the_baseline_stops_accumulating_when_accumulation_does_not_cut_its_memo
 
 
 def test_two_race_runs_far_apart_give_an_interval_that_stays_above_zero() -> None:
-    from autotune.search.recommendation import recommend
+    from autotune.search.evidence import recommend
 
     config = TrainConfig(global_batch_size=16, device="cpu")
     runs = [

@@ -1,4 +1,5 @@
-"""From a study's records to a ``Recommendation``: pure functions, no I/O, no executor.
+"""The evidence behind a ``Recommendation`` (``autotune.recommendation``, the value a search
+returns), from a study's records: pure functions, no I/O, no executor.
 
 The winner is chosen by the race (``autotune.search.race``): its throughput is the mean of its
 race runs with a 95% interval, less what being chosen among close finalists flattered it by
@@ -80,12 +81,12 @@ def verdict(spread: float, error: float | None) -> ThroughputVerdict:
     return "confirmed" if abs(error) <= THROUGHPUT_TOLERANCE else "not confirmed"
 
 
-def runner_up(
+def runner_up_report(
     records: list[TrialRecord], winner: TrainConfig, baseline: TrainConfig | None
 ) -> RunnerUp | None:
     """How the race's next-fastest finalist compares with ``winner``, at the race's own
     decision level, so a pick the noise could not separate from the next is reported so."""
-    other = race.runner_up(records, winner, baseline)
+    other = race.second_fastest(records, winner, baseline)
     if other is None:
         return None
     ratios = race.log_ratios(records, winner, other)
@@ -209,7 +210,7 @@ def recommend(
         speedup_over_recipe_high=over_recipe[2] if over_recipe else None,
         numerics_changes=numerics_changes(winner),
         simpler_choice=simpler_choice(records, winner),
-        runner_up=runner_up(records, winner, baseline.config if baseline else None),
+        runner_up=runner_up_report(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,
         trials=sorted(records, key=lambda r: r.number),
         platform=platform,
