@@ -26,104 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_run_noise import lag1_autocorrelation
-from bench_search_quality import TARGET_ERROR
-
-
-def window_speeds(seconds: int, threads: int, size: int = 384) -> list[float]:
-    """Matrix multiplications per second in each of ``seconds`` consecutive 1-s windows."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(20):  # warm the caches and the thread pool
-        a @ b
-    speeds = []
-    for _ in range(seconds):
-        start, done = time.perf_counter(), 0
-        while (elapsed := time.perf_counter() - start) < 1.0:
-            for _ in range(5):
-                a @ b
-            done += 5
-        speeds.append(done / elapsed)
-    return speeds
-
-
-def cv_at(series: list[float], width: int) -> float | None:
-    """Coefficient of variation of the means of consecutive ``width``-window blocks (None with
-    fewer than three blocks)."""
-    blocks = [
-        statistics.fmean(series[i : i + width]) for i in range(0, len(series) - width + 1, width)
-    ]
-    if len(blocks) < 3:
-        return None
-    return statistics.stdev(blocks) / statistics.fmean(blocks)
-
-
-def fidelity_errors(series: list[float], runs: int, gap: int, wait: int, long: int) -> list[float]:
-    """For every start: (mean of ``runs`` windows ``gap`` apart) / (mean of the ``long``
-    windows starting ``wait`` after the last of them) - 1."""
-    span = (runs - 1) * gap + wait + long
-    errors = []
-    for start in range(len(series) - span + 1):
-        estimate = statistics.fmean(series[start + i * gap] for i in range(runs))
-        first = start + (runs - 1) * gap + wait
-        errors.append(estimate / statistics.fmean(series[first : first + long]) - 1)
-    return errors
-
-
-def referee_errors(series: list[float], long: int) -> list[float]:
-    """For every start: (mean of the whole series) / (mean of ``long`` windows there) - 1."""
-    mean = statistics.fmean(series)
-    return [
-        mean / statistics.fmean(series[start : start + long]) - 1
-        for start in range(len(series) - long + 1)
-    ]
-
-
-def _spread(errors: list[float]) -> dict[str, Any]:
-    errors = [abs(e) for e in errors]
-    if not errors:
-        return {"starts": 0, "median_abs_error": None, "p90_abs_error": None,
-                "share_within_5pct": None}  # fmt: skip
-    return {
-        "starts": len(errors),
-        "median_abs_error": statistics.median(errors),
-        "p90_abs_error": percentile(errors, 0.9),
-        "share_within_5pct": sum(e <= TARGET_ERROR for e in errors) / len(errors),
-    }
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
-def summarize(series: list[float], args: Any) -> dict[str, Any]:
-    errors = fidelity_errors(series, args.runs, args.gap, args.wait, args.long)
-    return {
-        "windows": len(series),
-        "mean_per_s": statistics.fmean(series),
-        "cv_by_window_s": {str(w): cv_at(series, w) for w in (1, 5, 20, 60)},
-        "lag1_autocorrelation": lag1_autocorrelation(series),
-        "fidelity": {
-            "runs": args.runs,
-            "gap_s": args.gap,
-            "wait_s": args.wait,
-            "long_s": args.long,
-            **_spread(errors),
-        },
-        "referee": {"long_s": args.long, **_spread(referee_errors(series, args.long))},
-    }
+from autotune.bench.noise import (
+    summarize,
+    window_speeds,
+)
 
 
 def main() -> None:

@@ -22,11 +22,11 @@ Cases:
 
   convnet fp16   ``workloads.convnet:resnet_tiny``, AMP fp16 against fp32: a real slow knob on a
                  CPU without fast fp16 kernels (how slow it is depends on the CPU).
-  100x, short    ``Repeats`` below, a 4-layer MLP whose fp32 step takes milliseconds; under fp16
-                 autocast it runs its forward, in fp32, ``REPEATS`` (400) times per step, so the
-                 step does more work with nothing else changed: a hopeless configuration whose
-                 slowdown is measured (about 100x or more here: the optimizer step and the
-                 loading are not repeated).
+  100x, short    ``workloads.hopeless:Repeats``, a 4-layer MLP whose fp32 step takes
+                 milliseconds; under fp16 autocast it runs its forward, in fp32, ``REPEATS``
+                 (400) times per step, so the step does more work with nothing else changed:
+                 a hopeless configuration whose slowdown is measured (about 100x or more
+                 here: the optimizer step and the loading are not repeated).
   100x, long     the same with wider layers, whose fp32 step takes a tenth of a second or more:
                  the first step of the hopeless configuration runs for seconds, past the rule's
                  limit long before it ends, so the executor ends it from outside
@@ -42,115 +42,20 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn as nn
-from torch.utils.data import Dataset
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-REPEATS = 400
-TARGET_BASELINE_TRIALS = 2.0
-TARGET_SLOWDOWN = 100.0
-
-
-class Repeats(nn.Module):
-    """An MLP that, under fp16 autocast, computes its forward ``REPEATS`` times in fp32 (the
-    output is their mean, so the backward repeats too); otherwise once."""
-
-    def __init__(self, width: int = 256, depth: int = 4) -> None:
-        super().__init__()
-        layers: list[nn.Module] = []
-        for _ in range(depth):
-            layers += [nn.Linear(width, width), nn.ReLU()]
-        self.body = nn.Sequential(*layers)
-        self.head = nn.Linear(width, 10)
-        self.width = width
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        device = x.device.type
-        fp16 = torch.is_autocast_enabled(device) and (
-            torch.get_autocast_dtype(device) == torch.float16
-        )
-        repeats = REPEATS if fp16 else 1
-        with torch.autocast(device, enabled=False):
-            x = x.float()
-            return sum(self.head(self.body(x)) for _ in range(repeats)) / repeats
-
-
-class WideRepeats(Repeats):
-    def __init__(self) -> None:
-        super().__init__(width=2048, depth=4)
-
-
-class Features(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Fixed random samples held in memory: loading costs next to nothing."""
-
-    def __init__(self, width: int, length: int = 4096) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(length, width, generator=generator)
-        self.y = torch.randint(0, 10, (length,), generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index], self.y[index]
-
-
-def autotune_dataset(model: nn.Module) -> Features:
-    return Features(model.width)  # type: ignore[arg-type]
-
+from autotune.bench.pruning import summarise
+from workloads.hopeless import REPEATS
 
 CASES: dict[str, dict[str, Any]] = {  # "judged": the target is about this case
     "convnet fp16": {"model": "workloads.convnet:resnet_tiny", "judged": False},
-    "100x, short": {"model": "bench_pruning:Repeats", "judged": True},
-    "100x, long": {"model": "bench_pruning:WideRepeats", "judged": True},
+    "100x, short": {"model": "workloads.hopeless:Repeats", "judged": True},
+    "100x, long": {"model": "workloads.hopeless:WideRepeats", "judged": True},
 }
 SLOW = {"amp": "fp16"}
 """What makes each case's configuration slow (the baseline is the plain one: fp32)."""
-
-
-def summarise(case: str, runs: dict[str, list[dict[str, Any]]], judged: bool) -> dict[str, Any]:
-    """One row of the table from a case's runs (each: status, samples_per_s, measured_steps,
-    measured_s, wall_s); ``judged``: whether the target is about this case. It is judged only
-    where the measured slowdown is at least ``TARGET_SLOWDOWN``: a milder one proves less."""
-    base = runs["baseline"]
-    base_wall = statistics.median(r["wall_s"] for r in base)
-    base_speed = statistics.median(r["samples_per_s"] for r in base)
-    base_step = statistics.median(r["measured_s"] / r["measured_steps"] for r in base)
-    (pruned,) = runs["pruned"]
-    (unpruned,) = runs["unpruned"]
-    (after,) = runs["after"]
-    slowdown = base_speed / unpruned["samples_per_s"] if unpruned["samples_per_s"] else None
-    restart = max(0.0, after["overhead_s"] - statistics.median(r["overhead_s"] for r in base))
-    cost = (pruned["wall_s"] + restart) / base_wall
-    if judged and (slowdown is None or slowdown < TARGET_SLOWDOWN):
-        judged, target = False, f"not judged: slower by under {TARGET_SLOWDOWN:g}x"
-    else:
-        target = f"<= {TARGET_BASELINE_TRIALS:g} baseline trials" if judged else "not judged"
-    return {
-        "case": case,
-        "baseline_step_s": base_step,
-        "baseline_wall_s": base_wall,
-        "baseline_samples_per_s": base_speed,
-        "slowdown": slowdown,
-        "pruned_status": pruned["status"],
-        "pruned_steps": pruned["measured_steps"],
-        "pruned_wall_s": pruned["wall_s"],
-        "restart_charged_s": restart,
-        "pruned_cost_in_baseline_trials": cost,
-        "unpruned_wall_s": unpruned["wall_s"],
-        "target": target,
-        "met": (pruned["status"] == "pruned" and cost <= TARGET_BASELINE_TRIALS)
-        if judged
-        else None,
-        "runs": runs,
-    }
 
 
 def print_table(rows: list[dict[str, Any]], machine: str) -> None:
@@ -197,8 +102,7 @@ def main() -> None:
     )
     platform = detect_platform("cpu")
     executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=max(8, os.cpu_count() or 1))
-    here = str(Path(__file__).resolve().parent)
-    search_path = (os.getcwd(), here)
+    search_path = (os.getcwd(),)
 
     def run(model: str, values: dict[str, Any], options: TrialOptions) -> dict[str, Any]:
         config = make_config(

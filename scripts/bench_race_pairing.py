@@ -31,62 +31,16 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-MAD_TO_SD = 1.4826
-LOGS = ("log_a", "log_b")
-
-
-def paired_share(run_sd: float, ratio_sd: float) -> float:
-    """The share of two independent runs' variance that pairing removed from their ratio."""
-    return 1.0 - ratio_sd**2 / (2 * run_sd**2) if run_sd > 0 else 0.0
-
-
-def robust_sd(values: list[float]) -> float:
-    """The standard deviation a normal sample with this median absolute deviation has: a slow
-    stretch of the machine (runs at a tenth of the speed for a minute) does not swamp it."""
-    middle = statistics.median(values)
-    return MAD_TO_SD * statistics.median(abs(v - middle) for v in values)
-
-
-def summarise(length: float, rounds: list[dict[str, float]]) -> dict[str, float]:
-    """One run length's rounds: spreads, pairing and the standard error after a minute."""
-    ratios = [r["log_ratio"] for r in rounds]
-    # One run's spread around its own configuration's median (A and B differ in level).
-    middle = {k: statistics.median(r[k] for r in rounds) for k in LOGS}
-    centred = [r[k] - middle[k] for r in rounds for k in LOGS]
-    run_sd, ratio_sd = robust_sd(centred), robust_sd(ratios)
-    round_s = statistics.median(r["wall_s"] for r in rounds)
-    # A B rounds measure log(B/A) + (second run's edge), B A rounds log(B/A) - (the edge).
-    a_first = [r["log_ratio"] for r in rounds if r["a_first"]]
-    b_first = [r["log_ratio"] for r in rounds if not r["a_first"]]
-    edge = (statistics.median(a_first) - statistics.median(b_first)) / 2 if b_first else 0.0
-    return {
-        "run_length_s": length,
-        "rounds": len(rounds),
-        "round_wall_s": round_s,
-        "median_ratio": math.exp(statistics.median(ratios)),
-        "run_sd": run_sd,
-        "ratio_sd": ratio_sd,
-        "paired_share": paired_share(run_sd, ratio_sd),
-        "se_after_minute": ratio_sd / math.sqrt(60.0 / round_s),
-        "second_run_edge": math.exp(edge),
-        "plain_run_sd": statistics.stdev(centred),
-        "plain_ratio_sd": statistics.stdev(ratios),
-    }
+from autotune.bench.noise import pairing_row
 
 
 def main() -> None:
-    from bench_search_quality import WORKLOADS, Live
-
     from autotune.bench.landscape import Landscape
+    from autotune.bench.live import WORKLOADS, Live
     from autotune.config import TrainConfig
     from autotune.runner.platform import detect_platform
     from autotune.runner.request import TrialOptions
@@ -170,7 +124,7 @@ def main() -> None:
             )
     live.close()
 
-    rows = [summarise(length, by_length[length]) for length in lengths]
+    rows = [pairing_row(length, by_length[length]) for length in lengths]
     print(
         "\n| run length | rounds | s per round | B/A (median) | one run's sd | round ratio's sd "
         "| pairing removed | se of the ratio after 1 min | second run's edge |\n"

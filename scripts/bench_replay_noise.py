@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.bench.landscape import Landscape
 from autotune.bench.pick_quality import DEFAULT_TRIALS, GPU_NOISE, NOISE_LEVELS, judge

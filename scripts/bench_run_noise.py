@@ -15,34 +15,18 @@ single long run does not). Prints the runs and a summary, writes results/run_noi
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-def lag1_autocorrelation(values: list[float]) -> float:
-    """Correlation of each run with the next (0 when fewer than three runs or no spread)."""
-    if len(values) < 3:
-        return 0.0
-    mean = statistics.fmean(values)
-    deviations = [v - mean for v in values]
-    spread = sum(d * d for d in deviations)
-    if spread == 0:
-        return 0.0
-    return sum(a * b for a, b in itertools.pairwise(deviations)) / spread
+from autotune.bench.noise import lag1_autocorrelation
 
 
 def main() -> None:
-    from bench_search_quality import WORKLOADS, Live
-
     from autotune.bench.landscape import Landscape
+    from autotune.bench.live import WORKLOADS, Live
     from autotune.runner.platform import detect_platform
     from autotune.runner.workload import WorkloadSpec
 

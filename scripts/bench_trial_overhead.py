@@ -13,10 +13,7 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CONFIGS = [
     {"parallel": "ddp", "comm_hook": "none"},

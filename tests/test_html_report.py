@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -8,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.bench.browser import find_chromium
 from autotune.config import make_config
 from autotune.html_report import render_html
 from autotune.recommendation import Recommendation
@@ -16,11 +16,6 @@ from autotune.report import format_costs
 from autotune.runner.platform import detect_platform
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "screenshot_report.py"
-_spec = importlib.util.spec_from_file_location("screenshot_report", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-_screenshot = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_screenshot)
-find_chromium = _screenshot.find_chromium
 
 
 def _recommendation() -> Recommendation:

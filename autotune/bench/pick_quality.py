@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.bench.landscape import Landscape
+from autotune.bench.live import TARGET_RATIO
 from autotune.bench.replay import replay_random, replay_recipe, replay_tuner
 
-TARGET_RATIO = 0.97
 GPU_NOISE = 0.02
 NOISE_LEVELS = (0.02, 0.05, 0.10, 0.20)
 DEFAULT_TRIALS = 20

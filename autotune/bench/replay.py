@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.bench.heuristics import standard_recipe
 from autotune.bench.landscape import Landscape, Measure, Measured, Point, fastest_fitting
 from autotune.config import TrainConfig
 from autotune.result import RankReport, TrialResult
@@ -242,7 +243,6 @@ def replay_recipe(
     landscape: Landscape, seed: int, cores_per_rank: int = 1, noise: float | None = None
 ) -> Replay:
     """The standard recipe by hand on ``landscape`` (``heuristics.standard_recipe``)."""
-    from autotune.bench.heuristics import standard_recipe
 
     measure = replay_measure(landscape, random.Random(seed), noise)
     base = {

@@ -1,17 +1,11 @@
-"""The machine-noise benchmark's analysis (scripts/bench_machine_noise.py) on known series."""
+"""The machine-noise analysis (autotune.bench.noise, behind scripts/bench_machine_noise.py)
+on known series."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_machine_noise.py"
-spec = importlib.util.spec_from_file_location("bench_machine_noise", SCRIPT)
-assert spec is not None and spec.loader is not None
-noise = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(noise)
+from autotune.bench import noise
 
 
 def test_a_steady_machine_gives_no_fidelity_error() -> None:

@@ -1,18 +1,13 @@
-"""The pruning benchmark's pieces (scripts/bench_pruning.py): its hopeless model and its table."""
+"""The pruning benchmark's pieces (scripts/bench_pruning.py): its hopeless model
+(workloads.hopeless) and its table (autotune.bench.pruning)."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_pruning.py"
-spec = importlib.util.spec_from_file_location("bench_pruning", SCRIPT)
-assert spec is not None and spec.loader is not None
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from autotune.bench import pruning as bench
+from workloads import hopeless
 
 
 def _body_calls(model: torch.nn.Module, x: torch.Tensor, amp: torch.dtype | None) -> int:
@@ -30,11 +25,11 @@ def _body_calls(model: torch.nn.Module, x: torch.Tensor, amp: torch.dtype | None
 
 
 def test_the_hopeless_model_repeats_its_work_only_under_fp16() -> None:
-    model = bench.Repeats(width=16, depth=2)
+    model = hopeless.Repeats(width=16, depth=2)
     x = torch.randn(4, 16)
     assert _body_calls(model, x, None) == 1
     assert _body_calls(model, x, torch.bfloat16) == 1
-    assert _body_calls(model, x, torch.float16) == bench.REPEATS
+    assert _body_calls(model, x, torch.float16) == hopeless.REPEATS
     with torch.autocast("cpu", dtype=torch.float16):
         repeated = model(x)
     assert repeated.dtype == torch.float32  # the repeats run in fp32: only the work changes

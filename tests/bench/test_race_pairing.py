@@ -1,18 +1,13 @@
-"""The race-pairing benchmark's analysis (scripts/bench_race_pairing.py) on known rounds."""
+"""The race-pairing analysis (autotune.bench.noise, behind scripts/bench_race_pairing.py) on
+known rounds."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_race_pairing.py"
-spec = importlib.util.spec_from_file_location("bench_race_pairing", SCRIPT)
-assert spec is not None and spec.loader is not None
-pairing = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pairing)
+from autotune.bench import noise as pairing
 
 
 def rounds(drift: list[float], ratio: float, edge: float = 1.0) -> list[dict[str, float]]:
@@ -32,7 +27,7 @@ def rounds(drift: list[float], ratio: float, edge: float = 1.0) -> list[dict[str
 
 def test_drift_shared_by_both_runs_of_a_round_leaves_the_ratio_exact() -> None:
     drift = [100.0, 60.0, 130.0, 90.0, 110.0, 70.0, 100.0, 120.0]
-    row = pairing.summarise(1.0, rounds(drift, 0.9))
+    row = pairing.pairing_row(1.0, rounds(drift, 0.9))
     assert row["median_ratio"] == pytest.approx(0.9)
     assert row["ratio_sd"] == pytest.approx(0.0)
     assert row["run_sd"] > 0.1
@@ -42,7 +37,7 @@ def test_drift_shared_by_both_runs_of_a_round_leaves_the_ratio_exact() -> None:
 
 
 def test_a_second_run_edge_is_found_and_widens_the_ratio_not_its_median() -> None:
-    row = pairing.summarise(1.0, rounds([100.0] * 8, 0.9, edge=1.1))
+    row = pairing.pairing_row(1.0, rounds([100.0] * 8, 0.9, edge=1.1))
     assert row["second_run_edge"] == pytest.approx(1.1)
     assert row["ratio_sd"] > 0.05
     # A B rounds read 0.99, B A rounds 0.818: the rotation cancels the edge in the median.

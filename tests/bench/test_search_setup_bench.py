@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from autotune.bench import setups as setup
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench_search_setup.py"
 LANDSCAPE = ROOT / "tests" / "data" / "landscape.json"
-spec = importlib.util.spec_from_file_location("bench_search_setup", SCRIPT)
-assert spec is not None and spec.loader is not None
-setup = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(setup)
 
 
 def test_a_set_up_row_counts_picks_per_budget_and_caps_the_reach() -> None:

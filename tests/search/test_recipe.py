@@ -17,6 +17,7 @@ from autotune.search.recipe import (
     recipe_values,
     simplicity,
 )
+from autotune.search.space import SearchSpace, parse_space
 from tests.search.fakes import FakeExecutor, make_tuner, ok
 
 GPU_CHOICES = {
@@ -64,22 +65,39 @@ def test_the_recipe_takes_only_what_the_probe_left() -> None:
     assert none == {"amp": "off", "parallel": "single", "world_size": 1}
 
 
-def test_recipe_candidates_go_from_the_largest_micro_batch_down_then_to_fsdp() -> None:
+def _space(**choices: list) -> SearchSpace:
+    return parse_space(dict(choices), "test")
+
+
+def test_recipe_candidates_go_from_the_largest_micro_batch_down_then_fsdp_then_one_device() -> None:
     values = recipe_values(GPU_CHOICES, "cuda", devices=2, cores_per_rank=4)
-    found = recipe_candidates(values, [4, 1, 2], _complete, fsdp=True)
+    space = _space(parallel=["single", "ddp", "fsdp"], grad_accum_steps=[4, 1, 2])
+    found = recipe_candidates(values, space, _complete)
     assert [(c.parallel, c.grad_accum_steps) for c in found] == [
         ("ddp", 1), ("ddp", 2), ("ddp", 4), ("fsdp", 1), ("fsdp", 2), ("fsdp", 4),
+        ("single", 1), ("single", 2), ("single", 4),
     ]  # fmt: skip
     assert all(c.amp == "bf16" and c.optimizer_impl == "fused" for c in found)
-    no_fsdp = recipe_candidates(values, [1], _complete, fsdp=False)
+    no_fsdp = recipe_candidates(values, _space(parallel=["ddp"], grad_accum_steps=[1]), _complete)
     assert [c.parallel for c in no_fsdp] == ["ddp"]
+
+
+def test_a_knob_the_recipe_leaves_alone_takes_a_choice_the_space_offers() -> None:
+    # workers on: the space's prefetch factor exists, and the recipe takes PyTorch's default 2
+    values = {"amp": "off", "parallel": "single", "world_size": 1, "num_workers": 1}
+    space = parse_space(
+        {"num_workers": [0, 1], "prefetch_factor": {"choices": [2, 4],
+                                                    "when_not": {"num_workers": [0]}}}, "test"
+    )  # fmt: skip
+    (config,) = recipe_candidates(values, space, _complete)
+    assert config.prefetch_factor == 2
 
 
 def test_a_knob_a_combination_refuses_is_left_at_its_default() -> None:
     # pin_memory needs CUDA: on a CPU config the recipe drops it rather than the whole recipe
     values = {"amp": "bf16", "parallel": "single", "world_size": 1, "pin_memory": True}
-    (config,) = recipe_candidates(values, [1], lambda v: {**v, "global_batch_size": 8,
-                                                          "device": "cpu"}, fsdp=False)  # fmt: skip
+    cpu = lambda v: {**v, "global_batch_size": 8, "device": "cpu"}  # noqa: E731
+    (config,) = recipe_candidates(values, _space(grad_accum_steps=[1]), cpu)
     assert config.amp == "bf16" and config.pin_memory is False
 
 
