@@ -34,8 +34,51 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from autotune.bench.noise import pairing_row
+
+
+def duet(args: argparse.Namespace, a: Any, b: Any, spec: Any, length: float, platform: Any) -> None:
+    """A and B in duet rounds and in sequential rounds, blocks of each alternating."""
+    from autotune.bench import duet as duets
+
+    why = duets.cores_for_duet()
+    if why is not None:
+        raise SystemExit(f"--duet cannot run here: {why}")
+    first = duets.request_of(a, spec, length, args.min_steps)
+    second = duets.request_of(b, spec, length, args.min_steps)
+    print(f"duet of A = {a.summary()} and B = {b.summary()}, runs of {length:g} s")
+    by_mode: dict[str, list[dict[str, Any]]] = {"sequential": [], "duet": []}
+    started = time.perf_counter()
+    for cycle in range(args.cycles):
+        for mode in ("duet", "sequential") if cycle % 2 else ("sequential", "duet"):
+            for _ in range(args.rounds):
+                number = len(by_mode[mode])
+                by_mode[mode].append(duets.measure_round(first, second, mode == "duet", number))
+            elapsed = time.perf_counter() - started
+            print(f"  cycle {cycle + 1}/{args.cycles}, {mode}: t={elapsed:.0f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    rows = {mode: pairing_row(length, rounds) for mode, rounds in by_mode.items()}
+    print("\n| mode | rounds | s per round | B/A (median) | round ratio's sd | se after 1 min |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for mode, r in rows.items():
+        print(f"| {mode} | {r['rounds']} | {r['round_wall_s']:.2f} | {r['median_ratio']:.3f} "
+              f"| {r['ratio_sd']:.1%} | {r['se_after_minute']:.2%} |")  # fmt: skip
+    summary = {
+        "workload": args.workload,
+        "a": a.summary(),
+        "b": b.summary(),
+        "run_length_s": length,
+        "machine": f"{platform.device_name}, {platform.cpu_count} cores, torch "
+        f"{platform.torch_version}",
+        "rows": rows,
+        "duet_against_sequential": duets.summary_of(rows),
+        "per_round": by_mode,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"results: {args.out}")
 
 
 def main() -> None:
@@ -53,8 +96,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="Rounds per block.")
     parser.add_argument("--min-steps", type=int, default=3)
     parser.add_argument("--landscapes", default="results/landscapes")
-    parser.add_argument("--out", default="results/race_pairing.json")
+    parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--duet",
+        action="store_true",
+        help="Duet benchmarking instead: A and B at the same time on cores 0 and 1, against "
+        "one after the other on core 0, at the first of --lengths (results/race_duet.json).",
+    )
     args = parser.parse_args()
+    args.out = args.out or ("results/race_duet.json" if args.duet else "results/race_pairing.json")
     try:
         lengths = [float(x) for x in args.lengths.split(",")]
     except ValueError:
@@ -74,6 +124,9 @@ def main() -> None:
     model, _ = WORKLOADS["cpu"][args.workload]
     spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
     platform = detect_platform("cpu")
+    if args.duet:
+        duet(args, a, b, spec, lengths[0], platform)
+        return
     live = Live(platform, spec, args, None)  # the benchmark's executor, as its grid runs
 
     def run(config: TrainConfig, length: float) -> float:

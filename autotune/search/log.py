@@ -14,16 +14,20 @@ a completed trial over the limit; anything else failed.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
 from autotune.records import SEARCH_ROLES, Role, TrialRecord, last_baseline
 from autotune.result import TrialResult
 from autotune.search.precheck import Observation
-from autotune.search.storage import OWNER_ATTR, claims, owner
+from autotune.search.storage import OWNER_ATTR, claims, others_at_work, owner
 from autotune.search.study import ATTR_PREFIX
 
 ID_ATTR = ATTR_PREFIX + "id"
+SETTLE_S = 1.0
+"""How long a claim takes to be seen by another driver, at most (a trial is asked, its knobs
+suggested and its owner written in separate writes)."""
 
 
 def memory_used(result: TrialResult, device_type: str) -> int | None:
@@ -128,9 +132,16 @@ class StudyLog:
             self.records = sorted([*self.records, *new], key=lambda r: r.number)
         return new
 
-    def claimed(self) -> dict[str, int]:
-        """Configurations another driver of the study is measuring now: key -> trial."""
-        return claims(self.study)
+    def claimed(self, settle: bool = False) -> dict[str, int]:
+        """Configurations another driver of the study is measuring now: key -> trial.
+        ``settle``: while another driver is at work, look again ``SETTLE_S`` later, so that a
+        claim it was writing at this moment is seen too (the lower trial number then runs the
+        configuration, the other leaves it)."""
+        found = claims(self.study)
+        if settle and others_at_work(self.study):
+            time.sleep(SETTLE_S)
+            found = claims(self.study)
+        return found
 
     def claim(self, trial: Any, key: str | None, hold_s: float) -> None:
         """Mark ``trial`` as this driver's, measuring the configuration ``key``, for at most

@@ -91,6 +91,19 @@ def claims(study: Any) -> dict[str, int]:
     return found
 
 
+def others_at_work(study: Any) -> bool:
+    """Whether a trial of the study is running that is not this driver's (another driver's,
+    or one just asked whose owner is not written yet)."""
+    from optuna.trial import TrialState
+
+    me = driver_id()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        held = trial.user_attrs.get(OWNER_ATTR)
+        if not isinstance(held, dict) or held.get("driver") != me:
+            return True
+    return False
+
+
 # -- the database ------------------------------------------------------------------------------
 
 

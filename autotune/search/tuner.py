@@ -209,20 +209,23 @@ class Tuner:
         of the study that claimed it first."""
         key = config.key()
         trial = self.log.ask_claimed(key, self.hold_s)
-        other = self.log.claimed().get(key)
-        if other is None or other > trial.number:
+        other = self.log.claimed(settle=True).get(key)
+        self.log.refresh()
+        done = self.log.measured().get(key)  # another driver finished it a moment ago
+        if done is None and (other is None or other > trial.number):
             return trial
+        number = other if done is None else done.number
         self.log.write(
             TrialRecord(
                 number=trial.number,
                 role="search",
                 status="duplicate",
                 config=config,
-                message=f"measured by another driver's trial {other}",
+                message=f"measured by another driver's trial {number}",
             ),
             trial,
         )
-        self.reporter.phase(f"{config.summary()}: another driver measures it (trial {other})")
+        self.reporter.phase(f"{config.summary()}: another driver measures it (trial {number})")
         while key in self.log.claimed():
             time.sleep(CLAIM_POLL_S)
         self.log.refresh()
@@ -317,13 +320,14 @@ class Tuner:
         base = {"number": proposal.number, "role": "search", "config": config}
         if config is None:
             return TrialRecord(**base, status="invalid", message=proposal.invalid_reason)
-        other = self.log.claimed().get(config.key())
+        other = self.log.claimed(settle=True).get(config.key())
         if other is not None and other < proposal.number:  # the earlier claim runs it
             return TrialRecord(
                 **base,
                 status="duplicate",
                 message=f"being measured by another driver's trial {other}",
             )
+        self.log.refresh()  # what another driver finished since: no longer running, measured
         seen = self.log.measured().get(config.key())
         if seen is not None:  # never measured twice: the sampler hears the earlier outcome
             return TrialRecord(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from autotune.config import make_config
@@ -136,25 +138,27 @@ def test_checkpointing_lowers_measured_peak_memory_on_the_transformer() -> None:
 
 @pytest.mark.slow
 def test_a_dataloader_worker_lowers_the_data_wait_share() -> None:
-    # 40 steps, not 15: on a 2-core machine that also runs a Ray instance, a short window let
-    # the background load decide (the share fell to 0.53x, not the usual 0.2-0.35x).
+    # Interleaved pairs, judged by their medians: one pair on a 2-core machine that also runs
+    # other work can read either way (a clean-clone CI run once measured the worker's share at
+    # twice the inline one, with another process busy on the box).
     options = TrialOptions(warmup_steps=2, measured_steps=40, target_interval=0, timeout_s=300)
-    inline = _trial("workloads.mlp:mlp_loading_bound", options, global_batch_size=32)
-    worker = _trial(
-        "workloads.mlp:mlp_loading_bound",
-        options,
-        global_batch_size=32,
-        num_workers=1,
-        prefetch_factor=4,
-    )
-    _assert_measured(inline)
-    _assert_measured(worker)
-    assert inline.data_wait_share and worker.data_wait_share is not None
-    # Loading is a real share of the step: usually 0.2-0.35, but a clean-clone CI run once
-    # read 0.073 (the background load slowed compute more than decoding). What the knob must
-    # show is the ratio: a worker takes loading off the step.
-    assert inline.data_wait_share > 0.05
-    assert worker.data_wait_share < 0.5 * inline.data_wait_share
+    inline, worker = [], []
+    for _ in range(3):
+        plain = _trial("workloads.mlp:mlp_loading_bound", options, global_batch_size=32)
+        loaded = _trial(
+            "workloads.mlp:mlp_loading_bound",
+            options,
+            global_batch_size=32,
+            num_workers=1,
+            prefetch_factor=4,
+        )
+        _assert_measured(plain)
+        _assert_measured(loaded)
+        assert plain.data_wait_share is not None and loaded.data_wait_share is not None
+        inline.append(plain.data_wait_share)
+        worker.append(loaded.data_wait_share)
+    assert statistics.median(inline) > 0.05  # loading is a real share of the step
+    assert statistics.median(worker) < 0.5 * statistics.median(inline), (inline, worker)
 
 
 def test_warm_up_consumes_the_batches_workers_prefetched() -> None:

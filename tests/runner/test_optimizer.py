@@ -32,10 +32,11 @@ def test_the_modules_sgd_reaches_the_trial_and_its_peak_lies_below_adamws_by_its
     assert {r.optimizer for r in sgd.ranks} == {"SGD"}
     assert adamw.workload["optimizer"] == "tests.fixtures.optimizers:adamw"
     # AdamW's exp_avg and exp_avg_sq, and at its step's peak the foreach temporaries (its
-    # denominators, another copy of the parameters); plain SGD holds none of these.
+    # denominators and the update: up to two more copies of the parameters; a clean-clone run
+    # measured 1.76 times the state); plain SGD holds none of these.
     state = 2 * PARAMETER_BYTES
     difference = adamw.peak_memory_bytes - sgd.peak_memory_bytes
-    assert 0.8 * state < difference < 1.75 * state, (difference / 2**20, state / 2**20)
+    assert 0.8 * state < difference < 2.0 * state, (difference / 2**20, state / 2**20)
 
 
 def test_the_default_is_adamw_and_says_how_to_give_yours() -> None:
