@@ -30,7 +30,13 @@ grows with its history."""
 def replay(args: argparse.Namespace) -> None:
     from autotune.bench.replay import replay_random, replay_tuner, trials_to_reach
 
-    out: dict[str, Any] = {"share": args.share, "seeds": args.seeds, "landscapes": {}}
+    out: dict[str, Any] = {
+        "share": args.share,
+        "seeds": args.seeds,
+        "noise": "recorded",  # each landscape's own run-to-run noise
+        "trials": args.tuner_trials,
+        "landscapes": {},
+    }
     print(
         f"trials to reach {args.share:.0%} of the optimum over {args.seeds} seeds "
         f"(median / worst; '-': not reached by some seed within half the grid, at most "
