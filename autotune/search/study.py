@@ -40,7 +40,8 @@ def open_study(
     names = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
     if name in names:
         stored = names[name].user_attrs.get(ATTR_PREFIX + "fingerprint")
-        if stored != fingerprint:
+        # None: another driver created the study a moment ago and has not stored it yet
+        if stored is not None and stored != fingerprint:
             if not new_study:
                 changed = sorted(
                     k

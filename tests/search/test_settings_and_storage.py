@@ -201,3 +201,12 @@ def test_a_log_refresh_adds_what_another_driver_stored(tmp_path: Path) -> None:
     assert ours.records == [] and ours.baseline() is None
     assert [r.role for r in ours.refresh()] == ["baseline"]
     assert ours.baseline() is not None and ours.refresh() == []
+
+
+def test_a_study_another_driver_just_created_is_joined_not_refused(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "s.db"))
+    optuna.create_study(study_name="team", storage=storage)  # its fingerprint not stored yet
+    _, name, _ = open_study(storage, "team", {"model": "a"}, new_study=False)
+    assert name == "team"
+    with pytest.raises(ConfigError, match="different model"):  # once stored, it is checked
+        open_study(storage, "team", {"model": "b"}, new_study=False)
