@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -25,20 +24,16 @@ from autotune.bench.extended import SIMULATED, extend
 from autotune.bench.landscape import Landscape
 from autotune.bench.live import TARGET_RATIO
 from autotune.bench.pick_quality import DEFAULT_TRIALS, GPU_NOISE
-from autotune.bench.replay import replay_random, replay_tuner, trials_to_reach
+from autotune.bench.replay import (
+    reach_cell,
+    reach_summary,
+    replay_random,
+    replay_tuner,
+    trials_to_reach,
+)
 
 CAP = 40
 SHARE = 0.98
-
-
-def _reach(values: list[int | None], cap: int) -> dict[str, Any]:
-    filled = [v if v is not None else cap + 1 for v in values]
-    reached = [v for v in values if v is not None]
-    return {
-        "median": statistics.median(filled),
-        "worst": max(reached) if len(reached) == len(values) else None,
-        "not_reached": len(values) - len(reached),
-    }
 
 
 def row(landscape: Landscape, seeds: int) -> dict[str, Any]:
@@ -54,16 +49,11 @@ def row(landscape: Landscape, seeds: int) -> dict[str, Any]:
         picks.append(landscape.ratio(pick))
     return {
         "configs": n,
-        "tuner_trials_to_98": _reach(tuner, cap),
-        "random_trials_to_98": _reach(randomly, n),
+        "tuner_trials_to_98": reach_summary(tuner, cap),
+        "random_trials_to_98": reach_summary(randomly, n),
         "picks_at_least_0.97_at_2pct": sum(p >= TARGET_RATIO for p in picks),
         "worst_pick_at_2pct": min(picks),
     }
-
-
-def _cell(reach: dict[str, Any]) -> str:
-    worst = reach["worst"] if reach["worst"] is not None else "-"
-    return f"{reach['median']:g} / {worst}"
 
 
 def main() -> None:
@@ -94,7 +84,8 @@ def main() -> None:
         for kind, r in rows.items():
             print(
                 f"  {path[-32:]:<32} {kind:<9} {r['configs']:>7} "
-                f"{_cell(r['tuner_trials_to_98']):>10} {_cell(r['random_trials_to_98']):>10} "
+                f"{reach_cell(r['tuner_trials_to_98']):>10} "
+                f"{reach_cell(r['random_trials_to_98']):>10} "
                 f"{r['picks_at_least_0.97_at_2pct']:>3} of {args.seeds}",
                 flush=True,
             )

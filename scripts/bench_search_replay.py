@@ -28,7 +28,13 @@ grows with its history."""
 
 
 def replay(args: argparse.Namespace) -> None:
-    from autotune.bench.replay import replay_random, replay_tuner, trials_to_reach
+    from autotune.bench.replay import (
+        reach_cell,
+        reach_summary,
+        replay_random,
+        replay_tuner,
+        trials_to_reach,
+    )
 
     out: dict[str, Any] = {
         "share": args.share,
@@ -68,7 +74,10 @@ def replay(args: argparse.Namespace) -> None:
             told.append(budgeted.told_apart)
             good_raced.append(any(landscape.ratio(c) >= TARGET_RATIO for c in budgeted.raced))
             errors.extend(estimate_error(landscape, budgeted))
-        stats = {"autotune": _stats(counts["autotune"], cap), "random": _stats(counts["random"], n)}
+        stats = {
+            "autotune": reach_summary(counts["autotune"], cap),
+            "random": reach_summary(counts["random"], n),
+        }
         missed = [t for p, t in zip(picks, told, strict=True) if p < TARGET_RATIO]
         good = [g for p, g in zip(picks, good_raced, strict=True) if p < TARGET_RATIO]
         stats["autotune_pick_ratio"] = {
@@ -95,8 +104,8 @@ def replay(args: argparse.Namespace) -> None:
         error = stats["estimate_error"]
         ratio = stats["autotune_pick_ratio"]
         print(
-            f"  {Path(path).name:<28} {n:>7} {_cell(stats['autotune']):>12} "
-            f"{_cell(stats['random']):>12} {statistics.median(picks):>10.3f} "
+            f"  {Path(path).name:<28} {n:>7} {reach_cell(stats['autotune']):>12} "
+            f"{reach_cell(stats['random']):>12} {statistics.median(picks):>10.3f} "
             f"{ratio['at_least_0.97']:>6} {ratio['misses_said_too_close']:>14} of "
             f"{ratio['misses']:<4} {ratio['misses_with_a_finalist_within_0.97']:>8} of "
             f"{ratio['misses']:<4} {error['mean']:>+18.1%} ({error['race_mean']:+.1%}) "
@@ -116,20 +125,6 @@ def estimate_error(landscape: Landscape, replayed: Any) -> list[tuple[float, flo
         return []
     reported = replayed.estimate / point.value
     return [(reported - 1, reported / replayed.selection_factor - 1)]
-
-
-def _stats(values: list[int | None], n: int) -> dict[str, Any]:
-    reached = [v for v in values if v is not None]
-    worst = max(reached) if len(reached) == len(values) else None
-    filled = [v if v is not None else n + 1 for v in values]
-    missed = len(values) - len(reached)
-    return {"median": statistics.median(filled), "worst": worst, "not_reached": missed}
-
-
-def _cell(stats: dict[str, Any]) -> str:
-    median = stats["median"]
-    worst = stats["worst"] if stats["worst"] is not None else "-"
-    return f"{median:g} / {worst}"
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -263,3 +264,21 @@ def trials_to_reach(
         if landscape.ratio(config) >= share:
             return i
     return None
+
+
+def reach_summary(values: Sequence[int | None], cap: int) -> dict[str, Any]:
+    """Trials to reach (``trials_to_reach``) over seeds: the median, a seed that never reached
+    counted as ``cap + 1``; the worst (None if a seed never reached); how many never did."""
+    reached = [v for v in values if v is not None]
+    filled = [v if v is not None else cap + 1 for v in values]
+    return {
+        "median": statistics.median(filled),
+        "worst": max(reached) if len(reached) == len(values) else None,
+        "not_reached": len(values) - len(reached),
+    }
+
+
+def reach_cell(summary: dict[str, Any]) -> str:
+    """``reach_summary`` as a table cell: median / worst ('-': a seed never reached)."""
+    worst = summary["worst"] if summary["worst"] is not None else "-"
+    return f"{summary['median']:g} / {worst}"

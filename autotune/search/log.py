@@ -21,7 +21,7 @@ from typing import Any
 from autotune.records import SEARCH_ROLES, Role, TrialRecord, last_baseline
 from autotune.result import TrialResult
 from autotune.search.precheck import Observation
-from autotune.search.storage import OWNER_ATTR, claims, others_at_work, owner
+from autotune.search.storage import OWNER_ATTR, claims, owner, running
 from autotune.search.study import ATTR_PREFIX
 
 ID_ATTR = ATTR_PREFIX + "id"
@@ -137,8 +137,8 @@ class StudyLog:
         ``settle``: while another driver is at work, look again ``SETTLE_S`` later, so that a
         claim it was writing at this moment is seen too (the lower trial number then runs the
         configuration, the other leaves it)."""
-        found = claims(self.study)
-        if settle and others_at_work(self.study):
+        found, others = running(self.study)
+        if settle and others:
             time.sleep(SETTLE_S)
             found = claims(self.study)
         return found

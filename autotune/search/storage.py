@@ -77,31 +77,27 @@ def abandoned(trial: Any, now: float | None = None) -> bool:
     return expired or not _alive(str(held.get("driver")))
 
 
-def claims(study: Any) -> dict[str, int]:
-    """Configurations other live drivers are measuring now: key -> trial number."""
+def running(study: Any) -> tuple[dict[str, int], bool]:
+    """One look at the study's running trials: the configurations other live drivers are
+    measuring now (key -> trial number), and whether any running trial is not this driver's
+    (another driver's, or one just asked whose owner is not written yet)."""
     from optuna.trial import TrialState
 
-    now = time.time()
+    now, me = time.time(), driver_id()
     found: dict[str, int] = {}
+    others = False
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         held = trial.user_attrs.get(OWNER_ATTR)
-        theirs = isinstance(held, dict) and held.get("driver") != driver_id()
-        if theirs and held.get("key") and not abandoned(trial, now):
+        theirs = not isinstance(held, dict) or held.get("driver") != me
+        others = others or theirs
+        if theirs and isinstance(held, dict) and held.get("key") and not abandoned(trial, now):
             found[str(held["key"])] = trial.number
-    return found
+    return found, others
 
 
-def others_at_work(study: Any) -> bool:
-    """Whether a trial of the study is running that is not this driver's (another driver's,
-    or one just asked whose owner is not written yet)."""
-    from optuna.trial import TrialState
-
-    me = driver_id()
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        held = trial.user_attrs.get(OWNER_ATTR)
-        if not isinstance(held, dict) or held.get("driver") != me:
-            return True
-    return False
+def claims(study: Any) -> dict[str, int]:
+    """Configurations other live drivers are measuring now: key -> trial."""
+    return running(study)[0]
 
 
 # -- the database ------------------------------------------------------------------------------
