@@ -82,6 +82,12 @@ class TrainConfig(BaseModel):
         description="FSDP2: free each block's gathered parameters after its forward (true) or "
         "keep them until its backward (false: no second all-gather, more memory).",
     )
+    fsdp_cpu_offload: bool = Field(
+        False,
+        description="FSDP2's CPUOffloadPolicy: parameter, gradient and optimizer-state shards "
+        "live in host memory (pinned on CUDA), gathered to the device for compute; the "
+        "optimizer steps on the CPU. A way to fit what fits no other way, at a cost in speed.",
+    )
     fsdp_mixed_precision: FsdpMixedPrecision = Field(
         "off",
         description="FSDP2's mixed-precision policy, the FSDP form of AMP: bf16 gathers and "
@@ -186,6 +192,10 @@ class TrainConfig(BaseModel):
             problems.append(
                 f"reshard_after_forward=false needs parallel=fsdp, got parallel={self.parallel}"
             )
+        if self.fsdp_cpu_offload and self.parallel != "fsdp":
+            problems.append(
+                f"fsdp_cpu_offload=true needs parallel=fsdp, got parallel={self.parallel}"
+            )
         if self.find_unused_parameters and self.parallel != "ddp":
             problems.append(
                 f"find_unused_parameters=true needs parallel=ddp, got parallel={self.parallel}"
@@ -271,6 +281,8 @@ class TrainConfig(BaseModel):
             parts.append("grad-views")
         if not self.reshard_after_forward:
             parts.append("no-reshard")
+        if self.fsdp_cpu_offload:
+            parts.append("cpu-offload")
         if self.fsdp_mixed_precision != "off":
             parts.append(f"fsdp-mp={self.fsdp_mixed_precision}")
         if self.checkpoint_segments:

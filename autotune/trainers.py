@@ -150,7 +150,8 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
     notes = []
     if config.parallel == "fsdp":
         strategy = "full_shard" if config.reshard_after_forward else "shard_grad_op"
-        kwargs["fsdp"] = f"{strategy} auto_wrap"
+        offload = " offload" if config.fsdp_cpu_offload else ""
+        kwargs["fsdp"] = f"{strategy} auto_wrap{offload}"
         notes.append(f"parallel=fsdp maps to the Trainer's FSDP {strategy} with auto-wrap")
     if config.fsdp_mixed_precision != "off":
         kwargs["bf16"] = True  # the Trainer's FSDP casts as its mixed-precision policy
@@ -190,13 +191,15 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
 
 
 def _lightning_strategy(config: TrainConfig) -> Any:
-    if config.parallel == "fsdp" and config.reshard_after_forward:
-        return "fsdp"
     if config.parallel == "fsdp":
-        return {
-            "class_path": "lightning.pytorch.strategies.FSDPStrategy",
-            "init_args": {"sharding_strategy": "SHARD_GRAD_OP"},
-        }
+        fsdp: dict[str, Any] = {}
+        if not config.reshard_after_forward:
+            fsdp["sharding_strategy"] = "SHARD_GRAD_OP"
+        if config.fsdp_cpu_offload:
+            fsdp["cpu_offload"] = True
+        if not fsdp:
+            return "fsdp"
+        return {"class_path": "lightning.pytorch.strategies.FSDPStrategy", "init_args": fsdp}
     if config.parallel != "ddp":
         return "auto"
     init: dict[str, Any] = {}
@@ -300,6 +303,7 @@ def accelerate(
         values["fsdp_config"] = {
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": config.reshard_after_forward,
+            "fsdp_offload_params": config.fsdp_cpu_offload,
             "fsdp_activation_checkpointing": config.checkpoint_segments > 0,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             **({"fsdp_transformer_layer_cls_to_wrap": block_class} if block_class else {}),

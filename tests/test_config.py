@@ -162,7 +162,7 @@ def test_every_knob_a_search_turns_shows_in_the_summary() -> None:
                 values["num_workers"] = 1
             if knob in ("powersgd_rank", "powersgd_start_iter"):
                 values["comm_hook"] = "powersgd"
-            if knob in ("reshard_after_forward", "fsdp_mixed_precision"):
+            if knob in ("reshard_after_forward", "fsdp_mixed_precision", "fsdp_cpu_offload"):
                 values["parallel"] = "fsdp"
             if knob == "parallel" and value == "single":
                 values["world_size"] = 1

@@ -328,3 +328,27 @@ def test_search_out_writes_the_config_with_the_export_s_header(
     if suffix == ".yaml":
         assert out.read_text().startswith("# autotune recommendation for study s:")
         assert "could not tell it from singlex1 amp=bf16" in out.read_text()
+
+
+def test_cpu_offload_reaches_every_trainer_in_its_own_words(tmp_path: Path) -> None:
+    offloaded = make_config(
+        {"global_batch_size": 32, "device": "cuda", "parallel": "fsdp", "world_size": 2,
+         "fsdp_cpu_offload": True, "reshard_after_forward": False}
+    )  # fmt: skip
+    recommendation = _recommendation({}).model_copy(update={"config": offloaded})
+    hf = yaml.safe_load(render(recommendation, "hf"))
+    assert hf["fsdp"].split() == ["shard_grad_op", "auto_wrap", "offload"]
+    strategy = yaml.safe_load(render(recommendation, "lightning"))["trainer"]["strategy"]
+    assert strategy["init_args"] == {"sharding_strategy": "SHARD_GRAD_OP", "cpu_offload": True}
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(render(recommendation, "accelerate"))
+    assert yaml.safe_load(path.read_text())["fsdp_config"]["fsdp_offload_params"] is True
+    if not all(_installed(m) for m in ("transformers", "lightning", "accelerate")):
+        pytest.skip("the trainers extra is not installed: their parsers not run")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from transformers.trainer_utils import FSDPOption
+
+    assert {FSDPOption(word) for word in hf["fsdp"].split()} >= {FSDPOption.OFFLOAD}
+    fsdp = _instantiate(strategy)
+    assert fsdp.cpu_offload.offload_params is True
+    assert load_config_from_file(str(path)).fsdp_config["fsdp_offload_params"] is True

@@ -26,6 +26,7 @@ VARIANTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "find_unused_parameters": ({}, {"find_unused_parameters": True}),
     "reshard_after_forward": ({"parallel": "fsdp"}, {"reshard_after_forward": False}),
     "fsdp_mixed_precision": ({"parallel": "fsdp"}, {"fsdp_mixed_precision": "bf16"}),
+    "fsdp_cpu_offload": ({"parallel": "fsdp"}, {"fsdp_cpu_offload": True}),
     "bucket_cap_mb": ({}, {"bucket_cap_mb": 100}),
     "gradient_as_bucket_view": ({}, {"gradient_as_bucket_view": True}),
     "amp": ({}, {"amp": "bf16"}),

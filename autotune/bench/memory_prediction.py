@@ -176,6 +176,13 @@ def memory_bound_search(
         "wall_s": wall,
         "measured": len(ran),
         "ran_and_did_not_fit": sum(not t.fits for t in ran if t.status in ("ok", "oom")),
+        "did_not_fit": [
+            f"{t.role}: {t.config.summary() if t.config else '?'} (predicted "
+            f"{(t.predicted_memory_bytes or 0) / 2**20:,.0f} MiB, measured "
+            f"{(t.memory_used_bytes or 0) / 2**20:,.0f} MiB)"
+            for t in ran
+            if t.status in ("ok", "oom") and not t.fits
+        ],
         "skipped_as_predicted": sum(
             t.status == "skipped" and t.message.startswith("predicted not to fit")
             for t in recommendation.trials

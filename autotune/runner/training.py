@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from autotune.config import TrainConfig
+from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
 from autotune.runner.loss import first_tensor
 
@@ -82,6 +82,15 @@ def _mixed_precision(config: TrainConfig) -> Any:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce)
 
 
+def _offload(config: TrainConfig, device: torch.device) -> Any:
+    """FSDP2's offload policy: shards in host memory (pinned where a CUDA device copies them)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if not config.fsdp_cpu_offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+
+
 def wrap_model(
     model: nn.Module, config: TrainConfig, device: torch.device, hooks: HookCounter
 ) -> nn.Module:
@@ -92,15 +101,16 @@ def wrap_model(
 
         _move(model, device)
         mesh = init_device_mesh(device.type, (config.world_size,))
-        policy = _mixed_precision(config)
+        policy, offload = _mixed_precision(config), _offload(config, device)
         for block in find_repeated_blocks(model):
             fully_shard(
                 block,
                 mesh=mesh,
                 reshard_after_forward=config.reshard_after_forward,
                 mp_policy=policy,
+                offload_policy=offload,
             )
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
         return model
     _move(model, device)
     if config.parallel == "dp":
@@ -185,6 +195,15 @@ class TrainStep:
         self.output_dtype: torch.dtype | None = None
         self.optimizer_steps = 0
         self.micro_steps = 0
+        # CUDA graphs replay the backward graph into the same pool: a gradient that became
+        # .grad on the first micro-step (stolen, not copied) is overwritten by the next replay
+        # (pytorch/pytorch#169545). Gradients kept as tensors of their own, zeroed in place,
+        # take each micro-step's gradient by an in-place add instead.
+        self.keep_grads = (
+            config.compile in GRAPH_CAPTURING_MODES
+            and device.type == "cuda"
+            and config.grad_accum_steps > 1
+        )
         optimizer.register_step_post_hook(self._count_step)
 
     def _count_step(self, *_: Any) -> None:
@@ -204,9 +223,19 @@ class TrainStep:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
+    def _materialize_grads(self) -> None:
+        """Give every trainable parameter a zero gradient of its own (``keep_grads``)."""
+        with torch.no_grad():
+            for group in self.optimizer.param_groups:
+                for param in group["params"]:
+                    if param.requires_grad and param.grad is None:
+                        param.grad = torch.zeros_like(param)
+
     def run(self, batches: Iterator[Any]) -> StepStats:
         """One optimizer step over ``grad_accum_steps`` micro-batches drawn from ``batches``."""
         accum = self.config.grad_accum_steps
+        if self.keep_grads:
+            self._materialize_grads()
         start = time.perf_counter()
         data_wait = 0.0
         total_loss = torch.zeros((), device=self.device)
@@ -218,6 +247,8 @@ class TrainStep:
             moved = move_to(batch, self.device, self.non_blocking, self.config.channels_last)
             args, kwargs, target = split_batch(moved)
             calls_before = self.hooks.calls
+            if self.keep_grads:  # each micro-step is a new replay of the graphs
+                torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
             with self._sync_context(micro == accum - 1):
                 with self._autocast():
                     output = self.model(*args, **kwargs)
@@ -233,7 +264,7 @@ class TrainStep:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         loss_value = float(total_loss.item())  # also waits for the device to finish the step
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -8,9 +8,10 @@ A prediction is never a measurement: it travels in its own fields (``Prediction`
   optimizer and loss under fake tensors) at the micro-batch, precision and checkpointing;
 - DDP adds its gradient buckets (a copy of every gradient: ``gradient_as_bucket_view`` is off),
   a compressing hook a compressed bucket, PowerSGD its error feedback (another copy);
-- FSDP2 shards parameters, gradients and optimizer state over the devices and gathers, at a time,
-  the root's own parameters (not resharded after forward), the block running and the one
-  prefetched, and one block's unsharded gradients before they are reduce-scattered;
+- FSDP2 shards parameters, gradients and optimizer state over the devices (or, offloaded, keeps
+  them in host memory) and gathers, at a time, the root's own parameters (not resharded after
+  forward), the block running and the one prefetched, and one block's unsharded gradients before
+  they are reduce-scattered;
 - ``torch.compile`` is predicted as eager (Inductor usually holds less: an upper bound);
 - the process: on CUDA the caching allocator's reserve over what is allocated, on CPU the
   interpreter, libraries and DataLoader workers. ``Calibration`` fits
@@ -38,6 +39,8 @@ MEMORY_FIELDS = {
     "bucket_cap_mb": "the bucket a compressing hook holds compressed",
     "world_size": "FSDP's shards",
     "fsdp_mixed_precision": "traced as bf16 autocast, FSDP's gathered parameters halved",
+    "fsdp_cpu_offload": "on CUDA, FSDP's parameter, gradient and optimizer-state shards leave "
+    "the device (on CPU they stay in the host memory measured)",
     "reshard_after_forward": "FSDP's blocks kept gathered from forward to backward, or not",
     "comm_hook": "a compressed bucket; PowerSGD's error feedback",
     "amp": "the step traced under its autocast",
@@ -68,8 +71,10 @@ MEMORY_NEUTRAL_FIELDS = {
 """Fields the model leaves out of the peak, and why. A test fails for a field in neither."""
 
 MIN_MARGIN = 0.10
-"""The least share a prediction may be off before the search trusts it to skip a trial."""
-PRIOR_MARGIN = {0: 0.50, 1: 0.25}
+"""The least share a prediction may lie above the truth before the search trusts it to skip a
+trial. Only predicting high can skip a configuration that fits: one predicted low runs and
+shows its peak."""
+PRIOR_MARGIN = {0: 0.50, 1: 0.15}
 """The margin while too few trials have measured the prediction's error (by trials)."""
 
 
@@ -103,7 +108,10 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
     if config.parallel == "fsdp":
         shards = config.world_size
         for name in ("parameters", "gradients", "optimizer state"):
-            parts[name] = parts[name] // shards
+            # Offloaded shards live in host memory: a CUDA device no longer holds them, while
+            # on a CPU the host is what is measured.
+            offloaded = config.fsdp_cpu_offload and config.device == "cuda"
+            parts[name] = 0 if offloaded else parts[name] // shards
         # Gathered parameters are whole copies beside the local shards: the root's own (never
         # resharded after forward), and the blocks'.
         root = peak.outside_blocks_bytes
@@ -136,19 +144,24 @@ class Calibration:
 
     @property
     def margin(self) -> float:
-        """How far off a prediction may be, as measured (leave one out) on the trials."""
+        """How far above what a trial measures a prediction may lie: measured (leave one out)
+        on the trials, a prior while they are too few to measure it."""
         if self.trials in PRIOR_MARGIN:
             return PRIOR_MARGIN[self.trials]
-        return max(MIN_MARGIN, max(abs(e) for e in self.errors))
+        return max(MIN_MARGIN, *(-e for e in self.errors))
 
     def describe(self) -> str:
         if not self.trials:
             return "uncalibrated"
+        error = (
+            f"error up to {max(abs(e) for e in self.errors):.0%}, at most {self.margin:.0%} high"
+            if self.errors
+            else f"error not measured yet (taken as up to {self.margin:.0%} high)"
+        )
         return (
             f"calibrated on {self.trials} trial(s): x{self.scale:.2f} + "
             f"{self.offset_bytes / 2**20:,.0f} MiB + {self.per_worker_bytes / 2**20:,.0f} MiB "
-            f"per DataLoader worker + x{self.build_scale:.1f} FSDP's unsharded build, error up "
-            f"to {self.margin:.0%}"
+            f"per DataLoader worker + x{self.build_scale:.1f} FSDP's unsharded build, {error}"
         )
 
     def apply(self, tensors_bytes: int, workers: int, unsharded_bytes: int = 0) -> int:
@@ -310,8 +323,14 @@ class MemoryModel:
             return None
         u = (mb - mb0) / (mb1 - mb0) if mb1 > mb0 else 0.0
         v = (k - k0) / (k1 - k0) if k1 > k0 else 0.0
-        weights = {(mb0, k0): (1 - u) * (1 - v), (mb1, k0): u * (1 - v)}
-        weights.update({(mb0, k1): (1 - u) * v, (mb1, k1): u * v})
+        weights: dict[tuple[int, int], float] = {}
+        for corner, weight in (
+            ((mb0, k0), (1 - u) * (1 - v)),
+            ((mb1, k0), u * (1 - v)),
+            ((mb0, k1), (1 - u) * v),
+            ((mb1, k1), u * v),
+        ):  # corners coincide where the table has one micro-batch or one checkpointing
+            weights[corner] = weights.get(corner, 0.0) + weight
         fields = TensorPeak.__dataclass_fields__
         mixed = {
             name: round(sum(w * getattr(corners[c], name) for c, w in weights.items()))

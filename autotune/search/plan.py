@@ -131,6 +131,8 @@ def plan_space(space: SearchSpace, devices: int, device_type: str) -> SearchSpac
             continue
         if name == "num_workers" and device_type != "cpu":
             continue
+        if name == "fsdp_cpu_offload" and device_type == "cpu":
+            continue  # the host is the device: offloading moves nothing
         if name == "parallel" and device_type == "cpu":
             choices = tuple(c for c in param.choices if c != "dp")
             param = param.model_copy(update={"choices": choices})

@@ -3,7 +3,7 @@
 The memory model (``autotune.search.memory_model``) predicts every configuration from the model
 itself; these rules are the measured evidence beside it, and the fallback where the model
 defeats its fake tensors. Two rules, both comparing only configurations that differ in knobs
-whose effect on memory has a known direction (same parallel mode, devices, AMP and comm hook):
+whose effect on memory has a known direction (every other knob that moves memory the same):
 
 - dominance: a configuration that needs at least as much memory as one that already ran out
   (micro-batch no smaller, no more checkpointing, no fewer DataLoader workers) cannot fit;
@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.config import TrainConfig
+from autotune.search.memory_model import MEMORY_FIELDS
 
 TREND_TOLERANCE = 0.10
 
@@ -30,8 +31,15 @@ class Observation:
     trial_number: int
 
 
+ORDERED = ("grad_accum_steps", "checkpoint_segments", "num_workers")
+"""The knobs the dominance rule compares by direction (the micro-batch through accumulation)."""
+FAMILY = tuple(sorted(set(MEMORY_FIELDS) - set(ORDERED)))
+"""Every other knob that moves memory must match: a configuration that offloads FSDP's shards,
+or reshards after forward, is no hungrier than one that ran out without."""
+
+
 def _family(config: TrainConfig) -> tuple[object, ...]:
-    return (config.parallel, config.world_size, config.amp, config.comm_hook)
+    return tuple(getattr(config, name) for name in FAMILY)
 
 
 def _at_least_as_hungry(candidate: TrainConfig, known: TrainConfig) -> bool:

@@ -143,6 +143,7 @@ def restrict_space(
         drop("pin_memory", True, "pinned memory only helps copies to a CUDA device")
         drop("matmul_precision", "high", "TF32 matmuls are CUDA's: on a CPU it changes nothing")
         drop("expandable_segments", True, "a setting of the CUDA caching allocator: none on CPU")
+        drop("fsdp_cpu_offload", True, "on a CPU the shards are in host memory already")
     elif devices < 2:
         drop("parallel", "dp", "DataParallel needs at least 2 GPUs")
     if cuda:

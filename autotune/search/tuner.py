@@ -182,7 +182,7 @@ class Tuner:
         only as far as needed to fit."""
         self.log.refresh()  # another driver of the study may have measured it
         record = self.log.baseline()
-        accum = self._predicted_accumulation() if record is None else 1
+        accum = (self._predicted_accumulation() or 1) if record is None else 1
         while True:
             if record is not None:
                 assert record.config is not None
@@ -192,6 +192,11 @@ class Tuner:
                     return record
                 if not accumulation_cut_memory(self.log.records, record):
                     return record
+                if self.memory is not None:  # the prediction, calibrated by what just ran
+                    predicted = self._predicted_accumulation(accum)
+                    if predicted is None:
+                        return record
+                    accum = predicted
             try:
                 config = TrainConfig(**self.proposer.completer()(self._baseline_values(accum)))
             except ValueError as error:
@@ -278,28 +283,39 @@ class Tuner:
             "grad_accum_steps": accum,
         }
 
-    def _predicted_accumulation(self) -> int:
-        """The least accumulation (1, 2, 4, ...) at which the baseline is predicted to fit (a
-        starting point, not a skip: the prediction itself, no margin); 1 when nothing is
-        predicted to fit or nothing is predicted."""
-        accum = 1
+    def _predicted_accumulation(self, start: int = 1) -> int | None:
+        """The least accumulation (``start``, twice that, ...) at which the baseline is predicted
+        to fit (a starting point, not a skip: the prediction itself, no margin). Before any
+        trial, 1 when nothing is predicted to fit; after a baseline that did not fit (``start``
+        above 1), None when no accumulation is predicted to fit: one trial over the limit is the
+        lesson, not one per accumulation. ``start`` itself when nothing is predicted."""
+        accum, largest = start, None
         while self.global_batch_size % (self.devices * accum) == 0:
             try:
                 config = TrainConfig(**self.proposer.completer()(self._baseline_values(accum)))
             except ValueError:
-                return 1
+                break
             prediction = self.predict(config)
-            if prediction is None or prediction.peak_bytes <= self.limit_bytes:
+            if prediction is None:
+                return start
+            if prediction.peak_bytes <= self.limit_bytes:
                 if accum > 1:
                     self.reporter.phase(
                         f"baseline: accumulation {accum}, the least predicted to fit "
                         f"(~{prediction.peak_bytes / 2**20:,.0f} MiB predicted)"
-                        if prediction
-                        else f"baseline: accumulation {accum}"
                     )
                 return accum
+            largest = (accum, prediction)
             accum *= 2
-        return 1
+        if start == 1:
+            return 1
+        if largest is not None:
+            self.reporter.phase(
+                f"baseline: predicted not to fit at any accumulation (~"
+                f"{largest[1].peak_bytes / 2**20:,.0f} MiB predicted at accumulation "
+                f"{largest[0]}, {self.limit_bytes / 2**20:,.0f} MiB allowed)"
+            )
+        return None
 
     def _learn_unused_parameters(self, record: TrialRecord) -> bool:
         """Whether ``record`` is the first DDP failure for parameters a step did not use; from

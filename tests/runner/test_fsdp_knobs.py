@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.fsdp import CPUOffloadPolicy
 from torch.distributed.tensor import DTensor
 
 from autotune.config import TrainConfig
@@ -62,3 +63,32 @@ def test_two_gloo_ranks_train_under_the_policy() -> None:
     assert result.status == "ok", result.message
     assert result.ranks[0].diagnostics is not None
     assert result.ranks[0].diagnostics.output_dtype == "bfloat16"
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_cpu_offload_reaches_every_fully_sharded_module() -> None:
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=1, device="cpu", fsdp_cpu_offload=True
+    )
+    model = wrap_model(WideBlocks(), config, torch.device("cpu"), HookCounter())
+    # FSDP2's parameter group keeps its policy under a private name: this pins where it is.
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in (*model.blocks, model)]
+    policies = [g.offload_policy for g in groups if g is not None]
+    # One per block; the root holds no parameters of its own here, so it has no group.
+    assert len(policies) == 4 and all(isinstance(p, CPUOffloadPolicy) for p in policies)
+    assert not any(p.pin_memory for p in policies)  # nothing to pin for on a CPU
+    model(torch.randn(2, 2048)).sum().backward()  # and it trains
+
+
+def test_two_gloo_ranks_train_with_offloaded_shards() -> None:
+    from autotune.api import run_trial
+
+    config = {
+        "global_batch_size": 8, "parallel": "fsdp", "world_size": 2, "device": "cpu",
+        "fsdp_cpu_offload": True, "grad_accum_steps": 2,
+    }  # fmt: skip
+    result = run_trial(
+        "tests.fixtures.models:Small", config, warmup_steps=1, measured_steps=2, target_interval=0
+    )
+    assert result.status == "ok", result.message
+    assert result.loss_finite

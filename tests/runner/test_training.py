@@ -55,3 +55,22 @@ def test_batches_split_by_structure() -> None:
     assert split_batch([x]) == ((x,), {}, None)
     batch = {"input_ids": x}
     assert split_batch(batch) == ((), batch, batch)
+
+
+def test_kept_gradients_train_exactly_as_gradients_set_to_none() -> None:
+    # The path CUDA graphs with accumulation take (gradients of their own, zeroed in place, each
+    # micro-step marked as a new replay), forced on a CPU: the same training, bit for bit.
+    runs = []
+    for keep in (False, True):
+        torch.manual_seed(0)
+        step, batches = _step(grad_accum_steps=2)
+        assert not step.keep_grads  # on its own, only CUDA graphs on CUDA take it
+        step.keep_grads = keep
+        losses = [step.run(batches).loss for _ in range(3)]
+        grads = [p.grad for p in step.model.parameters()]
+        runs.append((losses, [p.detach().clone() for p in step.model.parameters()], grads))
+    (plain_losses, plain_params, plain_grads), (kept_losses, kept_params, kept_grads) = runs
+    assert plain_losses == kept_losses
+    assert all(torch.equal(a, b) for a, b in zip(plain_params, kept_params, strict=True))
+    assert all(g is None for g in plain_grads)
+    assert all(g is not None and not g.any() for g in kept_grads)  # zeroed, still there

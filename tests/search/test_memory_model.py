@@ -57,6 +57,17 @@ def test_fsdp_shards_the_model_state_and_gathers_the_root_and_a_few_blocks(shard
     assert parts["activations"] == 600 * MiB  # the batch's share is not sharded
 
 
+def test_offloaded_fsdp_shards_leave_a_cuda_device_but_not_a_cpu_host() -> None:
+    values = {"parallel": "fsdp", "world_size": 2, "fsdp_cpu_offload": True}
+    on_cpu = device_parts(PEAK, _config(**values))
+    assert on_cpu == device_parts(PEAK, _config(**{**values, "fsdp_cpu_offload": False}))
+    cuda = TrainConfig(global_batch_size=16, device="cuda", **values)  # type: ignore[arg-type]
+    parts = device_parts(PEAK, cuda)
+    assert parts["parameters"] == parts["gradients"] == parts["optimizer state"] == 0
+    assert sum(on_cpu.values()) - sum(parts.values()) == 400 * MiB // 2  # the state's shard
+    assert parts["fsdp gathered"] == on_cpu["fsdp gathered"]  # computed on the device still
+
+
 def test_a_fit_recovers_scale_offset_and_workers_and_measures_its_error() -> None:
     truth = Calibration(scale=1.4, offset_bytes=300 * MiB, per_worker_bytes=40 * MiB)
     points = [
@@ -85,6 +96,16 @@ def test_one_point_sets_the_offset_and_the_margin_stays_wide_until_errors_are_me
         prior,
     )
     assert noisy.margin > 0.2  # the leave-one-out errors of scattered points are large
+    assert noisy.margin == max(-e for e in noisy.errors)
+
+
+def test_the_margin_to_skip_counts_only_predictions_above_the_truth() -> None:
+    # Predicting low never skips a configuration that fits (it runs, and shows its peak): only
+    # how far predictions lay above what was measured widens the margin.
+    low = Calibration(trials=3, errors=(0.30, 0.05, 0.20))
+    high = Calibration(trials=3, errors=(0.30, -0.18, 0.20))
+    assert low.margin == MIN_MARGIN and high.margin == pytest.approx(0.18)
+    assert "error up to 30%, at most 18% high" in high.describe()
 
 
 def test_interpolation_is_exact_for_a_bilinear_peak() -> None:
@@ -105,3 +126,22 @@ def test_interpolation_is_exact_for_a_bilinear_peak() -> None:
         assert got == peak(config.micro_batch_size, config.checkpoint_segments)
     prediction = model.predict(_config(grad_accum_steps=2, checkpoint_segments=1))
     assert prediction is not None and "interpolated" in prediction.source
+
+
+@pytest.mark.parametrize("segments", [(0,), (0, 2)])
+def test_interpolation_along_one_axis_when_the_table_has_one_checkpointing(
+    segments: tuple[int, ...],
+) -> None:
+    # One checkpointing value (or one micro-batch) makes two corners one: their weights add up.
+    def peak(micro_batch: int, k: int) -> TensorPeak:
+        return TensorPeak((micro_batch * 10 - k) * MiB + 400 * MiB, 100 * MiB, 100 * MiB,
+                          200 * MiB, 0, 0, 0)  # fmt: skip
+
+    model = MemoryModel(WorkloadSpec(model="tests.fixtures.models:Small"), "cuda")
+    configs = [_config(grad_accum_steps=a, checkpoint_segments=k) for a in (1, 4) for k in segments]
+    model.interpolate_between(configs)
+    for mb in (4, 16):
+        for k in segments:
+            model._traces[(mb, "fp32", k, "default")] = peak(mb, k)
+    middle = _config(grad_accum_steps=2, checkpoint_segments=segments[-1])  # micro-batch 8
+    assert model.tensor_peak(middle) == peak(8, segments[-1])

@@ -73,6 +73,22 @@ def test_nothing_fitting_says_what_needs_least(
     assert "nothing fits: the least memory is fsdpx2 amp=bf16 ckpt=4 accum=2" in out
 
 
+def test_offloading_fsdp_shards_is_planned_as_a_way_to_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "parallel: [fsdp]\nworld_size: [2]\n"
+        "fsdp_cpu_offload: {choices: [false, true], when: {parallel: [fsdp]}}\n"
+    )
+    argv = ["plan", "--model", MODEL, "--devices", "2", "--device-memory", "1MiB", "--json"]
+    assert main([*argv, "--space", str(space), "--global-batch-size", "8192"]) == 0
+    rows = json.loads(capsys.readouterr().out)["configurations"]
+    peaks = {r["config"]["fsdp_cpu_offload"]: r["predicted_peak_bytes"] for r in rows}
+    state = 3 * 4 * (256 * 1024 + 1024 + 1024 * 256 + 256) * 4 // 2  # params, grads, 2 moments
+    assert peaks[False] - peaks[True] == pytest.approx(state, rel=0.01)
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [

@@ -36,3 +36,14 @@ def test_a_trend_in_micro_batch_predicts_what_will_not_fit() -> None:
     verdict = precheck(_config(accum=1), history, 1000 * MiB)  # predicts 1700 MiB at 32
     assert verdict is not None and "predicted peak 1700 MiB" in verdict[0]
     assert precheck(_config(accum=2), history, 1000 * MiB) is None  # predicts 900 MiB at 16
+
+
+def test_a_knob_that_moves_memory_either_way_is_never_judged_by_dominance() -> None:
+    fsdp = {"global_batch_size": 64, "parallel": "fsdp", "world_size": 2, "device": "cuda"}
+    ran_out = make_config(fsdp)
+    history = [Observation(ran_out, None, 1)]
+    for knob in ("fsdp_cpu_offload", "fsdp_mixed_precision", "optimizer_impl", "compile"):
+        moved = {"fsdp_cpu_offload": True, "fsdp_mixed_precision": "bf16",
+                 "optimizer_impl": "foreach", "compile": "default"}[knob]  # fmt: skip
+        assert precheck(make_config({**fsdp, knob: moved}), history, 1000 * MiB) is None, knob
+    assert precheck(make_config(fsdp), history, 1000 * MiB) is not None

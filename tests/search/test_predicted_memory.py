@@ -65,3 +65,37 @@ def test_configurations_predicted_not_to_fit_are_never_run() -> None:
             assert record.prediction_error is not None
     calibrated = [r for r in tuner.log.records if r.status == "ok"][-1]
     assert abs(calibrated.prediction_error) < 0.05  # once calibrated, the model is exact here
+
+
+def test_after_a_baseline_over_the_limit_its_accumulation_comes_from_the_calibrated_model() -> None:
+    # The process is far larger than the bare-rank first guess, so the first baseline runs and
+    # does not fit. That trial calibrates the model: the next accumulation is the least predicted
+    # to fit (8, not 2 and 4 first), and where none is, the one trial over the limit is all.
+    process_mib = 1000.0
+
+    def heavy_mib(config: TrainConfig) -> float:
+        return truth_mib(config) + 2 * (process_mib - PROCESS_MIB)
+
+    def heavy(config: TrainConfig, before: int) -> TrialResult:
+        return ok(config, 1000.0, heavy_mib(config))
+
+    configs = {
+        a: TrainConfig(global_batch_size=16384, parallel="ddp", world_size=2,
+                       grad_accum_steps=a, device="cpu")
+        for a in (4, 8)
+    }  # fmt: skip
+    # Accumulation 8 is the least that fits; below the process alone, nothing fits.
+    limit = (heavy_mib(configs[4]) + heavy_mib(configs[8])) / 2
+    for limit_mib, expected in ((limit, [1, 8]), (2 * process_mib * 0.99, [1])):
+        executor = FakeExecutor(heavy)
+        tuner = make_tuner(
+            executor,
+            {**SPACE, "checkpoint_segments": [0], "amp": ["off"]},
+            limit_mib=limit_mib,
+            workload=STACK,
+            predict_memory=True,
+            global_batch_size=16384,
+        )
+        baseline = tuner.baseline()
+        assert [r.config.grad_accum_steps for r in executor.runs] == expected
+        assert baseline.fits == (expected[-1] == 8)
