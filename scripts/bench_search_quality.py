@@ -50,7 +50,7 @@ from autotune.bench.live import (
 )
 from autotune.bench.referee import run_fidelity, run_judge
 from autotune.bench.scoring import targets
-from autotune.bench.search_quality import benchmark_workload
+from autotune.bench.search_quality import benchmark_workload, plot
 from autotune.config import TrainConfig
 from autotune.runner.workload import WorkloadSpec
 
@@ -105,39 +105,6 @@ def print_table(name: str, result: dict[str, Any]) -> None:
         print_judge(result["judge"])
     missed = [k for k, ok in result["targets"].items() if not ok]
     print(f"  targets: {'all met' if not missed else 'MISSED ' + ', '.join(missed)}")
-
-
-def plot(results: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print('matplotlib is missing: no plot (pip install -e ".[bench]")', file=sys.stderr)
-        return False
-    names = list(results)
-    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
-        result = results[name]
-        for method, row in result["methods"].items():
-            curve = row["best_so_far"]
-            if not curve:
-                continue
-            xs = [x for x, _ in curve] + [row["wall_s"]]
-            ys = [y for _, y in curve] + [curve[-1][1]]
-            ax.step(xs, ys, where="post", label=method, linewidth=2 if method == "autotune" else 1)
-        ax.axhline(result["grid"]["optimum_samples_per_s"], color="grey", linestyle=":", lw=1)
-        ax.set_xscale("log")
-        ax.set_title(f"{name} ({result['model'].split(':')[-1]})")
-        ax.set_xlabel("wall time (s, log)")
-        ax.set_ylabel("best feasible samples/s so far")
-        ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"Best-so-far against wall time on {results[names[0]]['machine']}", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return True
 
 
 def live(args: argparse.Namespace) -> None:

@@ -5,6 +5,7 @@ run and the paired judge (``scripts/bench_search_quality.py`` is the command).""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,38 @@ def benchmark_workload(
         "judge": judged,
         "targets": targets(rows, fidelity),
     }
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    """Best feasible samples/s so far against wall time, a panel per workload (matplotlib, the
+    ``bench`` extra); False, said on stderr, without it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('matplotlib is missing: no plot (pip install -e ".[bench]")', file=sys.stderr)
+        return False
+    names = list(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        result = results[name]
+        for method, row in result["methods"].items():
+            curve = row["best_so_far"]
+            if not curve:
+                continue
+            xs = [x for x, _ in curve] + [row["wall_s"]]
+            ys = [y for _, y in curve] + [curve[-1][1]]
+            ax.step(xs, ys, where="post", label=method, linewidth=2 if method == "autotune" else 1)
+        ax.axhline(result["grid"]["optimum_samples_per_s"], color="grey", linestyle=":", lw=1)
+        ax.set_xscale("log")
+        ax.set_title(f"{name} ({result['model'].split(':')[-1]})")
+        ax.set_xlabel("wall time (s, log)")
+        ax.set_ylabel("best feasible samples/s so far")
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Best-so-far against wall time on {results[names[0]]['machine']}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return True
