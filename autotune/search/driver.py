@@ -7,6 +7,9 @@ import re
 
 from autotune.errors import ConfigError
 from autotune.recommendation import Recommendation
+from autotune.result import Platform
+from autotune.runner.executor import Executor
+from autotune.runner.launch import LocalExecutor
 from autotune.runner.platform import detect_platform, resolve_device, usable_cpus
 from autotune.runner.workload import (
     DEFAULT_GLOBAL_BATCH_SIZE,
@@ -24,7 +27,7 @@ from autotune.search.probe import (
 )
 from autotune.search.progress import Reporter
 from autotune.search.settings import SearchSettings
-from autotune.search.space import load_space
+from autotune.search.space import SearchSpace, load_space
 from autotune.search.storage import open_storage
 from autotune.search.study import model_hash, open_study
 from autotune.search.tuner import Tuner
@@ -64,6 +67,40 @@ def _devices(settings: SearchSettings, device_count: int, device_type: str) -> i
             )
         return settings.cluster.devices
     return device_count if device_type == "cuda" else min(device_count, 2)
+
+
+def _executor(
+    settings: SearchSettings, space: SearchSpace, platform: Platform, devices: int
+) -> Executor:
+    """The Ray executor (a private local instance, or the cluster at ``ray_address``), or with
+    ``executor='local'`` rank processes of this machine, one trial at a time."""
+    if settings.cluster.executor == "local":
+        return LocalExecutor()
+    from autotune.runner.ray_executor import RayExecutor  # imports Ray: only when searching
+
+    max_workers = (
+        max((c for c in space.params["num_workers"].choices if isinstance(c, int)), default=0)
+        if "num_workers" in space.params
+        else 0
+    )
+    # A private instance declares enough logical CPUs to keep a gang of each size warm; on CPU
+    # trials run one at a time, so this never oversubscribes the cores during a measurement.
+    return RayExecutor(
+        platform,
+        address=settings.cluster.ray_address,
+        cpus_per_rank=1 + max_workers,
+        num_cpus=max(usable_cpus(), 2 * devices * (1 + max_workers)),
+        ship=(os.getcwd() if settings.cluster.ray_address and settings.cluster.ship_code else None),
+    )
+
+
+def _executor_lines(executor: Executor) -> dict[str, str]:
+    """What the search's header says of the executor."""
+    notes, shipped = getattr(executor, "notes", None), getattr(executor, "shipped", None)
+    if notes is None:  # the local executor
+        return {"executor": "rank processes of this machine, one trial at a time (no Ray)"}
+    lines = {"ray": "; ".join(notes)} if notes else {}
+    return lines | ({"shipped": f"{shipped} to every Ray node"} if shipped else {})
 
 
 def run_search(
@@ -110,23 +147,10 @@ def run_search(
         image_batches=images,
         optimizer_flags=flags,
     )
-    from autotune.runner.ray_executor import RayExecutor  # imports Ray: only when searching
-
-    max_workers = (
-        max((c for c in space.params["num_workers"].choices if isinstance(c, int)), default=0)
-        if "num_workers" in space.params
-        else 0
-    )
-    # A private instance declares enough logical CPUs to keep a gang of each size warm; on CPU
-    # trials run one at a time, so this never oversubscribes the cores during a measurement.
-    executor = RayExecutor(
-        platform,
-        address=settings.cluster.ray_address,
-        cpus_per_rank=1 + max_workers,
-        num_cpus=max(usable_cpus(), 2 * devices * (1 + max_workers)),
-        ship=(os.getcwd() if settings.cluster.ray_address and settings.cluster.ship_code else None),
-    )
+    executor = _executor(settings, space, platform, devices)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)
+    if settings.cluster.executor == "local":
+        concurrency = 1  # one machine, trials one at a time (LocalExecutor.fits_now)
     try:
         reporter.start(
             study=f"{name} in {mask_url(settings.study.storage)}"
@@ -141,8 +165,7 @@ def run_search(
                 if exclusions
                 else {}
             ),
-            **({"ray": "; ".join(executor.notes)} if executor.notes else {}),
-            **({"shipped": f"{executor.shipped} to every Ray node"} if executor.shipped else {}),
+            **_executor_lines(executor),
         )
         tuner = Tuner(
             study=study,

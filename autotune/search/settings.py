@@ -190,6 +190,12 @@ class ClusterSettings(BaseModel):
         description="Devices to consider: GPUs, or ranks on CPU (default: all, 2 on CPU).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available.")
+    executor: Literal["ray", "local"] = Field(
+        "ray",
+        description="What runs the trials: ray (gangs of rank actors on a Ray cluster, kept warm "
+        "between trials) or local (rank processes of this machine started per trial, one trial "
+        "at a time; no Ray needed).",
+    )
     ray_address: str | None = Field(None, description="An existing Ray cluster; else a local one.")
     ship_code: bool = Field(
         True,
@@ -199,6 +205,15 @@ class ClusterSettings(BaseModel):
     concurrency: int | None = Field(
         None, ge=1, description="Trials at once (default: 1 on CPU, as devices allow on GPU)."
     )
+
+    @model_validator(mode="after")
+    def _local_is_this_machine(self) -> ClusterSettings:
+        if self.executor == "local" and self.ray_address:
+            raise ValueError(
+                f"executor='local' runs on this machine: it cannot take "
+                f"ray_address={self.ray_address!r}; use executor='ray'"
+            )
+        return self
 
 
 SECTIONS: dict[str, type[BaseModel]] = {

@@ -1,0 +1,60 @@
+"""A search without Ray: ``executor='local'`` runs every trial as rank processes of this
+machine (what a machine without Ray, or a lent GPU machine, uses)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.errors import ConfigError
+from autotune.search.progress import Reporter
+from autotune.search.settings import make_settings
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("probe_cache")]
+
+
+def test_a_search_runs_its_trials_without_ray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.runner import ray_executor
+
+    def no_ray(*args: object, **kwargs: object) -> None:
+        raise AssertionError("executor='local' started Ray")
+
+    monkeypatch.setattr(ray_executor.RayExecutor, "__init__", no_ray)
+    space = tmp_path / "space.yaml"
+    space.write_text("parallel: [single, ddp]\nworld_size: {choices: [2], when: {parallel: [ddp]}}")
+    heard: dict[str, str] = {}
+
+    class Header(Reporter):
+        def start(self, **info: object) -> None:
+            heard.update({k: str(v) for k, v in info.items()})
+
+    recommendation = autotune.tune(
+        "tests.fixtures.models:Small",
+        global_batch_size=32,
+        space=str(space),
+        trials=2,
+        executor="local",
+        devices=2,
+        memory_budget="16GiB",
+        storage=str(tmp_path / "s.db"),
+        warmup_steps=1,
+        measured_steps=3,
+        target_interval=0,
+        race_rounds=2,
+        top_k=1,
+        verify_factor=2,
+        reporter=Header(),
+    )
+    assert recommendation.verification is not None and recommendation.memory_confirmed
+    ran = {t.config.parallel for t in recommendation.trials if t.status == "ok" and t.config}
+    assert ran == {"single", "ddp"}  # two gloo ranks as local processes too
+    assert heard["executor"].startswith("rank processes of this machine")
+
+
+def test_the_local_executor_cannot_take_a_ray_address() -> None:
+    with pytest.raises(ConfigError, match="executor='local' runs on this machine"):
+        make_settings({"trials": 2, "executor": "local", "ray_address": "10.0.0.1:6379"})
