@@ -16,6 +16,10 @@ a real short trial. The error is (measured - predicted) / measured of the rank's
 baseline), ``left out`` on every other configuration of the grid. Then ``autotune plan`` of
 ``--plan-model`` over the default space at 64 devices of 80 GiB, timed from the command line.
 
+``--device cuda``: the grid on this machine's GPUs (NCCL; one GPU: DDP and FSDP of one rank),
+measured against the allocator's reserved peak, each row also giving the traced tensors (the
+prediction a machine without a GPU makes) against the allocator's peak of allocated memory.
+
 ``--search MODEL --budget SIZE``: a memory-bound search (quick space, 2 ranks, 10 trials, where
 most of the space does not fit the budget) run twice, without and with the prediction: the
 trials that ran and did not fit, and each search's wall time.
@@ -50,6 +54,8 @@ MODELS = {
     "examples/hf_models.py:gpt2_tiny": (16, 4),
     "examples/hf_models.py:bert_tiny": (16, 4),
     "examples/hf_models.py:llama_tiny": (16, 4),
+    "workloads.gpt:gpt2_124m": (32, 12),  # the CUDA grid of the GPU issue
+    "workloads.convnet:resnet18": (256, 8),
 }
 """Model -> (global batch, checkpoint segments of the grid)."""
 
@@ -67,10 +73,17 @@ def _plan_seconds(model: str) -> float:
 
 def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
     for row in rows:
+        allocated = row.get("tensors_vs_allocated")
         print(
             f"{model:32} {row['config']:58} {row['tensors_bytes'] / 2**20:7.0f}M "
             f"{row['measured_bytes'] / 2**20:8.0f}M {row['after_one']:+8.1%} "
-            f"{row['left_out']:+7.1%}"
+            f"{row['left_out']:+7.1%}" + (f" {allocated:+10.1%}" if allocated is not None else "")
+        )
+    allocated = [r["tensors_vs_allocated"] for r in rows if "tensors_vs_allocated" in r]
+    if allocated:
+        print(
+            f"{model}: traced tensors within +-5% of the allocator's peak in "
+            f"{sum(abs(e) <= 0.05 for e in allocated)} of {len(allocated)}"
         )
     within = sum(abs(r["left_out"]) <= 0.10 for r in rows)
     after_one = sum(abs(r["after_one"]) <= 0.10 for r in rows)
@@ -92,7 +105,13 @@ def main() -> None:
         "(no trial runs); writes --out.",
     )
     parser.add_argument("--budget", default="700MiB", help="Its memory budget (all ranks).")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    devices = 2
+    if args.device == "cuda":
+        import torch
+
+        devices = torch.cuda.device_count()
 
     report: dict[str, object] = {"machine": machine(), "models": {}}
     if args.rescore:
@@ -104,10 +123,14 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
         return
-    print(f"{'model':32} {'config':58} {'tensors':>8} {'measured':>9} {'1 trial':>8} {'others':>7}")
+    print(
+        f"{'model':32} {'config':58} {'tensors':>8} {'measured':>9} {'1 trial':>8} {'others':>7}"
+        + (f" {'allocated':>10}" if args.device == "cuda" else "")
+    )
     for model in args.models:
         batch, segments = MODELS.get(model, (32, 2))
-        rows = errors(measure_grid(WorkloadSpec(model=model), grid(batch, segments)))
+        configs = grid(batch, segments, devices, args.device)
+        rows = errors(measure_grid(WorkloadSpec(model=model), configs))
         report["models"][model] = rows  # type: ignore[index]
         _print_rows(model, rows)
     if args.plan_model:

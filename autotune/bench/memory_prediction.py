@@ -1,12 +1,17 @@
 """Predicted against measured peak memory over a grid of configurations of one model.
 
-Each configuration of the grid runs as a real trial (local processes, gloo on CPU) and is
-traced under fake tensors. Two errors are reported per configuration, each the prediction's
-(measured - predicted) / measured:
+Each configuration of the grid runs as a real trial (local processes: gloo on CPU, NCCL on
+CUDA) and is traced under fake tensors. Two errors are reported per configuration, each the
+prediction's (measured - predicted) / measured:
 
 - ``after_one``: calibrated on the grid's first configuration alone, as a search is after its
   baseline;
 - ``left_out``: calibrated on every other configuration of the grid, as a search is late on.
+
+Measured is the resident peak of a rank on CPU, the caching allocator's reserved peak on CUDA.
+On CUDA each row also holds ``tensors_vs_allocated``: the traced tensors, uncalibrated (the
+prediction ``autotune plan`` makes on a machine without a GPU, as the trace runs on CPU
+kernels), against the allocator's peak of allocated memory.
 """
 
 from __future__ import annotations
@@ -40,10 +45,15 @@ class GridPoint:
     unsharded_bytes: int  # FSDP: the whole model a rank builds before sharding (else 0)
     trace_s: float
     trial_s: float
+    device: str = "cpu"
+    allocated_bytes: int | None = None  # CUDA: the allocator's peak of allocated memory
 
 
-def grid(global_batch_size: int, segments: int, devices: int = 2) -> list[TrainConfig]:
-    """Parallel mode x precision x checkpointing x accumulation, plus workers once; on CPU."""
+def grid(
+    global_batch_size: int, segments: int, devices: int = 2, device: str = "cpu"
+) -> list[TrainConfig]:
+    """Parallel mode x precision x checkpointing x accumulation, plus workers once (on CPU,
+    where they count) on ``devices`` ranks of ``device`` (one GPU: DDP and FSDP of one rank)."""
     configs = []
     for parallel, world in (("single", 1), ("ddp", devices), ("fsdp", devices)):
         for amp in ("off", "bf16"):
@@ -56,20 +66,22 @@ def grid(global_batch_size: int, segments: int, devices: int = 2) -> list[TrainC
                         "amp": amp,
                         "checkpoint_segments": checkpointed,
                         "grad_accum_steps": accum,
-                        "device": "cpu",
+                        "device": device,
                     }
                     try:
                         configs.append(TrainConfig(**values))
                     except ValueError:
                         continue
-    first = configs[0]
-    configs.insert(1, first.model_copy(update={"num_workers": 2}))
+    if device == "cpu":
+        configs.insert(1, configs[0].model_copy(update={"num_workers": 2}))
     return configs
 
 
 def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[GridPoint]:
-    """Trace and run every configuration (a short real trial each)."""
-    model = MemoryModel(workload, "cpu")
+    """Trace and run every configuration (a short real trial each), on the configurations'
+    device."""
+    device = configs[0].device if configs else "cpu"
+    model = MemoryModel(workload, device)
     options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, min_measure_s=1)
     points = []
     for config in configs:
@@ -77,18 +89,23 @@ def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[Gri
         parts = model.device_tensors(config)
         traced = time.perf_counter()
         result = run_trial(config, workload, options)
-        used = memory_used(result, "cpu")
+        used = memory_used(result, device)
+        ok = [r for r in result.ranks if r.status == "ok"]
         points.append(
             GridPoint(
                 config=config.summary(),
                 status=result.status,
                 values=config.model_dump(mode="json"),
                 tensors_bytes=sum(parts.values()) if parts else None,
-                measured_bytes=used // config.processes if used else None,
-                workers=config.num_workers,
+                measured_bytes=used // model._devices_counted(config) if used else None,
+                workers=model._workers(config),
                 unsharded_bytes=model._unsharded(config),
                 trace_s=traced - started,
                 trial_s=time.perf_counter() - traced,
+                device=device,
+                allocated_bytes=max(r.peak_memory_bytes for r in ok)
+                if device == "cuda" and ok and used
+                else None,
             )
         )
     return points
@@ -97,7 +114,7 @@ def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[Gri
 def rescored(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Saved rows traced and scored again with the memory model as it now stands (no trial
     runs again)."""
-    traced = MemoryModel(WorkloadSpec(model=model), "cpu")
+    traced = MemoryModel(WorkloadSpec(model=model), rows[0].get("device", "cpu") if rows else "cpu")
     points = []
     for row in rows:
         config = TrainConfig(**row["values"])
@@ -116,7 +133,7 @@ def errors(points: list[GridPoint]) -> list[dict[str, Any]]:
         Point(p.tensors_bytes or 0, p.workers, p.measured_bytes or 0, p.unsharded_bytes)
         for p in usable
     ]
-    prior = prior_for("cpu")
+    prior = prior_for(usable[0].device if usable else "cpu")
     first = fit(calibration_points[:1], prior)
     rows = []
     for i, (point, cal) in enumerate(zip(usable, calibration_points, strict=True)):
@@ -132,6 +149,10 @@ def errors(points: list[GridPoint]) -> list[dict[str, Any]]:
         row["after_one"] = (measured - row["predicted_after_one_bytes"]) / measured
         row["left_out"] = (measured - row["predicted_left_out_bytes"]) / measured
         row["tensor_share"] = cal.tensors_bytes / measured
+        if point.allocated_bytes:
+            row["tensors_vs_allocated"] = (
+                point.allocated_bytes - cal.tensors_bytes
+            ) / point.allocated_bytes
         rows.append(row)
     return rows
 

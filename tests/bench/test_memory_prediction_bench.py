@@ -1,0 +1,38 @@
+"""The memory-prediction benchmark's arithmetic: its CUDA grid and rows, without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.bench.memory_prediction import GridPoint, errors, grid
+
+MiB = 2**20
+
+
+def test_one_gpu_s_grid_holds_single_ddp_and_fsdp_of_one_rank_and_no_workers() -> None:
+    configs = grid(32, 2, devices=1, device="cuda")
+    assert {(c.parallel, c.world_size) for c in configs} == {
+        ("single", 1), ("ddp", 1), ("fsdp", 1)
+    }  # fmt: skip
+    assert all(c.device == "cuda" and c.num_workers == 0 for c in configs)
+    assert len(configs) == 24  # 3 modes x 2 precisions x 2 checkpointings x 2 accumulations
+    assert sum(c.num_workers == 2 for c in grid(32, 2)) == 1  # workers count on CPU only
+
+
+def _point(tensors: int, reserved: int, allocated: int) -> GridPoint:
+    return GridPoint(
+        config="c", status="ok", values={}, tensors_bytes=tensors * MiB,
+        measured_bytes=reserved * MiB, workers=0, unsharded_bytes=0, trace_s=0.0, trial_s=0.0,
+        device="cuda", allocated_bytes=allocated * MiB,
+    )  # fmt: skip
+
+
+def test_cuda_rows_are_judged_by_the_reserved_peak_and_say_how_far_tensors_are_from_allocated() -> (
+    None
+):
+    # Reserved = 1.2 x the tensors + 100 MiB, learnt from the trials (tensors only before).
+    points = [_point(t, int(1.2 * t) + 100, t + 5) for t in (500, 1000, 2000)]
+    rows = errors(points)
+    assert rows[0]["after_one"] == pytest.approx(0.0, abs=0.01)  # calibrated on itself
+    assert all(abs(r["left_out"]) < 0.01 for r in rows)
+    assert rows[0]["tensors_vs_allocated"] == pytest.approx(5 / 505)
