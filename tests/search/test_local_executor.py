@@ -3,6 +3,7 @@ machine (what a machine without Ray, or a lent GPU machine, uses)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def test_a_search_runs_its_trials_without_ray(
         raise AssertionError("executor='local' started Ray")
 
     monkeypatch.setattr(ray_executor.RayExecutor, "__init__", no_ray)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as on a machine without it: import fails
     space = tmp_path / "space.yaml"
     space.write_text("parallel: [single, ddp]\nworld_size: {choices: [2], when: {parallel: [ddp]}}")
     heard: dict[str, str] = {}
