@@ -123,7 +123,7 @@ def standard_recipe(
     its micro-batches tried from the largest down until one fits."""
     memo = _Memo(measure)
     devices = int(base.get("world_size", 1))
-    choices = {name: list(param.choices) for name, param in space.params.items()}
+    choices = space.choices()
     values = recipe_values(choices, str(base.get("device", "cpu")), devices, cores_per_rank)
     fixed = {k: v for k, v in base.items() if k != "world_size"}
     for config in recipe_candidates(values, space, lambda v: {**v, **fixed}):

@@ -79,6 +79,10 @@ class SearchSpace(BaseModel):
         text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def choices(self) -> dict[str, list[Value]]:
+        """Each knob's choices, whatever its conditions."""
+        return {name: list(param.choices) for name, param in self.params.items()}
+
     def without(self, name: str, value: Value) -> SearchSpace:
         """This space with one choice removed (a knob left with no choice disappears)."""
         params = dict(self.params)

@@ -249,7 +249,7 @@ class Tuner:
         stored = self.log.study.user_attrs.get(RECIPE_ATTR)
         if stored is not None:
             return TrainConfig.model_validate(stored) if stored else None
-        choices = {name: list(param.choices) for name, param in self.proposer.space.params.items()}
+        choices = self.proposer.space.choices()
         cores = max(1, usable_cpus() // max(1, self.devices))
         values = recipe_values(choices, self.platform.device_type, self.devices, cores)
         found = None
