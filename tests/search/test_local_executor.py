@@ -27,7 +27,7 @@ def test_a_search_runs_its_trials_without_ray(
     monkeypatch.setattr(ray_executor.RayExecutor, "__init__", no_ray)
     monkeypatch.setitem(sys.modules, "ray", None)  # as on a machine without it: import fails
     space = tmp_path / "space.yaml"
-    space.write_text("parallel: [single, ddp]\nworld_size: {choices: [2], when: {parallel: [ddp]}}")
+    space.write_text("parallel: [single]\nnum_workers: [0, 1]\n")
     heard: dict[str, str] = {}
 
     class Header(Reporter):
@@ -40,7 +40,7 @@ def test_a_search_runs_its_trials_without_ray(
         space=str(space),
         trials=2,
         executor="local",
-        devices=2,
+        devices=1,
         memory_budget="16GiB",
         storage=str(tmp_path / "s.db"),
         warmup_steps=1,
@@ -52,8 +52,8 @@ def test_a_search_runs_its_trials_without_ray(
         reporter=Header(),
     )
     assert recommendation.verification is not None and recommendation.memory_confirmed
-    ran = {t.config.parallel for t in recommendation.trials if t.status == "ok" and t.config}
-    assert ran == {"single", "ddp"}  # two gloo ranks as local processes too
+    ran = {t.config.num_workers for t in recommendation.trials if t.status == "ok" and t.config}
+    assert ran == {0, 1}  # with and without a DataLoader worker (2 gloo ranks: test_launch)
     assert heard["executor"].startswith("rank processes of this machine")
 
 
