@@ -8,6 +8,7 @@ from autotune.config import TrainConfig
 from autotune.runner.fake_memory import TensorPeak
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.memory_model import (
+    CUDA_PRIOR_MARGIN,
     MIN_MARGIN,
     PRIOR_MARGIN,
     Calibration,
@@ -15,6 +16,7 @@ from autotune.search.memory_model import (
     Point,
     device_parts,
     fit,
+    prior_for,
 )
 
 MiB = 2**20
@@ -87,6 +89,8 @@ def test_one_point_sets_the_offset_and_the_margin_stays_wide_until_errors_are_me
     one = fit([Point(100 * MiB, 0, 500 * MiB)], prior)
     assert one.apply(100 * MiB, 0) == pytest.approx(500 * MiB, rel=0.01)
     assert one.margin == PRIOR_MARGIN[1] and prior.margin == PRIOR_MARGIN[0]
+    on_cuda = fit([Point(100 * MiB, 0, 500 * MiB)], prior_for("cuda"))
+    assert on_cuda.margin == CUDA_PRIOR_MARGIN[1] > PRIOR_MARGIN[1]  # not measured there yet
     noisy = fit(
         [
             Point(100 * MiB, 0, 500 * MiB),
