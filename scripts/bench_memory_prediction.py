@@ -106,6 +106,14 @@ def main() -> None:
     )
     parser.add_argument("--budget", default="700MiB", help="Its memory budget (all ranks).")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--amp",
+        nargs="+",
+        default=["off", "bf16"],
+        choices=["off", "bf16"],
+        help="The grid's precisions (bf16 autocast on a CPU without bf16 units is emulated, "
+        "about 100x slower: a grid of a larger model's bf16 trials does not fit a session).",
+    )
     args = parser.parse_args()
     devices = 2
     if args.device == "cuda":
@@ -129,7 +137,7 @@ def main() -> None:
     )
     for model in args.models:
         batch, segments = MODELS.get(model, (32, 2))
-        configs = grid(batch, segments, devices, args.device)
+        configs = grid(batch, segments, devices, args.device, tuple(args.amp))
         rows = errors(measure_grid(WorkloadSpec(model=model), configs))
         report["models"][model] = rows  # type: ignore[index]
         _print_rows(model, rows)

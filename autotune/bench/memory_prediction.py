@@ -50,13 +50,17 @@ class GridPoint:
 
 
 def grid(
-    global_batch_size: int, segments: int, devices: int = 2, device: str = "cpu"
+    global_batch_size: int,
+    segments: int,
+    devices: int = 2,
+    device: str = "cpu",
+    amps: tuple[str, ...] = ("off", "bf16"),
 ) -> list[TrainConfig]:
     """Parallel mode x precision x checkpointing x accumulation, plus workers once (on CPU,
     where they count) on ``devices`` ranks of ``device`` (one GPU: DDP and FSDP of one rank)."""
     configs = []
     for parallel, world in (("single", 1), ("ddp", devices), ("fsdp", devices)):
-        for amp in ("off", "bf16"):
+        for amp in amps:
             for checkpointed in sorted({0, segments}):
                 for accum in (1, 4):
                     values = {
