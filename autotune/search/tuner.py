@@ -254,7 +254,10 @@ class Tuner:
         values = recipe_values(choices, self.platform.device_type, self.devices, cores)
         found = None
         for config in recipe_candidates(values, self.proposer.space, self.proposer.completer()):
-            if self.predicted_over(self.predict(config)):
+            # Largest first: the first predicted to fit (the prediction itself, no margin, as an
+            # engineer takes the largest batch that fits) is the one tried.
+            prediction = self.predict(config)
+            if prediction is not None and prediction.peak_bytes > self.limit_bytes:
                 continue
             self.log.refresh()
             record = self.log.measured().get(config.key())
