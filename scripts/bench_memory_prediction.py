@@ -54,6 +54,12 @@ MODELS = {
     "examples/hf_models.py:gpt2_tiny": (8, 4),  # 256-token sequences: 8 keeps a CPU grid short
     "examples/hf_models.py:bert_tiny": (8, 4),
     "examples/hf_models.py:llama_tiny": (8, 4),
+    "workloads.gpt:gpt_small": (32, 6),
+    "workloads.gpt:gpt_long_context": (16, 6),
+    "workloads.convnet:resnet_small": (32, 6),
+    "workloads.mlp:mlp_tiny": (64, 4),
+    "workloads.mlp:mlp_loading_bound": (64, 4),
+    "workloads.gpt:gpt_medium": (8, 8),
     "workloads.gpt:gpt2_124m": (32, 12),  # the CUDA grid of the GPU issue
     "workloads.convnet:resnet18": (256, 8),
 }
