@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 from autotune.cli import main
 
@@ -29,6 +30,15 @@ def exit_code(argv: list[str]) -> int | str | None:
         return main(argv)
     except SystemExit as error:
         return error.code
+
+
+def cli_here(capsys: Any, *args: str) -> tuple[str, str]:
+    """``autotune ARGS`` in this process (a stored study read back: no process start to pay);
+    its stdout and stderr. Fails on a non-zero exit."""
+    code = exit_code(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, f"autotune {' '.join(args)} exited {code}: {err[-2000:]}"
+    return out, err
 
 
 def run_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:

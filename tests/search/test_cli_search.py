@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import load_config
-from tests.helpers import SMALL_SEARCH, exit_code, kill_tree, run_cli, stored_records
+from tests.helpers import SMALL_SEARCH, cli_here, exit_code, kill_tree, stored_records
 
 pytestmark = pytest.mark.usefixtures("probe_cache")
 
@@ -40,7 +40,9 @@ def test_bad_search_input_is_one_line(
 
 
 @pytest.mark.slow
-def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path) -> None:
+def test_killed_search_resumes_without_losing_or_rerunning_trials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "s.db"
     argv = [
         sys.executable,
@@ -50,7 +52,7 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path
         "--space",
         "quick",
         "--trials",
-        "5",
+        "4",
         "--top-k",
         "2",
         "--race-rounds",
@@ -98,36 +100,24 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(tmp_path: Path
     assert load_config(tmp_path / "best.yaml").global_batch_size == 32
     assert "stored in" in second.stdout and "speed-up" in second.stdout
 
-    # export and show read the stored study
+    # export and show read the stored study (in this process: their own launch is test_cli's)
     for fmt, check in (
         ("yaml", "global_batch_size: 32"),
         ("json", '"global_batch_size": 32'),
     ):
-        out = run_cli("export", "--storage", str(db), "--format", fmt, check=True)
-        assert check in out.stdout
+        out, _ = cli_here(capsys, "export", "--storage", str(db), "--format", fmt)
+        assert check in out
     command = tmp_path / "launch.sh"
-    run_cli(
-        "export", "--storage", str(db), "--format", "torchrun", "--out", str(command), check=True
-    )
+    cli_here(capsys, "export", "--storage", str(db), "--format", "torchrun", "--out", str(command))
     written = tmp_path / "autotune-best.yaml"
     assert f"--config {written}" in command.read_text()
     assert load_config(written) == load_config(tmp_path / "best.yaml")
-    shown = run_cli("show", "--storage", str(db), check=True)
-    assert "baseline" in shown.stdout and "verify" in shown.stdout
+    shown, _ = cli_here(capsys, "show", "--storage", str(db))
+    assert "baseline" in shown and "verify" in shown
 
     page_path = tmp_path / "report.html"
-    run_cli(
-        "report",
-        "--storage",
-        str(db),
-        "--out",
-        str(page_path),
-        "--train-samples",
-        "1000000",
-        "--price-per-device-hour",
-        "2.5",
-        check=True,
-    )
+    cli_here(capsys, "report", "--storage", str(db), "--out", str(page_path),
+             "--train-samples", "1000000", "--price-per-device-hour", "2.5")  # fmt: skip
     page = page_path.read_text()
     assert page.count("<svg") == 2 and '<tr class="winner">' in page
     assert "Time and cost to train" in page and "device-hours" in page

@@ -15,7 +15,7 @@ import optuna
 import pytest
 
 from autotune.search.storage import StorageLost, open_storage
-from tests.helpers import SMALL_SEARCH, kill_tree, run_cli, stored_records
+from tests.helpers import SMALL_SEARCH, cli_here, kill_tree, stored_records
 from tests.postgres import PASSWORD, Server, why_not
 
 pytestmark = pytest.mark.usefixtures("probe_cache")
@@ -88,10 +88,10 @@ def test_a_database_that_stops_answering_is_waited_for_then_given_up_in_one_line
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_postgres_study_is_killed_resumed_and_holds_no_password(
-    postgres: Server, tmp_path: Path
+    postgres: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = postgres.create_database(f"k{uuid.uuid4().hex[:8]}")
-    argv = [*SEARCH, "--devices", "2", "--trials", "5", "--storage", url]
+    argv = [*SEARCH, "--devices", "2", "--trials", "4", "--storage", url]
     argv += ["--out", str(tmp_path / "best.yaml")]
     first = subprocess.Popen(
         argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -111,12 +111,10 @@ def test_a_postgres_study_is_killed_resumed_and_holds_no_password(
 
     outputs = [second.stdout, second.stderr, (first.stdout.read() if first.stdout else "")]
     for fmt in ("yaml", "torchrun", "hf"):  # the header, the command, a trainer's notes
-        exported = run_cli("export", "--storage", url, "--format", fmt, "--out",
-                           str(tmp_path / f"export.{fmt}"))  # fmt: skip
-        outputs += [exported.stdout, exported.stderr]
+        outputs += cli_here(capsys, "export", "--storage", url, "--format", fmt, "--out",
+                            str(tmp_path / f"export.{fmt}"))  # fmt: skip
     for command in (["show"], ["report", "--out", str(tmp_path / "report.html")]):
-        shown = run_cli(*command, "--storage", url, check=True)
-        outputs += [shown.stdout, shown.stderr]
+        outputs += cli_here(capsys, *command, "--storage", url)
     files = [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
     assert len(files) >= 4
     _no_secret(*outputs, *files, postgres.dump(url.rsplit("/", 1)[1]))
