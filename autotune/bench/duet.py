@@ -25,31 +25,31 @@ from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 
 
-def run_pinned(request: TrialRequest, cores: set[int]) -> TrialResult:
-    """One trial whose processes may use only ``cores``."""
-    found: dict[str, TrialResult] = {}
+def _pinned(
+    request: TrialRequest, cores: set[int], found: dict[int, TrialResult], key: int
+) -> threading.Thread:
+    """A thread that runs ``request`` with its processes allowed only ``cores``, into
+    ``found[key]``: the thread sets its own CPU affinity, and what it launches inherits it."""
 
     def target() -> None:
-        os.sched_setaffinity(0, cores)  # this thread: what it launches inherits the mask
-        found["result"] = run_to_end(LocalExecutor(), request)
+        os.sched_setaffinity(0, cores)
+        found[key] = run_to_end(LocalExecutor(), request)
 
-    thread = threading.Thread(target=target)
+    return threading.Thread(target=target)
+
+
+def run_pinned(request: TrialRequest, cores: set[int]) -> TrialResult:
+    """One trial whose processes may use only ``cores``."""
+    found: dict[int, TrialResult] = {}
+    thread = _pinned(request, cores, found, 0)
     thread.start()
     thread.join()
-    return found["result"]
+    return found[0]
 
 
 def _both(first: TrialRequest, second: TrialRequest, cores: tuple[int, int]) -> list[TrialResult]:
     found: dict[int, TrialResult] = {}
-
-    def target(index: int, request: TrialRequest, core: int) -> None:
-        os.sched_setaffinity(0, {core})
-        found[index] = run_to_end(LocalExecutor(), request)
-
-    threads = [
-        threading.Thread(target=target, args=(0, first, cores[0])),
-        threading.Thread(target=target, args=(1, second, cores[1])),
-    ]
+    threads = [_pinned(first, {cores[0]}, found, 0), _pinned(second, {cores[1]}, found, 1)]
     for thread in threads:
         thread.start()
     for thread in threads:

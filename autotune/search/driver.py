@@ -96,9 +96,9 @@ def _executor(
 
 def _executor_lines(executor: Executor) -> dict[str, str]:
     """What the search's header says of the executor."""
-    notes, shipped = getattr(executor, "notes", None), getattr(executor, "shipped", None)
-    if notes is None:  # the local executor
+    if isinstance(executor, LocalExecutor):
         return {"executor": "rank processes of this machine, one trial at a time (no Ray)"}
+    notes, shipped = getattr(executor, "notes", []), getattr(executor, "shipped", None)
     lines = {"ray": "; ".join(notes)} if notes else {}
     return lines | ({"shipped": f"{shipped} to every Ray node"} if shipped else {})
 

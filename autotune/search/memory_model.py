@@ -113,10 +113,10 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
             parts["powersgd error feedback"] = peak.gradient_bytes_full
     if config.parallel == "fsdp":
         shards = config.world_size
+        # Offloaded shards live in host memory: a CUDA device no longer holds them, while on a
+        # CPU the host is what is measured.
+        offloaded = config.fsdp_cpu_offload and config.device == "cuda"
         for name in ("parameters", "gradients", "optimizer state"):
-            # Offloaded shards live in host memory: a CUDA device no longer holds them, while
-            # on a CPU the host is what is measured.
-            offloaded = config.fsdp_cpu_offload and config.device == "cuda"
             parts[name] = 0 if offloaded else parts[name] // shards
         # Gathered parameters are whole copies beside the local shards: the root's own (never
         # resharded after forward), and the blocks'.
