@@ -203,6 +203,9 @@ class Tuner:
                 raise ConfigError(f"no baseline configuration is possible: {error}") from None
             trial = self._claim(config)
             if trial is None:  # another driver measured it meanwhile
+                done = self.log.measured().get(config.key())
+                if done is not None and done.role != "baseline":
+                    return done  # in another role (its search): asking again would loop
                 record = self.log.baseline()
                 continue
             record, _ = self._run_one(config, "baseline", trial=trial)

@@ -382,3 +382,21 @@ def test_a_configuration_another_driver_claimed_first_is_not_measured_again() ->
     earlier.set_user_attr(OWNER_ATTR, {**held, "key": "none"})
     later.set_user_attr(OWNER_ATTR, {**held})
     assert tuner.decide(proposal) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_baseline_another_driver_measured_in_another_role_ends_the_baseline() -> None:
+    # Another driver's baseline at accumulation 1 did not fit, and its search then measured
+    # the configuration the baseline would try next: this driver takes that measurement
+    # instead of asking for it again and again.
+    executor = FakeExecutor(steady)
+    tuner = make_tuner(executor, SPACE, limit_mib=500)
+    base = {"global_batch_size": 16, "parallel": "ddp", "world_size": 2, "device": "cpu"}
+    tuner._run_one(TrainConfig(**base, grad_accum_steps=1), "baseline")  # 800 MiB: over
+    measured = tuner._run_one(TrainConfig(**base, grad_accum_steps=2), "search")[0]  # 400 MiB
+    runs = len(executor.runs)
+    record = tuner.baseline()
+    assert record.number == measured.number and record.fits
+    assert len(executor.runs) == runs  # nothing measured twice
+    duplicates = [r for r in tuner.log.records if r.status == "duplicate"]
+    assert len(duplicates) <= 1
