@@ -4,6 +4,8 @@ space at 64 devices under 30 s).
 
     python scripts/bench_memory_prediction.py [--models workloads.gpt:gpt_tiny ...] \
         [--out results/memory_prediction.json] [--plan-model workloads.gpt:gpt2_124m]
+    python scripts/bench_memory_prediction.py --models workloads.gpt:gpt_small --plan-model "" \
+        --amp off --malloc-mmap-threshold 4MiB --out results/memory_prediction_fixed_heap.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bench.memory_prediction import (
+    MMAP_THRESHOLD_ENV,
     errors,
     grid,
     machine,
@@ -45,6 +49,7 @@ from autotune.bench.memory_prediction import (
     rescored,
 )
 from autotune.runner.workload import WorkloadSpec
+from autotune.units import parse_bytes
 
 MODELS = {
     "workloads.gpt:gpt_tiny": (32, 4),
@@ -113,6 +118,11 @@ def main() -> None:
     parser.add_argument("--budget", default="700MiB", help="Its memory budget (all ranks).")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument(
+        "--malloc-mmap-threshold",
+        help="Run the grid's ranks with glibc's mmap threshold fixed at this size (e.g. 4MiB): "
+        "their resident peak then follows the live tensors (see bench_cpu_heap.py).",
+    )
+    parser.add_argument(
         "--amp",
         nargs="+",
         default=["off", "bf16"],
@@ -128,6 +138,10 @@ def main() -> None:
         devices = torch.cuda.device_count()
 
     report: dict[str, object] = {"machine": machine(), "models": {}}
+    if args.malloc_mmap_threshold:  # the local launcher's ranks inherit the environment
+        threshold = parse_bytes(args.malloc_mmap_threshold)
+        os.environ[MMAP_THRESHOLD_ENV] = str(threshold)
+        report["malloc_mmap_threshold_bytes"] = threshold
     if args.rescore:
         saved = json.loads(Path(args.rescore).read_text())
         report = {**saved, "rescored_from": args.rescore, "models": {}}

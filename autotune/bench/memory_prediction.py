@@ -103,9 +103,9 @@ def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[Gri
                 status=result.status,
                 values=config.model_dump(mode="json"),
                 tensors_bytes=sum(parts.values()) if parts else None,
-                measured_bytes=used // model._devices_counted(config) if used else None,
-                workers=model._workers(config),
-                unsharded_bytes=model._unsharded(config),
+                measured_bytes=used // model.devices_counted(config) if used else None,
+                workers=model.workers(config),
+                unsharded_bytes=model.unsharded(config),
                 trace_s=traced - started,
                 trial_s=time.perf_counter() - traced,
                 device=device,
@@ -127,7 +127,7 @@ def rescored(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         parts = traced.device_tensors(config)
         kept = {k: row[k] for k in GridPoint.__dataclass_fields__ if k in row}
         kept["tensors_bytes"] = sum(parts.values()) if parts else None
-        kept["unsharded_bytes"] = traced._unsharded(config)
+        kept["unsharded_bytes"] = traced.unsharded(config)
         points.append(GridPoint(**kept))
     return errors(points)
 
@@ -233,3 +233,70 @@ def repeat_spread(records: list[Any]) -> dict[str, float]:
         for summary, values in peaks.items()
         if len(values) > 1
     }
+
+
+MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
+"""glibc's tunable: a fixed mmap threshold, which also stops glibc from raising it on its own."""
+
+
+def heap_pairs(
+    workload: WorkloadSpec,
+    configs: list[TrainConfig],
+    threshold_bytes: int,
+    repeats: int = 2,
+) -> list[dict[str, Any]]:
+    """Each configuration run with glibc's default heap and with its mmap threshold fixed at
+    ``threshold_bytes``, alternately, ``repeats`` times: the resident peak per rank, the
+    throughput, and the traced tensors the prediction starts from.
+
+    By default glibc serves an allocation below its mmap threshold from the heap, and raises
+    that threshold (up to 32 MiB) each time a larger mmapped block is freed; freed heap pages
+    stay resident for reuse. A fixed threshold sends every larger tensor to mmap, returned to
+    the system when freed, so the resident peak follows the live tensors. The rank processes
+    read the variable when they start (local executor), so the setting is theirs alone."""
+    model = MemoryModel(workload, "cpu")
+    options = TrialOptions()
+    rows = []
+    for repeat in range(repeats):
+        for config in configs:
+            parts = model.device_tensors(config)
+            for heap in ("default", "fixed"):
+                saved = os.environ.pop(MMAP_THRESHOLD_ENV, None)
+                if heap == "fixed":
+                    os.environ[MMAP_THRESHOLD_ENV] = str(threshold_bytes)
+                try:
+                    result = run_trial(config, workload, options)
+                finally:
+                    os.environ.pop(MMAP_THRESHOLD_ENV, None)
+                    if saved is not None:
+                        os.environ[MMAP_THRESHOLD_ENV] = saved
+                used = memory_used(result, "cpu")
+                rows.append(
+                    {
+                        "config": config.summary(),
+                        "repeat": repeat,
+                        "heap": heap,
+                        "status": result.status,
+                        "tensors_bytes": sum(parts.values()) if parts else None,
+                        "measured_bytes": used // config.processes if used else None,
+                        "samples_per_s": result.samples_per_s,
+                    }
+                )
+    return rows
+
+
+def heap_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration of ``heap_pairs``' rows: the traced tensors, and the median resident
+    peak and samples/s under each heap."""
+    import statistics
+
+    summaries = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        mine = [r for r in rows if r["config"] == config]
+        summary: dict[str, Any] = {"config": config, "tensors_bytes": mine[0]["tensors_bytes"]}
+        for heap in ("default", "fixed"):
+            for key in ("measured_bytes", "samples_per_s"):
+                values = [r[key] for r in mine if r["heap"] == heap and r[key] is not None]
+                summary[f"{key}_{heap}"] = statistics.median(values) if values else None
+        summaries.append(summary)
+    return summaries

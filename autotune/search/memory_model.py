@@ -359,23 +359,23 @@ class MemoryModel:
             parts = self.device_tensors(record.config)
             if parts is None:
                 continue
-            per_device = record.memory_used_bytes // self._devices_counted(record.config)
-            workers = self._workers(record.config)
-            unsharded = self._unsharded(record.config)
+            per_device = record.memory_used_bytes // self.devices_counted(record.config)
+            workers = self.workers(record.config)
+            unsharded = self.unsharded(record.config)
             points.append(Point(sum(parts.values()), workers, per_device, unsharded))
         self.calibration = fit(points, self.prior)
         return self.calibration
 
-    def _devices_counted(self, config: TrainConfig) -> int:
+    def devices_counted(self, config: TrainConfig) -> int:
         """How many devices a measured figure sums: on CPU all ranks share one host."""
         return config.processes if self.device_type == "cpu" else 1
 
-    def _unsharded(self, config: TrainConfig) -> int:
+    def unsharded(self, config: TrainConfig) -> int:
         """The whole model an FSDP rank builds before sharding it (0 for other modes)."""
         peak = self.tensor_peak(config) if config.parallel == "fsdp" else None
         return peak.parameters_bytes if peak is not None else 0
 
-    def _workers(self, config: TrainConfig) -> int:
+    def workers(self, config: TrainConfig) -> int:
         return config.num_workers if self.device_type == "cpu" else 0  # host memory on CUDA
 
     def predict(self, config: TrainConfig) -> Prediction | None:
@@ -384,8 +384,8 @@ class MemoryModel:
             return None
         calibration = self.calibration or self.prior
         tensors = sum(parts.values())
-        workers = self._workers(config)
-        unsharded = self._unsharded(config)
+        workers = self.workers(config)
+        unsharded = self.unsharded(config)
         per_device = calibration.apply(tensors, workers, unsharded)
         shown = dict(parts)
         if unsharded:
@@ -402,7 +402,7 @@ class MemoryModel:
         source = "fake-tensor trace" + ("" if exact in self._traces else ", interpolated")
         source += ", compile predicted as eager" if config.compile != "off" else ""
         source += f", {calibration.describe()}"
-        return Prediction(per_device * self._devices_counted(config), shown, source)
+        return Prediction(per_device * self.devices_counted(config), shown, source)
 
     @property
     def margin(self) -> float:

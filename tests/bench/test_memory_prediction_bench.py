@@ -36,3 +36,38 @@ def test_cuda_rows_are_judged_by_the_reserved_peak_and_say_how_far_tensors_are_f
     assert rows[0]["after_one"] == pytest.approx(0.0, abs=0.01)  # calibrated on itself
     assert all(abs(r["left_out"]) < 0.01 for r in rows)
     assert rows[0]["tensors_vs_allocated"] == pytest.approx(5 / 505)
+
+
+def test_heap_pairs_fix_the_threshold_for_the_fixed_runs_alone_and_restore_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+    from types import SimpleNamespace
+
+    from autotune.bench import memory_prediction
+    from autotune.config import TrainConfig
+    from autotune.runner.workload import WorkloadSpec
+
+    seen: list[str | None] = []
+
+    def trial(config: object, workload: object, options: object) -> SimpleNamespace:
+        seen.append(os.environ.get(memory_prediction.MMAP_THRESHOLD_ENV))
+        fixed = seen[-1] is not None
+        return SimpleNamespace(status="ok", samples_per_s=5.0 if fixed else 10.0, fixed=fixed)
+
+    monkeypatch.setattr(memory_prediction, "run_trial", trial)
+    monkeypatch.setattr(  # the fixed heap's peak follows the tensors: lower
+        memory_prediction, "memory_used", lambda r, device: (300 if r.fixed else 500) * MiB
+    )
+    monkeypatch.setenv(memory_prediction.MMAP_THRESHOLD_ENV, "123")  # the user's own, kept
+    config = TrainConfig(global_batch_size=8, device="cpu")
+    rows = memory_prediction.heap_pairs(
+        WorkloadSpec(model="tests.fixtures.traced:Stack"), [config], 4 * MiB, repeats=2
+    )
+    assert seen == [None, str(4 * MiB)] * 2  # default first, then fixed, per repeat
+    assert os.environ[memory_prediction.MMAP_THRESHOLD_ENV] == "123"
+    (summary,) = memory_prediction.heap_summary(rows)
+    assert summary["tensors_bytes"] > 0  # traced, as the prediction is
+    assert summary["measured_bytes_default"] == 500 * MiB
+    assert summary["measured_bytes_fixed"] == 300 * MiB
+    assert (summary["samples_per_s_default"], summary["samples_per_s_fixed"]) == (10.0, 5.0)
