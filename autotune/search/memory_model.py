@@ -78,7 +78,7 @@ PRIOR_MARGIN = (0.50, 0.40)
 """The margin while too few trials have measured the prediction's error, by trials (0, 1).
 After one trial: above the largest over-prediction after one trial that the CPU grids of
 ``scripts/bench_memory_prediction.py`` measured (36.5%, DDP at micro-batch 4 after a
-one-device trial at 32, ``resnet_small``, over 192 configurations of 12 models)."""
+one-device trial at 32, ``resnet_small``, over 204 configurations of 13 models)."""
 CUDA_PRIOR_MARGIN = (0.50, 0.50)
 """On CUDA no grid has measured that yet, and the trace runs on CPU kernels (fused attention,
 cuBLAS workspaces and the allocator differ): the wider margin stays until one has."""
