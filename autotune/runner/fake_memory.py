@@ -45,6 +45,17 @@ class TensorPeak:
     block_parameters_bytes: int  # the largest repeated block's parameters (FSDP's unit)
     outside_blocks_bytes: int  # parameters outside the repeated blocks (FSDP's root unit)
     gradient_bytes_full: int  # every parameter's gradient (DDP's buckets copy them)
+    backward_bytes: int = 0  # forward and backward's peak beside the optimizer state (0: total's)
+    backward_gradients_bytes: int = 0  # the gradients at that moment
+
+    @property
+    def accumulating_bytes(self) -> int:
+        """What accumulating gradients adds to the peak: each later micro-step's forward and
+        backward runs beside every gradient of the earlier ones, where the traced step (its
+        gradients set to None before it) held only its own."""
+        backward = self.backward_bytes or self.total_bytes
+        held = self.backward_gradients_bytes if self.backward_bytes else self.gradients_bytes
+        return max(0, backward - held + self.gradient_bytes_full - self.total_bytes)
 
     @property
     def activations_bytes(self) -> int:
@@ -110,13 +121,20 @@ def _by_kind(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
     return {getattr(k, "name", str(k)): int(v) for k, v in parts.items()}
 
 
-def _steady_peak(backward: dict[str, int], stepped: dict[str, int], state: int) -> dict[str, int]:
-    """A steady step's peak from the first step's: its forward and backward run beside the
-    optimizer's state (which the first step only creates at its end), and its optimizer step
-    peaks as the first one's did. Tracing one step and adding the state costs half of tracing
-    two, with the same peak (pinned against two traced steps in the tests)."""
+def _with_state(backward: dict[str, int], state: int) -> dict[str, int]:
+    """A steady step's forward and backward: beside the optimizer's state, which the first
+    step only creates at its end."""
     with_state = {**backward, "OPT": backward.get("OPT", 0) + state}
     with_state["Total"] = backward.get("Total", 0) + state
+    return with_state
+
+
+def _steady_peak(backward: dict[str, int], stepped: dict[str, int], state: int) -> dict[str, int]:
+    """A steady step's peak from the first step's: its forward and backward beside the state,
+    and its optimizer step peaking as the first one's did. Tracing one step and adding the state
+    costs half of tracing two, with the same peak (pinned against two traced steps in the
+    tests)."""
+    with_state = _with_state(backward, state)
     return with_state if with_state["Total"] >= stepped.get("Total", 0) else stepped
 
 
@@ -208,6 +226,7 @@ def _trace(
             optimizer.zero_grad(set_to_none=True)
             state = _by_kind(tracker.get_tracker_snapshot("current")).get("OPT", 0)
     by_kind = _steady_peak(backward, stepped, state)
+    steady_backward = _with_state(backward, state)
     return TensorPeak(
         total_bytes=int(by_kind.get("Total", 0)),
         parameters_bytes=parameters,
@@ -216,4 +235,6 @@ def _trace(
         block_parameters_bytes=block_bytes,
         outside_blocks_bytes=max(0, parameters - in_blocks),
         gradient_bytes_full=gradients_full,
+        backward_bytes=int(steady_backward.get("Total", 0)),
+        backward_gradients_bytes=int(steady_backward.get("GRAD", 0)),
     )

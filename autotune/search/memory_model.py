@@ -6,6 +6,8 @@ A prediction is never a measurement: it travels in its own fields (``Prediction`
 
 - tensors of one device, from ``autotune.runner.fake_memory.trace_step`` (the user's model,
   optimizer and loss under fake tensors) at the micro-batch, precision and checkpointing;
+- accumulation adds the earlier micro-steps' gradients, held through each later forward and
+  backward (the traced step's peak may come before any gradient exists);
 - DDP adds its gradient buckets (a copy of every gradient: ``gradient_as_bucket_view`` is off),
   a compressing hook a compressed bucket, PowerSGD its error feedback (another copy);
 - FSDP2 shards parameters, gradients and optimizer state over the devices (or, offloaded, keeps
@@ -45,8 +47,8 @@ MEMORY_FIELDS = {
     "comm_hook": "a compressed bucket; PowerSGD's error feedback",
     "amp": "the step traced under its autocast",
     "checkpoint_segments": "the step traced with those blocks checkpointed",
-    "grad_accum_steps": "the micro-batch the step is traced at; under FSDP, the unsharded "
-    "gradients held from micro-step to micro-step",
+    "grad_accum_steps": "the micro-batch the step is traced at, and the gradients held from "
+    "micro-step to micro-step (under FSDP, unsharded)",
     "compile": "predicted as eager: an upper bound",
     "expandable_segments": "the allocator's reserve over its tensors, learnt by the calibration "
     "from CUDA trials (one scale for both settings: an approximation)",
@@ -77,7 +79,7 @@ shows its peak."""
 PRIOR_MARGIN = (0.50, 0.40)
 """The margin while too few trials have measured the prediction's error, by trials (0, 1).
 After one trial: above the largest over-prediction after one trial that the CPU grids of
-``scripts/bench_memory_prediction.py`` measured (36.5%, DDP at micro-batch 4 after a
+``scripts/bench_memory_prediction.py`` measured (37.2%, DDP at micro-batch 4 after a
 one-device trial at 32, ``resnet_small``, over 204 configurations of 13 models)."""
 CUDA_PRIOR_MARGIN = (0.50, 0.50)
 """On CUDA no grid has measured that yet, and the trace runs on CPU kernels (fused attention,
@@ -111,6 +113,8 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
             parts["compressed bucket"] = min(bucket, peak.gradient_bytes_full) // 2
         if config.comm_hook == "powersgd":
             parts["powersgd error feedback"] = peak.gradient_bytes_full
+    if config.grad_accum_steps > 1 and config.parallel != "fsdp":
+        parts["accumulated gradients"] = peak.accumulating_bytes
     if config.parallel == "fsdp":
         shards = config.world_size
         # Offloaded shards live in host memory: a CUDA device no longer holds them, while on a

@@ -149,3 +149,15 @@ def test_interpolation_along_one_axis_when_the_table_has_one_checkpointing(
             model._traces[(mb, "fp32", k, "default")] = peak(mb, k)
     middle = _config(grad_accum_steps=2, checkpoint_segments=segments[-1])  # micro-batch 8
     assert model.tensor_peak(middle) == peak(8, segments[-1])
+
+
+def test_accumulation_adds_the_gradients_the_traced_peak_did_not_hold() -> None:
+    # PEAK holds every gradient at its peak (the optimizer step): nothing to add
+    assert "accumulated gradients" not in device_parts(PEAK, _config())
+    assert device_parts(PEAK, _config(grad_accum_steps=2))["accumulated gradients"] == 0
+    # a peak in backward, before any gradient existed: the earlier micro-steps' are added
+    backward = TensorPeak(1000 * MiB, 100 * MiB, 0, 200 * MiB, 10 * MiB, 20 * MiB, 100 * MiB,
+                          backward_bytes=1000 * MiB, backward_gradients_bytes=0)  # fmt: skip
+    for values in ({}, {"parallel": "ddp", "world_size": 2}):
+        parts = device_parts(backward, _config(grad_accum_steps=4, **values))
+        assert parts["accumulated gradients"] == 100 * MiB
