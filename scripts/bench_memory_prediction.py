@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bench.memory_prediction import (
+    GRIDS,
     MMAP_THRESHOLD_ENV,
     errors,
     grid,
@@ -50,25 +51,6 @@ from autotune.bench.memory_prediction import (
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
-
-MODELS = {
-    "workloads.gpt:gpt_tiny": (32, 4),
-    "workloads.convnet:resnet_tiny": (32, 2),
-    "workloads.mlp:mlp_small": (64, 2),
-    "tests.fixtures.traced:Stack": (4096, 4),
-    "examples/hf_models.py:gpt2_tiny": (8, 4),  # 256-token sequences: 8 keeps a CPU grid short
-    "examples/hf_models.py:bert_tiny": (8, 4),
-    "examples/hf_models.py:llama_tiny": (8, 4),
-    "workloads.gpt:gpt_small": (32, 6),
-    "workloads.gpt:gpt_long_context": (16, 6),
-    "workloads.convnet:resnet_small": (32, 6),
-    "workloads.mlp:mlp_tiny": (64, 4),
-    "workloads.mlp:mlp_loading_bound": (64, 4),
-    "workloads.gpt:gpt_medium": (8, 8),
-    "workloads.gpt:gpt2_124m": (32, 12),  # the CUDA grid of the GPU issue
-    "workloads.convnet:resnet18": (256, 8),
-}
-"""Model -> (global batch, checkpoint segments of the grid)."""
 
 
 def _plan_seconds(model: str) -> float:
@@ -106,7 +88,7 @@ def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--models", nargs="*", default=list(GRIDS))
     parser.add_argument("--out", default="results/memory_prediction.json")
     parser.add_argument("--plan-model", default="workloads.gpt:gpt2_124m")
     parser.add_argument("--search", help="A model for the memory-bound search.")
@@ -156,7 +138,7 @@ def main() -> None:
         + (f" {'allocated':>10}" if args.device == "cuda" else "")
     )
     for model in args.models:
-        batch, segments = MODELS.get(model, (32, 2))
+        batch, segments = GRIDS.get(model, (32, 2))
         configs = grid(batch, segments, devices, args.device, tuple(args.amp))
         rows = errors(measure_grid(WorkloadSpec(model=model), configs))
         report["models"][model] = rows  # type: ignore[index]

@@ -33,6 +33,26 @@ from autotune.search.memory_model import MemoryModel, Point, fit, prior_for
 from autotune.search.progress import Reporter
 from autotune.search.settings import make_settings
 
+GRIDS = {
+    "workloads.gpt:gpt_tiny": (32, 4),
+    "workloads.convnet:resnet_tiny": (32, 2),
+    "workloads.mlp:mlp_small": (64, 2),
+    "tests.fixtures.traced:Stack": (4096, 4),
+    "examples/hf_models.py:gpt2_tiny": (8, 4),  # 256-token sequences: 8 keeps a CPU grid short
+    "examples/hf_models.py:bert_tiny": (8, 4),
+    "examples/hf_models.py:llama_tiny": (8, 4),
+    "workloads.gpt:gpt_small": (32, 6),
+    "workloads.gpt:gpt_long_context": (16, 6),
+    "workloads.convnet:resnet_small": (32, 6),
+    "workloads.mlp:mlp_tiny": (64, 4),
+    "workloads.mlp:mlp_loading_bound": (64, 4),
+    "workloads.gpt:gpt_medium": (8, 8),
+    "workloads.gpt:gpt2_124m": (32, 12),  # the CUDA grid of the GPU issue
+    "workloads.convnet:resnet18": (256, 8),
+}
+"""Model -> (global batch, checkpoint segments of its grid), for the grids of
+``scripts/bench_memory_prediction.py`` and ``scripts/bench_cpu_heap.py``."""
+
 
 @dataclass(frozen=True)
 class GridPoint:
