@@ -3,9 +3,10 @@ answering, and told who runs what.
 
 ``open_storage`` gives Optuna's ``RDBStorage`` with every call made patient: a call that fails
 because the database stopped answering (a restarting server, a dropped connection) is retried
-until it answers again, for at most ``wait_s`` seconds, said once on the terminal; past that the
-search stops with one line, and every trial stored before is kept. Connections are checked
-before use (``pool_pre_ping``), so a restarted server is reconnected to, not failed on.
+whole, on a fresh session, until it answers again, for at most ``wait_s`` seconds, said once
+on the terminal; past that the search stops with one line, and every trial stored before is
+kept. Connections are checked before use (``pool_pre_ping``), so a restarted server is
+reconnected to, not failed on.
 
 Several drivers may run one study at once. Each trial a driver runs carries its owner
 (``OWNER_ATTR``: the driver, the configuration's key, and when the claim lapses), so another
@@ -15,9 +16,11 @@ left behind (``abandoned``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -120,21 +123,34 @@ def _connection_lost(error: BaseException) -> bool:
     while seen is not None:
         if isinstance(seen, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
             return True
+        # A connection lost inside a transaction: it is refused until rolled back, which the
+        # retry does by dropping the session (``_patient``).
+        if isinstance(seen, sqlalchemy.exc.PendingRollbackError):
+            return True
         if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.connection_invalidated:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
 
 
+_calling = threading.local()
+"""Whether this thread is inside a patient call: only the outermost one waits and retries, since
+a retry starts a fresh session, and a call made inside another still holds the lost one's rows."""
+
+
 def _patient(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not hasattr(self, "wait_s"):  # still being opened: open_storage says why not
-            return method(self, *args, **kwargs)
+        if not hasattr(self, "wait_s") or getattr(_calling, "inside", False):
+            return method(self, *args, **kwargs)  # opening (open_storage says why not); nested
         deadline = None
         while True:
             try:
-                result = method(self, *args, **kwargs)
+                _calling.inside = True
+                try:
+                    result = method(self, *args, **kwargs)
+                finally:
+                    _calling.inside = False
             except Exception as error:
                 if not _connection_lost(error):
                     raise
@@ -154,6 +170,8 @@ def _patient(method: Callable[..., Any]) -> Callable[..., Any]:
                         f"{self.wait_s:g} s ({first}); every trial stored before is kept: run "
                         "the same command again to resume (--storage-wait waits longer)"
                     ) from None
+                with contextlib.suppress(Exception):  # a fresh session, not the lost one's
+                    self.remove_session()
                 time.sleep(min(RETRY_S, max(deadline - now, 0.05)))
                 continue
             if self.waiting_since is not None:

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy.exc
 
 from autotune.errors import ConfigError
+from autotune.search import storage
 from autotune.search.settings import make_settings
 from autotune.search.storage import OWNER_ATTR, claims, open_storage, owner
 from autotune.search.study import open_study, requeue_abandoned
@@ -210,3 +212,64 @@ def test_a_study_another_driver_just_created_is_joined_not_refused(tmp_path: Pat
     assert name == "team"
     with pytest.raises(ConfigError, match="different model"):  # once stored, it is checked
         open_study(storage, "team", {"model": "b"}, new_study=False)
+
+
+class _Lossy:
+    """A storage whose inner call loses its connection once (as a restarting server does)."""
+
+    wait_s, waiting_since, shown, url = 5.0, None, "db", "db"
+
+    def __init__(self, error: Exception) -> None:
+        self.error: Exception | None = error
+        self.calls: list[str] = []
+        self.said: list[str] = []
+
+    def say(self, line: str) -> None:
+        self.said.append(line)
+
+    def remove_session(self) -> None:
+        self.calls.append("remove_session")
+
+    def outer(self) -> str:
+        self.calls.append("outer")
+        return self.inner()
+
+    def inner(self) -> str:
+        self.calls.append("inner")
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return "answered"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection")),
+        sqlalchemy.exc.PendingRollbackError("Can't reconnect until invalid transaction is rolled"),
+    ],
+    ids=["connection lost", "pending rollback"],
+)
+def test_a_lost_connection_retries_the_outermost_call_on_a_fresh_session(
+    monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    # The retry starts a new session: a nested call retried alone would go on with rows of the
+    # lost one (SQLAlchemy's DetachedInstanceError, PendingRollbackError under a real restart).
+    monkeypatch.setattr(storage, "RETRY_S", 0.01)
+    for name in ("outer", "inner"):
+        monkeypatch.setattr(_Lossy, name, storage._patient(getattr(_Lossy, name)))
+    lossy = _Lossy(error)
+    assert lossy.outer() == "answered"
+    assert lossy.calls == ["outer", "inner", "remove_session", "outer", "inner"]
+    assert lossy.said[0].startswith("the study database at db stopped answering")
+    assert lossy.said[1].startswith("the study database answers again")
+
+
+def test_an_error_that_is_not_a_lost_connection_is_raised_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_Lossy, "outer", storage._patient(_Lossy.outer))
+    lossy = _Lossy(sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("duplicate key")))
+    with pytest.raises(sqlalchemy.exc.IntegrityError):
+        lossy.outer()
+    assert lossy.calls == ["outer", "inner"] and lossy.said == []
