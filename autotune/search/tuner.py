@@ -133,6 +133,12 @@ class Tuner:
             )
         return prediction
 
+    def predicted_fits(self, prediction: Prediction | None) -> bool | None:
+        """Whether the prediction itself lies within the limit, no margin (how the baseline and
+        the recipe choose their starting point: an engineer takes what is expected to fit).
+        None: nothing was predicted."""
+        return None if prediction is None else prediction.peak_bytes <= self.limit_bytes
+
     def predicted_over(self, prediction: Prediction | None) -> bool:
         """Predicted over the limit by more than the prediction's measured error."""
         if prediction is None or self.memory is None:
@@ -257,10 +263,8 @@ class Tuner:
         values = recipe_values(choices, self.platform.device_type, self.devices, cores)
         found = None
         for config in recipe_candidates(values, self.proposer.space, self.proposer.completer()):
-            # Largest first: the first predicted to fit (the prediction itself, no margin, as an
-            # engineer takes the largest batch that fits) is the one tried.
-            prediction = self.predict(config)
-            if prediction is not None and prediction.peak_bytes > self.limit_bytes:
+            # Largest first: the first predicted to fit is the one tried.
+            if self.predicted_fits(self.predict(config)) is False:
                 continue
             self.log.refresh()
             record = self.log.measured().get(config.key())
@@ -304,7 +308,7 @@ class Tuner:
             prediction = self.predict(config)
             if prediction is None:
                 return start
-            if prediction.peak_bytes <= self.limit_bytes:
+            if self.predicted_fits(prediction):
                 if accum > 1:
                     self.reporter.phase(
                         f"baseline: accumulation {accum}, the least predicted to fit "
