@@ -335,6 +335,7 @@ def format_plan(plan: Plan, model: str) -> str:
             else ""
         ),
         f"process beyond the tensors: {plan.calibration}",
+        *(f"left out: {line}" for line in plan.left_out),
     ]
     if plan.trace_error:
         lines.append(

@@ -257,13 +257,19 @@ def _takes_one_argument(function: Any) -> bool:
     return len(required) == 1
 
 
+def _beside_model(spec: WorkloadSpec, attribute: str) -> str:
+    """``attribute`` of the model's module, named as the user named the model (a file path
+    stays a path, not the name it is imported under)."""
+    return f"{spec.model.rpartition(':')[0]}:{attribute}"
+
+
 def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any, str]:
     """The dataset for ``model`` and a description of where it came from."""
     if spec.data:
         _, source = resolve_reference(spec.data, "--data")
         return _instantiate_dataset(source, model, spec.data, "--data"), f"--data {spec.data}"
     if hasattr(model_module, DATASET_ATTRIBUTE):
-        reference = f"{model_module.__name__}:{DATASET_ATTRIBUTE}"
+        reference = _beside_model(spec, DATASET_ATTRIBUTE)
         source = getattr(model_module, DATASET_ATTRIBUTE)
         return _instantiate_dataset(source, model, reference, "dataset"), reference
     from autotune.runner.synthetic import SyntheticDataset  # imports torch: when data is needed
@@ -320,7 +326,7 @@ def load_optimizer(spec: WorkloadSpec, model_module: Any) -> tuple[OptimizerFact
     factory = getattr(model_module, OPTIMIZER_ATTRIBUTE, None)
     if factory is None:
         return None, f"default {DEFAULT_OPTIMIZER}"
-    reference = f"{model_module.__name__}:{OPTIMIZER_ATTRIBUTE}"
+    reference = _beside_model(spec, OPTIMIZER_ATTRIBUTE)
     return _checked_optimizer(_callable_factory(factory, reference), reference)
 
 

@@ -27,6 +27,7 @@ from autotune.search.memory_model import (
     fit,
     prior_for,
 )
+from autotune.search.probe import repeated_blocks
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
@@ -54,6 +55,8 @@ class Plan:
     rows: list[PlanRow] = field(default_factory=list)
     trace_error: str | None = None
     calibration: str = ""
+    left_out: list[str] = field(default_factory=list)
+    """Choices of the space this model cannot take, each with why (one line each)."""
 
     def fitting(self) -> list[PlanRow]:
         return [r for r in self.rows if r.fits(self.limit_bytes)]
@@ -93,6 +96,7 @@ class Plan:
                 "predicted": True,
                 "calibration": self.calibration,
                 "trace_error": self.trace_error,
+                "left_out": self.left_out,
                 "configurations": [_row_json(r, self.limit_bytes) for r in self.rows],
                 "largest_micro_batch": {
                     f"{mode} {precision}": _row_json(r, self.limit_bytes)
@@ -172,6 +176,7 @@ def make_plan(
         ]
     else:
         raise ConfigError("plan needs a search space or a configuration")
+    configs, left_out = _checkpointable(workload, configs, config is not None)
     model = MemoryModel(workload, device_type, prior_for(device_type))
     if len(configs) > 1:
         model.interpolate_between(configs)
@@ -190,6 +195,7 @@ def make_plan(
         limit_bytes=limit_bytes,
         rows=rows,
         trace_error=model.trace_error,
+        left_out=left_out,
         calibration=calibrated.describe()
         if calibrated.trials
         else (
@@ -199,6 +205,33 @@ def make_plan(
             else f"a bare rank process measured here ({calibrated.offset_bytes / 2**20:,.0f} MiB)"
         ),
     )
+
+
+def _checkpointable(
+    workload: WorkloadSpec, configs: list[TrainConfig], one: bool
+) -> tuple[list[TrainConfig], list[str]]:
+    """``configs`` without those that checkpoint more blocks than the model repeats (as the
+    search's probe drops them), and a line saying which were left out; for a configuration
+    given alone, a one-line error instead. A model that cannot be built on the meta device is
+    left to the trace."""
+    found = repeated_blocks(workload.model)
+    if found is None:
+        return configs, []
+    count, name = found
+    kept = [c for c in configs if c.checkpoint_segments <= count]
+    if len(kept) == len(configs):
+        return configs, []
+    blocks = f"{count} repeated {name} blocks" if count else "no repeated blocks"
+    if one:
+        raise ConfigError(
+            f"checkpoint_segments={configs[0].checkpoint_segments}: the model has {blocks} to "
+            f"checkpoint; use 0..{count}"
+        )
+    dropped = sorted(
+        {c.checkpoint_segments for c in configs} - {c.checkpoint_segments for c in kept}
+    )
+    values = ", ".join(str(d) for d in dropped)
+    return kept, [f"checkpoint_segments {values}: the model has {blocks}"]
 
 
 def _calibrate(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from autotune.api import run_trial
@@ -14,7 +16,8 @@ from autotune.runner.workload import (
 )
 from tests.fixtures.optimizers import PARAMETER_BYTES
 
-MODEL = "tests.fixtures.optimizers:Wide"
+MODULE = "tests.fixtures.optimizers"
+MODEL = f"{MODULE}:Wide"
 CONFIG = {"global_batch_size": 8, "device": "cpu"}
 
 
@@ -44,7 +47,18 @@ def test_the_default_is_adamw_and_says_how_to_give_yours() -> None:
     assert build_workload(spec).optimizer is None
     source = describe_optimizer(spec)
     assert source.startswith("default AdamW") and "--optimizer module:attr" in source
-    assert describe_optimizer(WorkloadSpec(model=MODEL)).endswith(":autotune_optimizer")
+    assert describe_optimizer(WorkloadSpec(model=MODEL)) == f"{MODULE}:autotune_optimizer"
+
+
+def test_a_model_file_s_optimizer_and_dataset_are_named_by_the_file(tmp_path: Path) -> None:
+    # Named as the user named the model, so the name can be given back (--optimizer, --data),
+    # not as the module the file is imported under.
+    (tmp_path / "mine.py").write_text(
+        "from tests.fixtures.optimizers import Wide, autotune_dataset, autotune_optimizer\n"
+    )
+    spec = WorkloadSpec(model=f"{tmp_path}/mine.py:Wide")
+    assert describe_optimizer(spec) == f"{tmp_path}/mine.py:autotune_optimizer"
+    assert build_workload(spec).data_source == f"{tmp_path}/mine.py:autotune_dataset"
 
 
 @pytest.mark.parametrize(

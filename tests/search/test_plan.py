@@ -89,6 +89,32 @@ def test_offloading_fsdp_shards_is_planned_as_a_way_to_fit(
     assert peaks[False] - peaks[True] == pytest.approx(state, rel=0.01)
 
 
+def test_checkpointing_more_blocks_than_the_model_repeats_is_left_out_not_fatal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The default space checkpoints up to 12 blocks; Stack repeats 4. Those choices are left
+    # out, said once, and the rest is planned (before, the first such trace failed the plan).
+    space = tmp_path / "space.yaml"
+    space.write_text("parallel: [single]\ncheckpoint_segments: [0, 2, 8, 12]\n")
+    argv = ["plan", "--model", MODEL, "--devices", "1", "--device-memory", "8GiB"]
+    assert main([*argv, "--space", str(space)]) == 0
+    out = capsys.readouterr().out
+    assert "left out: checkpoint_segments 8, 12: the model has 4 repeated Sequential blocks" in out
+    assert "ckpt=2" in out and "ckpt=8" not in out and "could not be traced" not in out
+    assert main([*argv, "--space", str(space), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {r["config"]["checkpoint_segments"] for r in plan["configurations"]} == {0, 2}
+    assert plan["left_out"] == [
+        "checkpoint_segments 8, 12: the model has 4 repeated Sequential blocks"
+    ]
+    config = tmp_path / "c.yaml"
+    save_config(TrainConfig(global_batch_size=32, checkpoint_segments=8), config)
+    assert main([*argv, "--config", str(config)]) == 2  # alone: a one-line error
+    err = capsys.readouterr().err
+    assert "checkpoint_segments=8: the model has 4 repeated Sequential blocks" in err
+    assert "use 0..4" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
