@@ -194,7 +194,7 @@ def _trace(
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     module, model = _fake_model(spec, mode)
     dataset, _ = load_dataset(spec, module, model)
-    loss_fn, _ = load_loss(spec)
+    loss_fn, _ = load_loss(spec, module)
     factory, _ = load_optimizer(spec, module)
     batch = _fake_batch(dataset, micro_batch, mode)
     config = TrainConfig(

@@ -30,6 +30,10 @@ GLOBAL_BATCH_ATTRIBUTE = "autotune_global_batch_size"
 DEFAULT_GLOBAL_BATCH_SIZE = 32
 """The global batch a search uses when neither the user nor the model's module gives one."""
 
+LOSS_ATTRIBUTE = "autotune_loss"
+"""Name of the loss function, ``loss(output, target)``, a model's module may expose when no
+--loss is given."""
+
 OPTIMIZER_ATTRIBUTE = "autotune_optimizer"
 """Name of the optimizer factory (parameters -> torch.optim.Optimizer) a model's module may
 expose when no --optimizer is given."""
@@ -181,7 +185,7 @@ def check_workload(spec: WorkloadSpec) -> None:
     load_optimizer(spec, module)
     if spec.data:
         resolve_reference(spec.data, "--data")
-    load_loss(spec)
+    load_loss(spec, module)
     if spec.input_shape is not None:
         import torch
 
@@ -287,17 +291,26 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     )
 
 
-def load_loss(spec: WorkloadSpec) -> tuple[Callable[[Any, Any], Any], str]:
-    """The user's loss function, or the default rules of ``default_loss``."""
-    if not spec.loss:
+def load_loss(
+    spec: WorkloadSpec, model_module: Any = None
+) -> tuple[Callable[[Any, Any], Any], str]:
+    """The user's loss function (``--loss``, else ``autotune_loss`` in the model's module), or
+    the default rules of ``default_loss``."""
+    if spec.loss:
+        _, function = resolve_reference(spec.loss, "--loss")
+        named, shown = f"--loss {spec.loss}", f"--loss {spec.loss!r}"
+    elif hasattr(model_module, LOSS_ATTRIBUTE):
+        function = getattr(model_module, LOSS_ATTRIBUTE)
+        named = _beside_model(spec, LOSS_ATTRIBUTE)
+        shown = repr(named)
+    else:
         return default_loss, "model output's loss, else default for (input, target)"
-    _, function = resolve_reference(spec.loss, "--loss")
     if not callable(function):
         raise WorkloadError(
-            f"--loss {spec.loss!r} is a {type(function).__name__}, expected a callable "
-            "loss(output, target) returning a scalar tensor"
+            f"{shown} is a {type(function).__name__}, expected a callable loss(output, target) "
+            "returning a scalar tensor"
         )
-    return function, f"--loss {spec.loss}"
+    return function, named
 
 
 def resolve_optimizer(reference: str) -> Callable[[Any], Any]:
@@ -368,7 +381,7 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     dataset, data_source = load_dataset(spec, model_module, model)
     if hasattr(dataset, "__len__") and len(dataset) == 0:
         raise WorkloadError(f"the dataset from {data_source} is empty")
-    loss, loss_source = load_loss(spec)
+    loss, loss_source = load_loss(spec, model_module)
     optimizer, optimizer_source = load_optimizer(spec, model_module)
     return Workload(model, dataset, loss, data_source, loss_source, optimizer, optimizer_source)
 

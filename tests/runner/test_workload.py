@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -83,6 +85,23 @@ def test_named_data_and_loss_are_used() -> None:
     )
     assert workload.loss.__name__ == "l1_loss"
     assert len(workload.dataset) == 256
+
+
+def test_the_model_modules_loss_is_used_unless_loss_is_given(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text(
+        "from tests.fixtures.models import Pairs, Small, l1_loss\n"
+        "autotune_dataset = Pairs\n"
+        "autotune_loss = l1_loss\n"
+    )
+    model = f"{tmp_path}/mine.py:Small"
+    workload = build_workload(WorkloadSpec(model=model))
+    assert workload.loss.__name__ == "l1_loss"
+    assert workload.loss_source == f"{tmp_path}/mine.py:autotune_loss"
+    given = build_workload(WorkloadSpec(model=model, loss="torch.nn.functional:mse_loss"))
+    assert given.loss.__name__ == "mse_loss" and given.loss_source.startswith("--loss ")
+    (tmp_path / "bad.py").write_text("from tests.fixtures.models import Small\nautotune_loss = 3\n")
+    with pytest.raises(WorkloadError, match=r"bad\.py:autotune_loss' is a int, expected a call"):
+        check_workload(WorkloadSpec(model=f"{tmp_path}/bad.py:Small"))
 
 
 def test_bad_loss_and_dtype_references() -> None:
