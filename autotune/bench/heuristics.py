@@ -117,14 +117,20 @@ def deepspeed_rule(
 
 
 def standard_recipe(
-    measure: Measure, base: dict[str, Any], space: SearchSpace, cores_per_rank: int
+    measure: Measure,
+    base: dict[str, Any],
+    space: SearchSpace,
+    cores_per_rank: int,
+    native_amp: Sequence[str] = ("bf16", "fp16"),
 ) -> tuple[Measured | None, list[Measured]]:
-    """(the pick, every measurement) of the standard recipe over the knobs ``space`` offers:
-    its micro-batches tried from the largest down until one fits."""
+    """(the pick, every measurement) of the standard recipe over the knobs ``space`` offers,
+    autocast only where ``native_amp`` has it: its micro-batches tried from the largest down
+    until one fits."""
     memo = _Memo(measure)
     devices = int(base.get("world_size", 1))
     choices = space.choices()
-    values = recipe_values(choices, str(base.get("device", "cpu")), devices, cores_per_rank)
+    device = str(base.get("device", "cpu"))
+    values = recipe_values(choices, device, devices, cores_per_rank, native_amp)
     fixed = {k: v for k, v in base.items() if k != "world_size"}
     for config in recipe_candidates(values, space, lambda v: {**v, **fixed}):
         run = memo(config)

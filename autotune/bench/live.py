@@ -46,7 +46,7 @@ from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.result import Platform
 from autotune.runner.executor import run_to_end
-from autotune.runner.platform import usable_cpus
+from autotune.runner.platform import native_autocast, usable_cpus
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.driver import run_search
@@ -315,7 +315,8 @@ def run_heuristic(name: str, platform: Platform, spec: WorkloadSpec, args: Any,
     live = Live(platform, spec, args, landscape.memory_limit_bytes)
     if name == "recipe":
         cores = max(1, usable_cpus() // max(1, args.devices_used))
-        chosen, _ = standard_recipe(live.measure, base, landscape.space, cores)
+        native, _ = native_autocast(platform.device_type)
+        chosen, _ = standard_recipe(live.measure, base, landscape.space, cores, native)
         return _finish(Method(name), live, chosen)
     rule = batch_size_finder if name == "bs-finder" else deepspeed_rule
     chosen, _ = rule(live.measure, base, accum, amp)

@@ -81,3 +81,29 @@ def detect_platform(device: Literal["cpu", "cuda"]) -> Platform:
         cpu_count=usable_cpus(),
         hostname=socket.gethostname(),
     )
+
+
+AUTOCASTS = ("bf16", "fp16")
+"""The autocast precisions, the standard recipe's preference first."""
+
+
+def native_autocast(device: Literal["cpu", "cuda"]) -> tuple[tuple[str, ...], str]:
+    """(the autocast precisions this machine's ``device`` computes natively, how that was told).
+
+    A GPU computes both where it has them: on CUDA the search's probe already drops bf16 where
+    the GPU lacks it, so both are returned. A CPU computes 16-bit matmuls and convolutions
+    natively only with the instructions for them (AVX512-BF16, AMX, AVX512-FP16); elsewhere
+    oneDNN emulates them, 10-100 times slower than fp32 on the AMD EPYC of docs/benchmarks.md.
+    Told by oneDNN's own checks, ``torch.ops.mkldnn._is_mkldnn_bf16_supported`` and
+    ``_is_mkldnn_fp16_supported`` (private ops: pinned by tests/runner/test_platform.py); where
+    they are missing, the fallback takes neither as native and says so."""
+    if device == "cuda":
+        return AUTOCASTS, "CUDA: the probe keeps what the GPU has"
+    import torch
+
+    checks = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}
+    try:
+        native = tuple(a for a in AUTOCASTS if bool(getattr(torch.ops.mkldnn, checks[a])()))
+    except (AttributeError, RuntimeError):
+        return (), "fallback: this torch has no oneDNN check, so neither is taken as native"
+    return native, "oneDNN's check of this CPU's instructions"

@@ -10,7 +10,12 @@ from autotune.recommendation import Recommendation
 from autotune.result import Platform
 from autotune.runner.executor import Executor
 from autotune.runner.launch import LocalExecutor
-from autotune.runner.platform import detect_platform, resolve_device, usable_cpus
+from autotune.runner.platform import (
+    detect_platform,
+    native_autocast,
+    resolve_device,
+    usable_cpus,
+)
 from autotune.runner.workload import (
     DEFAULT_GLOBAL_BATCH_SIZE,
     GLOBAL_BATCH_ATTRIBUTE,
@@ -176,6 +181,7 @@ def run_search(
             platform=platform,
             devices=devices,
             reporter=reporter,
+            native_amp=native_autocast(platform.device_type),
         )
         recommendation = tuner.run(exclusions, mask_url(settings.study.storage), name)
         recommendation = recommendation.model_copy(

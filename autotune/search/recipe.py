@@ -1,12 +1,13 @@
 """The standard recipe, and what a configuration changes about the training's numerics.
 
 The standard recipe is the configuration a skilled engineer writes by hand, the bar the tuner
-is held to beside the plain baseline: bf16 autocast where the platform has it (else fp16 with
-a scaler, else off), ``torch.compile`` in its default mode where it works, DDP over every
-device (FSDP when DDP fits at no micro-batch, one device when neither does), the largest
-micro-batch that fits, DataLoader workers ``min(4, cores per rank)`` with pinned memory and
-persistent workers on CUDA, the optimizer's fused form where it has one. "Where it works" is
-what the space offers after the probe: a choice the probe dropped is not the recipe's either.
+is held to beside the plain baseline: bf16 autocast where the device computes it natively
+(else fp16 with a scaler, else off: a CPU without AVX512-BF16 or AMX emulates both),
+``torch.compile`` in its default mode where it works, DDP over every device (FSDP when DDP fits
+at no micro-batch, one device when neither does), the largest micro-batch that fits,
+DataLoader workers ``min(4, cores per rank)`` with pinned memory and persistent workers on
+CUDA, the optimizer's fused form where it has one. "Where it works" is what the space offers
+after the probe: a choice the probe dropped is not the recipe's either.
 
 Knobs that change numerics (autocast, compressed gradients, TF32, FSDP's bf16 policy) must
 earn their place: ``numerics_changes`` names them, ``simplest_of`` orders configurations by how
@@ -29,15 +30,21 @@ DROPPABLE = ("compile", "optimizer_impl", "persistent_workers", "pin_memory", "n
 
 
 def recipe_values(
-    choices: Mapping[str, Sequence[Value]], device_type: str, devices: int, cores_per_rank: int
+    choices: Mapping[str, Sequence[Value]],
+    device_type: str,
+    devices: int,
+    cores_per_rank: int,
+    native_amp: Sequence[str] = ("bf16", "fp16"),
 ) -> dict[str, Any]:
-    """The recipe's knobs (all but the micro-batch) from the space's ``choices``."""
+    """The recipe's knobs (all but the micro-batch) from the space's ``choices``; autocast only
+    in a precision the device computes natively (``native_amp``: ``platform.native_autocast``),
+    as an engineer leaves emulated bf16 off a CPU without the instructions for it."""
 
     def offered(knob: str, value: Value) -> bool:
         return value in choices.get(knob, ())
 
     values: dict[str, Any] = {
-        "amp": next((a for a in ("bf16", "fp16") if offered("amp", a)), "off"),
+        "amp": recipe_amp(choices.get("amp", ()), native_amp),
     }
     if devices > 1 and offered("parallel", "ddp") and offered("world_size", devices):
         values.update(parallel="ddp", world_size=devices)
@@ -56,6 +63,12 @@ def recipe_values(
     if offered("optimizer_impl", "fused"):
         values["optimizer_impl"] = "fused"
     return values
+
+
+def recipe_amp(amp_choices: Sequence[Value], native_amp: Sequence[str]) -> str:
+    """bf16 where the space offers it and the device computes it natively, else fp16, else
+    off."""
+    return next((a for a in ("bf16", "fp16") if a in amp_choices and a in native_amp), "off")
 
 
 def recipe_candidates(

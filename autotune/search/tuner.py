@@ -60,8 +60,11 @@ class Tuner:
         platform: Platform,
         devices: int,
         reporter: Reporter,
+        native_amp: tuple[tuple[str, ...], str] = (("bf16", "fp16"), "as the space offers"),
     ) -> None:
         self.executor, self.workload, self.settings = executor, workload, settings
+        self.native_amp = native_amp
+        """The autocasts the device computes natively, and how that was told (the recipe's)."""
         self.platform, self.devices, self.reporter = platform, devices, reporter
         self.budget_bytes = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
         self.limit_bytes = int(self.budget_bytes * (1 - settings.memory.safety_margin))
@@ -260,7 +263,14 @@ class Tuner:
             return TrainConfig.model_validate(stored) if stored else None
         choices = self.proposer.space.choices()
         cores = max(1, usable_cpus() // max(1, self.devices))
-        values = recipe_values(choices, self.platform.device_type, self.devices, cores)
+        native, told = self.native_amp
+        values = recipe_values(choices, self.platform.device_type, self.devices, cores, native)
+        emulated = [a for a in ("bf16", "fp16") if a in choices.get("amp", ()) and a not in native]
+        if emulated and values["amp"] == "off":
+            self.reporter.phase(
+                f"standard recipe: autocast off, {' and '.join(emulated)} would be emulated on "
+                f"this {self.platform.device_type.upper()}, not computed natively ({told})"
+            )
         found = None
         for config in recipe_candidates(values, self.proposer.space, self.proposer.completer()):
             # Largest first: the first predicted to fit is the one tried.

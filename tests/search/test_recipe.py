@@ -10,6 +10,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.report import format_recommendation
 from autotune.result import TrialResult
+from autotune.search.progress import Reporter
 from autotune.search.recipe import (
     knobs_moved,
     numerics_changes,
@@ -63,6 +64,16 @@ def test_the_recipe_takes_only_what_the_probe_left() -> None:
     assert values["num_workers"] == 1
     none = recipe_values({"amp": ["off"]}, "cpu", devices=2, cores_per_rank=1)
     assert none == {"amp": "off", "parallel": "single", "world_size": 1}
+
+
+def test_the_recipe_takes_autocast_only_where_the_device_computes_it_natively() -> None:
+    # A CPU without AVX512-BF16 or AMX emulates both (54 against 404 samples/s on the AMD EPYC
+    # of the README): an engineer leaves autocast off there, and so does the recipe.
+    assert recipe_values(GPU_CHOICES, "cpu", 2, 1, native_amp=())["amp"] == "off"
+    assert recipe_values(GPU_CHOICES, "cpu", 2, 1, native_amp=("bf16",))["amp"] == "bf16"
+    assert recipe_values(GPU_CHOICES, "cpu", 2, 1, native_amp=("fp16",))["amp"] == "fp16"
+    offered_fp32 = {**GPU_CHOICES, "amp": ["off"]}  # nothing offered: native or not, off
+    assert recipe_values(offered_fp32, "cuda", 2, 1, native_amp=("bf16", "fp16"))["amp"] == "off"
 
 
 def _space(**choices: list) -> SearchSpace:
@@ -149,6 +160,27 @@ def test_every_search_measures_the_recipe_and_states_the_speed_up_over_it() -> N
     text = format_recommendation(recommendation)
     assert "over the standard recipe (" in text and "numerics: unchanged" in text
     assert '"speedup_over_recipe"' in recommendation.to_json()
+
+
+class _Phases(Reporter):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def phase(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_a_search_on_a_device_that_emulates_bf16_measures_the_recipe_without_it() -> None:
+    tuner = make_tuner(FakeExecutor(_speeds(900.0, 0.005)), SPACE, trials=4, race_rounds=2)
+    tuner.native_amp = ((), "oneDNN's check of this CPU's instructions")
+    tuner.reporter = phases = _Phases()
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.recipe is not None and recommendation.recipe.amp == "off"
+    assert recommendation.recipe.num_workers == 1  # the rest of the recipe stands
+    assert (
+        "standard recipe: autocast off, bf16 would be emulated on this CPU, not computed "
+        "natively (oneDNN's check of this CPU's instructions)"
+    ) in phases.lines
 
 
 def test_when_the_recipe_wins_it_is_the_recommendation_and_the_output_says_so() -> None:

@@ -1,0 +1,31 @@
+"""What the machine computes natively: oneDNN's private checks, pinned, and their fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.runner.platform import AUTOCASTS, native_autocast
+
+
+def test_onednns_checks_exist_and_answer_a_bool() -> None:
+    # Private ops: the recipe's autocast on a CPU rests on them (platform.native_autocast).
+    for check in ("_is_mkldnn_bf16_supported", "_is_mkldnn_fp16_supported"):
+        assert isinstance(getattr(torch.ops.mkldnn, check)(), bool)
+
+
+def test_a_cpu_is_native_in_what_onednn_says_and_a_gpu_in_both() -> None:
+    native, told = native_autocast("cpu")
+    checks = ("_is_mkldnn_bf16_supported", "_is_mkldnn_fp16_supported")
+    answers = [getattr(torch.ops.mkldnn, check)() for check in checks]
+    expected = tuple(a for a, native in zip(AUTOCASTS, answers, strict=True) if native)
+    assert native == expected and told == "oneDNN's check of this CPU's instructions"
+    assert native_autocast("cuda")[0] == ("bf16", "fp16")
+
+
+def test_without_the_checks_the_fallback_takes_neither_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.ops, "mkldnn", object())
+    native, told = native_autocast("cpu")
+    assert native == () and told.startswith("fallback: ")
