@@ -162,6 +162,16 @@ class Landscape(BaseModel):
     measured_steps: int
     memory_limit_bytes: int = Field(description="Feasible: peak memory at most this.")
     points: list[Point]
+    native_amp: tuple[str, ...] | None = Field(
+        None,
+        description="The autocasts the recording's device computed natively "
+        "(platform.native_autocast), the recipe's; None: recorded before this was kept, and "
+        "the replay's recipe takes every autocast the space offers, as it did then.",
+    )
+
+    def recipe_native_amp(self) -> tuple[str, ...]:
+        """The autocasts the standard recipe may take on this landscape's device."""
+        return ("bf16", "fp16") if self.native_amp is None else self.native_amp
 
     @cached_property
     def _by_key(self) -> dict[str, Point]:

@@ -195,6 +195,7 @@ def run_grid(
         measured_steps=args.measured_steps,
         memory_limit_bytes=limit,
         points=[Point(config=c, runs=runs[i]) for i, c in enumerate(configs)],
+        native_amp=native_autocast(platform.device_type)[0],
     )
     best = landscape.optimum()
     method.pick, method.pick_samples_per_s = best.config, best.value

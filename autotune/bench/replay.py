@@ -192,6 +192,7 @@ def make_replay_tuner(
         platform=landscape.platform,
         devices=landscape.devices,
         reporter=Reporter(),
+        native_amp=(landscape.recipe_native_amp(), "as the landscape's device computed them"),
     )
 
 
@@ -251,7 +252,8 @@ def replay_recipe(
         "world_size": landscape.devices,
         "device": landscape.platform.device_type,
     }
-    picked, trials = standard_recipe(measure, base, landscape.space, cores_per_rank)
+    native = landscape.recipe_native_amp()
+    picked, trials = standard_recipe(measure, base, landscape.space, cores_per_rank, native)
     return Replay([m.config for m in trials], picked.config if picked else None)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from autotune.bench.landscape import Landscape
 from autotune.bench.pick_quality import judge
-from autotune.bench.replay import ReplayExecutor, replay_recipe
+from autotune.bench.replay import ReplayExecutor, make_replay_tuner, replay_recipe
 
 LANDSCAPE = Path(__file__).resolve().parent.parent / "data" / "landscape.json"
 
@@ -47,6 +47,21 @@ def test_the_recipe_by_hand_takes_the_largest_micro_batch_that_fits(landscape: L
     assert replayed.pick.amp in ("bf16", "fp16") or "bf16" not in landscape.space.params[
         "amp"
     ].choices  # fmt: skip
+
+
+def test_the_recipe_by_hand_and_the_tuners_take_autocast_only_where_it_was_native(
+    landscape: Landscape,
+) -> None:
+    # Recorded before the device's native autocasts were kept: the space's, as then.
+    assert (
+        landscape.native_amp is None and replay_recipe(landscape, 0, noise=0.0).pick.amp == "bf16"
+    )
+    emulated = landscape.model_copy(update={"native_amp": ()})  # a CPU without AVX512-BF16
+    pick = replay_recipe(emulated, 0, noise=0.0).pick
+    assert pick is not None and pick.amp == "off"
+    tuner = make_replay_tuner(emulated, 0, trials=4, noise=0.0)
+    assert tuner.native_amp[0] == ()
+    assert tuner.run([], "replay", "replay").recipe.amp == "off"
 
 
 def test_the_noise_row_counts_picks_and_compares_with_the_recipe_and_random(
