@@ -47,6 +47,11 @@ def format_trial(result: TrialResult) -> str:
             f"  loss          {'finite' if result.loss_finite else 'NOT FINITE'} "
             f"({_loss_trend(result)})",
         ]
+        if result.optimizer:
+            given = result.workload.get("optimizer")
+            lines.append(
+                f"  optimizer     {result.optimizer}" + (f" (--optimizer {given})" if given else "")
+            )
         if result.compile_s is not None:
             lines.append(
                 f"  compile       {result.compile_s:.1f} s once per run (the first step; in the "

@@ -78,3 +78,21 @@ def test_a_factory_that_returns_no_optimizer_fails_the_trial_with_its_reason() -
     result = _trial("tests.fixtures.optimizers:not_an_optimizer")
     assert result.status == "error"
     assert "returned a str, expected a torch.optim.Optimizer" in result.message
+
+
+def test_the_trial_summary_names_the_optimizer() -> None:
+    from autotune.config import make_config
+    from autotune.report import format_trial
+    from autotune.result import TrialResult
+
+    stats = {"samples_per_s": 100.0, "step_time_median_s": 0.08, "step_time_p10_s": 0.07,
+             "step_time_p90_s": 0.09, "step_time_spread": 0.25, "data_wait_share": 0.0,
+             "measured_steps": 4}  # fmt: skip
+    config = make_config({"global_batch_size": 8, "device": "cpu"})
+    given = {"optimizer": "mypkg.opt:sgd"}
+    text = format_trial(TrialResult(config=config, status="ok", optimizer="SGD", **stats))
+    assert "  optimizer     SGD\n" in text + "\n"
+    text = format_trial(
+        TrialResult(config=config, status="ok", optimizer="SGD", workload=given, **stats)
+    )
+    assert "  optimizer     SGD (--optimizer mypkg.opt:sgd)" in text
