@@ -157,18 +157,33 @@ def _nvml_handle(index: int) -> Any:
 _BARE: dict[str, int] = {}
 
 
+_BARE_RANK = """
+import torch, torch.distributed as dist, autotune.runner.rank
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+layers = [torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)]
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
+optimizer = torch.optim.AdamW(model.parameters())
+for _ in range(3):
+    model(torch.randn(32, 64)).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+dist.destroy_process_group()
+print([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
+"""
+"""A rank without its workload: what it imports, a gloo group (of one), and three training
+steps of a model too small to count (autograd's engine, the optimizer, the thread pools)."""
+
+
 def bare_rank_bytes() -> int:
-    """The resident peak of a process that has imported what a rank imports and built nothing:
-    the CPU memory model's first guess at a rank's share beyond its tensors, measured once per
-    process (a second or two), until trials calibrate it."""
+    """The resident peak of a rank process without its workload (``_BARE_RANK``): the CPU
+    memory model's first guess at a rank's share beyond its tensors, measured once per process
+    (about 4 s), until trials calibrate it. Imports alone measured 231 MiB on the AMD EPYC of
+    docs/benchmarks.md, this 321 MiB, a Ray rank of ``gpt_tiny`` beyond its tensors about 400."""
     import subprocess
     import sys
 
     if "rss" not in _BARE:
-        code = (
-            "import torch, torch.distributed, autotune.runner.rank;"
-            "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])"
-        )
+        code = _BARE_RANK
         try:
             out = subprocess.run(
                 [sys.executable, "-c", code], capture_output=True, text=True, timeout=60

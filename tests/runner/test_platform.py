@@ -1,4 +1,5 @@
-"""What the machine computes natively: oneDNN's private checks, pinned, and their fallback."""
+"""What the machine is and computes natively (oneDNN's private checks, pinned, and their
+fallback), and what a rank process holds before its workload."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def test_without_the_checks_the_fallback_takes_neither_and_says_so(
     monkeypatch.setattr(torch.ops, "mkldnn", object())
     native, told = native_autocast("cpu")
     assert native == () and told.startswith("fallback: ")
+
+
+def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports() -> None:
+    # The CPU memory model's first guess; a code string that failed would give 0 silently.
+    import subprocess
+    import sys
+
+    from autotune.runner.memory import bare_rank_bytes
+
+    code = "import torch; print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])"
+    imports = int(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                 text=True, check=True).stdout) * 1024  # fmt: skip
+    assert imports + 32 * 2**20 < bare_rank_bytes() < 4 * 2**30
