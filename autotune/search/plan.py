@@ -202,7 +202,8 @@ def make_plan(
             "tensors only: on CUDA the caching allocator reserves more than it allocates, "
             "learnt from trials that ran"
             if device_type == "cuda"
-            else f"a bare rank process measured here ({calibrated.offset_bytes / 2**20:,.0f} MiB)"
+            else f"a bare rank process measured here ({calibrated.offset_bytes / 2**20:,.0f} "
+            "MiB); DataLoader workers are not counted until a trial has measured one"
         ),
     )
 

@@ -115,6 +115,22 @@ def test_checkpointing_more_blocks_than_the_model_repeats_is_left_out_not_fatal(
     assert "use 0..4" in err and "Traceback" not in err
 
 
+def test_a_cpu_plan_says_its_workers_are_not_counted_before_a_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("parallel: [single]\nnum_workers: [0, 2]\n")
+    argv = ["plan", "--model", MODEL, "--devices", "1", "--device-memory", "8GiB"]
+    assert main([*argv, "--device", "cpu", "--space", str(space), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["calibration"].startswith("a bare rank process measured here (")
+    assert plan["calibration"].endswith(
+        "DataLoader workers are not counted until a trial has measured one"
+    )
+    peaks = {r["config"]["num_workers"]: r["predicted_peak_bytes"] for r in plan["configurations"]}
+    assert peaks[0] == peaks[2]  # as it says: nothing is known of a worker yet
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
