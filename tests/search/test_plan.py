@@ -89,19 +89,25 @@ def test_offloading_fsdp_shards_is_planned_as_a_way_to_fit(
     assert peaks[False] - peaks[True] == pytest.approx(state, rel=0.01)
 
 
+def _one_device(tmp_path: Path, space_text: str) -> list[str]:
+    """``plan`` of Stack on one 8 GiB device over a space of ``space_text``."""
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text)
+    return ["plan", "--model", MODEL, "--devices", "1", "--device-memory", "8GiB", "--space",
+            str(space)]  # fmt: skip
+
+
 def test_checkpointing_more_blocks_than_the_model_repeats_is_left_out_not_fatal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The default space checkpoints up to 12 blocks; Stack repeats 4. Those choices are left
     # out, said once, and the rest is planned (before, the first such trace failed the plan).
-    space = tmp_path / "space.yaml"
-    space.write_text("parallel: [single]\ncheckpoint_segments: [0, 2, 8, 12]\n")
-    argv = ["plan", "--model", MODEL, "--devices", "1", "--device-memory", "8GiB"]
-    assert main([*argv, "--space", str(space)]) == 0
+    argv = _one_device(tmp_path, "parallel: [single]\ncheckpoint_segments: [0, 2, 8, 12]\n")
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "left out: checkpoint_segments 8, 12: the model has 4 repeated Sequential blocks" in out
     assert "ckpt=2" in out and "ckpt=8" not in out and "could not be traced" not in out
-    assert main([*argv, "--space", str(space), "--json"]) == 0
+    assert main([*argv, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert {r["config"]["checkpoint_segments"] for r in plan["configurations"]} == {0, 2}
     assert plan["left_out"] == [
@@ -118,10 +124,8 @@ def test_checkpointing_more_blocks_than_the_model_repeats_is_left_out_not_fatal(
 def test_a_cpu_plan_says_its_workers_are_not_counted_before_a_trial(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    space = tmp_path / "space.yaml"
-    space.write_text("parallel: [single]\nnum_workers: [0, 2]\n")
-    argv = ["plan", "--model", MODEL, "--devices", "1", "--device-memory", "8GiB"]
-    assert main([*argv, "--device", "cpu", "--space", str(space), "--json"]) == 0
+    argv = _one_device(tmp_path, "parallel: [single]\nnum_workers: [0, 2]\n")
+    assert main([*argv, "--device", "cpu", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["calibration"].startswith("a bare rank process measured here (")
     assert plan["calibration"].endswith(
