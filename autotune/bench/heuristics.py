@@ -27,16 +27,19 @@ from typing import Any
 
 from autotune.bench.landscape import Measure, Measured
 from autotune.config import TrainConfig
-from autotune.search.recipe import recipe_candidates, recipe_values
+from autotune.records import Value
+from autotune.runner.platform import AUTOCASTS
+from autotune.search.recipe import recipe_amp, recipe_candidates, recipe_values
 from autotune.search.space import SearchSpace
 
 STAGE_GAIN = 0.05  # DeepSpeed moves on to the next stage only for at least this gain
 TUNED_MICRO_BATCHES = 3  # micro-batch sizes DeepSpeed measures per stage, largest first
 
 
-def amp_where_available(amp_choices: Sequence[object]) -> str:
-    """bf16 where the platform has it (the space keeps it only then), else fp16, else off."""
-    return next((a for a in ("bf16", "fp16") if a in amp_choices), "off")
+def amp_where_available(amp_choices: Sequence[Value]) -> str:
+    """bf16 where the platform has it (the space keeps it only then), else fp16, else off:
+    the batch-size finders' rule, which does not ask whether the device emulates it."""
+    return recipe_amp(amp_choices, AUTOCASTS)
 
 
 class _Memo:
@@ -121,7 +124,7 @@ def standard_recipe(
     base: dict[str, Any],
     space: SearchSpace,
     cores_per_rank: int,
-    native_amp: Sequence[str] = ("bf16", "fp16"),
+    native_amp: Sequence[str] = AUTOCASTS,
 ) -> tuple[Measured | None, list[Measured]]:
     """(the pick, every measurement) of the standard recipe over the knobs ``space`` offers,
     autocast only where ``native_amp`` has it: its micro-batches tried from the largest down

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.config import TrainConfig
 from autotune.result import Platform, TrialResult, TrialStatus
+from autotune.runner.platform import AUTOCASTS
 from autotune.search.space import SearchSpace
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -171,7 +172,7 @@ class Landscape(BaseModel):
 
     def recipe_native_amp(self) -> tuple[str, ...]:
         """The autocasts the standard recipe may take on this landscape's device."""
-        return ("bf16", "fp16") if self.native_amp is None else self.native_amp
+        return AUTOCASTS if self.native_amp is None else self.native_amp
 
     @cached_property
     def _by_key(self) -> dict[str, Point]:

@@ -183,10 +183,9 @@ def bare_rank_bytes() -> int:
     import sys
 
     if "rss" not in _BARE:
-        code = _BARE_RANK
         try:
             out = subprocess.run(
-                [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+                [sys.executable, "-c", _BARE_RANK], capture_output=True, text=True, timeout=60
             )
             _BARE["rss"] = int(out.stdout.strip()) * 1024
         except (OSError, ValueError, subprocess.SubprocessError):

@@ -291,9 +291,7 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     )
 
 
-def load_loss(
-    spec: WorkloadSpec, model_module: Any = None
-) -> tuple[Callable[[Any, Any], Any], str]:
+def load_loss(spec: WorkloadSpec, model_module: Any) -> tuple[Callable[[Any, Any], Any], str]:
     """The user's loss function (``--loss``, else ``autotune_loss`` in the model's module), or
     the default rules of ``default_loss``."""
     if spec.loss:

@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.records import Value
+from autotune.runner.platform import AUTOCASTS
 from autotune.search.space import SearchSpace
 
 RECIPE_WORKERS = 4
@@ -34,7 +35,7 @@ def recipe_values(
     device_type: str,
     devices: int,
     cores_per_rank: int,
-    native_amp: Sequence[str] = ("bf16", "fp16"),
+    native_amp: Sequence[str] = AUTOCASTS,
 ) -> dict[str, Any]:
     """The recipe's knobs (all but the micro-batch) from the space's ``choices``; autocast only
     in a precision the device computes natively (``native_amp``: ``platform.native_autocast``),
@@ -68,7 +69,7 @@ def recipe_values(
 def recipe_amp(amp_choices: Sequence[Value], native_amp: Sequence[str]) -> str:
     """bf16 where the space offers it and the device computes it natively, else fp16, else
     off."""
-    return next((a for a in ("bf16", "fp16") if a in amp_choices and a in native_amp), "off")
+    return next((a for a in AUTOCASTS if a in amp_choices and a in native_amp), "off")
 
 
 def recipe_candidates(

@@ -18,7 +18,7 @@ from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
 from autotune.runner.executor import Executor, PlacementError, run_to_end
-from autotune.runner.platform import usable_cpus
+from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
@@ -60,7 +60,7 @@ class Tuner:
         platform: Platform,
         devices: int,
         reporter: Reporter,
-        native_amp: tuple[tuple[str, ...], str] = (("bf16", "fp16"), "as the space offers"),
+        native_amp: tuple[tuple[str, ...], str] = (AUTOCASTS, "as the space offers"),
     ) -> None:
         self.executor, self.workload, self.settings = executor, workload, settings
         self.native_amp = native_amp
@@ -265,7 +265,7 @@ class Tuner:
         cores = max(1, usable_cpus() // max(1, self.devices))
         native, told = self.native_amp
         values = recipe_values(choices, self.platform.device_type, self.devices, cores, native)
-        emulated = [a for a in ("bf16", "fp16") if a in choices.get("amp", ()) and a not in native]
+        emulated = [a for a in AUTOCASTS if a in choices.get("amp", ()) and a not in native]
         if emulated and values["amp"] == "off":
             self.reporter.phase(
                 f"standard recipe: autocast off, {' and '.join(emulated)} would be emulated on "
