@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from autotune.bench.memory_prediction import GRIDS, heap_pairs, heap_summary, machine
+from autotune.bench.memory_prediction import grid_shape, heap_pairs, heap_summary, machine
 from autotune.config import TrainConfig
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
@@ -56,7 +56,7 @@ def main() -> None:
         f"{'samples/s default':>18} {'fixed':>7}"
     )
     for model in args.models:
-        batch, segments = GRIDS.get(model, (32, 2))
+        batch, segments = grid_shape(model, "cpu")
         workload = WorkloadSpec(model=model)
         rows = heap_pairs(workload, configs(batch, segments), threshold, args.repeats)
         report["models"][model] = rows  # type: ignore[index]

@@ -44,6 +44,7 @@ from autotune.bench.memory_prediction import (
     MMAP_THRESHOLD_ENV,
     errors,
     grid,
+    grid_shape,
     machine,
     measure_grid,
     memory_bound_search,
@@ -138,7 +139,7 @@ def main() -> None:
         + (f" {'allocated':>10}" if args.device == "cuda" else "")
     )
     for model in args.models:
-        batch, segments = GRIDS.get(model, (32, 2))
+        batch, segments = grid_shape(model, args.device)
         configs = grid(batch, segments, devices, args.device, tuple(args.amp))
         rows = errors(measure_grid(WorkloadSpec(model=model), configs))
         report["models"][model] = rows  # type: ignore[index]

@@ -47,11 +47,26 @@ GRIDS = {
     "workloads.mlp:mlp_tiny": (64, 4),
     "workloads.mlp:mlp_loading_bound": (64, 4),
     "workloads.gpt:gpt_medium": (8, 8),
-    "workloads.gpt:gpt2_124m": (32, 12),  # the CUDA grid of the GPU issue
+    # The GPU-scale models at a batch a 2-core, 24 GiB box runs (1,024-token sequences: about
+    # 12 s a step of one sequence; micro-batch 4 holds about 10 GiB)
+    "workloads.gpt:gpt2_124m": (4, 12),
+    "workloads.convnet:resnet18": (16, 8),
+}
+"""Model -> (global batch, checkpoint segments of its grid) on a CPU, for the grids of
+``scripts/bench_memory_prediction.py`` and ``scripts/bench_cpu_heap.py``."""
+
+CUDA_GRIDS = {
+    "workloads.gpt:gpt2_124m": (32, 12),  # the batch of the H100 runs ("On a GPU")
     "workloads.convnet:resnet18": (256, 8),
 }
-"""Model -> (global batch, checkpoint segments of its grid), for the grids of
-``scripts/bench_memory_prediction.py`` and ``scripts/bench_cpu_heap.py``."""
+"""The same on a GPU, where they differ (a CPU grid at these batches exhausts the box)."""
+
+
+def grid_shape(model: str, device: str) -> tuple[int, int]:
+    """The (global batch, checkpoint segments) of ``model``'s grid on ``device``."""
+    if device == "cuda" and model in CUDA_GRIDS:
+        return CUDA_GRIDS[model]
+    return GRIDS.get(model, (32, 2))
 
 
 @dataclass(frozen=True)

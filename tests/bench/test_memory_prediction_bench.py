@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.bench.memory_prediction import GridPoint, errors, grid
+from autotune.bench.memory_prediction import CUDA_GRIDS, GridPoint, errors, grid, grid_shape
 
 MiB = 2**20
 
@@ -17,6 +17,16 @@ def test_one_gpu_s_grid_holds_single_ddp_and_fsdp_of_one_rank_and_no_workers() -
     assert all(c.device == "cuda" and c.num_workers == 0 for c in configs)
     assert len(configs) == 24  # 3 modes x 2 precisions x 2 checkpointings x 2 accumulations
     assert sum(c.num_workers == 2 for c in grid(32, 2)) == 1  # workers count on CPU only
+
+
+def test_a_gpu_scale_model_s_cpu_grid_is_sized_for_a_cpu_box() -> None:
+    # GPT-2 small at the H100's batch of 32 holds about 63 GiB: a CPU grid takes 4 sequences
+    assert grid_shape("workloads.gpt:gpt2_124m", "cuda") == CUDA_GRIDS["workloads.gpt:gpt2_124m"]
+    batch, segments = grid_shape("workloads.gpt:gpt2_124m", "cpu")
+    assert batch <= 4 and segments == 12
+    assert grid_shape("workloads.gpt:gpt_tiny", "cuda") == grid_shape(
+        "workloads.gpt:gpt_tiny", "cpu"
+    )
 
 
 def _point(tensors: int, reserved: int, allocated: int) -> GridPoint:
