@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
-from autotune.records import TrialRecord
-from autotune.runner.outcome import UNUSED_PARAMETERS_ERROR, unused_parameters_failure
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["UNUSED_PARAMETERS_ERROR", "accumulation_cut_memory", "needs_unused_parameters"]
+from autotune.config import TrainConfig
+from autotune.records import TrialRecord
+from autotune.runner.outcome import (
+    UNUSED_PARAMETERS_ERROR,
+    is_peer_failure,
+    unused_parameters_failure,
+)
+
+__all__ = [
+    "UNUSED_PARAMETERS_ERROR",
+    "FailingValue",
+    "accumulation_cut_memory",
+    "failing_values",
+    "needs_unused_parameters",
+]
 
 
 def needs_unused_parameters(record: TrialRecord) -> bool:
@@ -32,3 +46,57 @@ def accumulation_cut_memory(records: list[TrialRecord], baseline: TrialRecord) -
     if not earlier or not baseline.memory_used_bytes:
         return True
     return baseline.memory_used_bytes < 0.95 * earlier[-1]
+
+
+@dataclass(frozen=True)
+class FailingValue:
+    """A knob's value that made a trial fail where the configuration one knob away ran."""
+
+    knob: str
+    value: Any
+    failed: TrialRecord
+    ran: TrialRecord
+
+    def matches(self, config: TrainConfig) -> bool:
+        return bool(getattr(config, self.knob) == self.value)
+
+    def reason(self) -> str:
+        cause = self.failed.message.splitlines()[0] if self.failed.message else "no message"
+        return (
+            f"{self.knob}={self.value} failed in trial {self.failed.number} ({cause[:160]}) "
+            f"where trial {self.ran.number}, {self.knob}={getattr(self.ran.config, self.knob)} "
+            "and otherwise the same, ran"
+        )
+
+
+def _one_knob_apart(a: TrainConfig, b: TrainConfig) -> str | None:
+    """The one field ``a`` and ``b`` set differently, or None (none, or several)."""
+    left, right = a.model_dump(), b.model_dump()
+    differ = [name for name in left if left[name] != right[name]]
+    return differ[0] if len(differ) == 1 else None
+
+
+def failing_values(records: list[TrialRecord]) -> list[FailingValue]:
+    """Knob values whose trial failed in its own code (an error or a crash, not a rank that
+    only echoed another's failure, not DDP's unused parameters, which have their own lesson)
+    while the configuration differing in that knob alone ran: the value, not the model or the
+    machine, is the cause (bf16 autocast of an LSTM on a CPU without bf16 units: oneDNN has no
+    such primitive), and every other configuration with it would fail the same way."""
+    failed = [
+        r
+        for r in records
+        if r.status in ("error", "crashed")
+        and r.config is not None
+        and not is_peer_failure(r.message)
+        and not needs_unused_parameters(r)
+    ]
+    ran = [r for r in records if r.status == "ok" and r.config is not None]
+    found: dict[tuple[str, Any], FailingValue] = {}
+    for bad in failed:
+        for good in ran:
+            assert bad.config is not None and good.config is not None
+            knob = _one_knob_apart(bad.config, good.config)
+            if knob is not None:
+                value = getattr(bad.config, knob)
+                found.setdefault((knob, value), FailingValue(knob, value, bad, good))
+    return list(found.values())

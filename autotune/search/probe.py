@@ -157,7 +157,7 @@ def restrict_space(
                 drop(
                     "checkpoint_segments",
                     segments,
-                    f"the model has {repeated_blocks} repeated blocks",
+                    f"the model has {repeated_blocks or 'no'} repeated blocks",
                 )
     if optimizer_flags is not None:
         name, accepted = optimizer_flags

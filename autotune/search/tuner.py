@@ -23,7 +23,11 @@ from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
 from autotune.search.evidence import finalists, recommend
-from autotune.search.lessons import accumulation_cut_memory, needs_unused_parameters
+from autotune.search.lessons import (
+    accumulation_cut_memory,
+    failing_values,
+    needs_unused_parameters,
+)
 from autotune.search.log import StudyLog, to_record
 from autotune.search.memory_model import MemoryModel, Prediction, prior_for
 from autotune.search.precheck import precheck
@@ -87,6 +91,7 @@ class Tuner:
         self.started = time.perf_counter()
         self.recipe_config: TrainConfig | None = None
         """The standard recipe as measured (None: not measured, or it fits nowhere)."""
+        self._failing: set[tuple[str, object]] = set()  # (knob, value) said to fail
 
     # -- running ----------------------------------------------------------------------------
 
@@ -174,6 +179,7 @@ class Tuner:
             result = TrialResult(config=config, status="invalid", message=str(error))
         record = self.log.write(self._record(role, result, race_round, prediction), trial)
         self._learn_memory()
+        self._learn_failing_values(record)
         self.reporter.trial_finished(record, self.log.best())
         return record, result
 
@@ -350,6 +356,18 @@ class Tuner:
         )
         return True
 
+    def _learn_failing_values(self, record: TrialRecord) -> None:
+        """Say so when ``record`` showed a knob's value to fail (``lessons.failing_values``):
+        from then on ``decide`` skips every configuration with it."""
+        for failing in failing_values(self.log.records):
+            known = (failing.knob, failing.value)
+            if record in (failing.failed, failing.ran) and known not in self._failing:
+                self._failing.add(known)
+                self.reporter.phase(
+                    f"{failing.reason()}: configurations with {failing.knob}={failing.value} "
+                    "are skipped from now on"
+                )
+
     def decide(self, proposal: Proposal) -> TrialRecord | None:
         """The outcome of a proposal decided without running it, or None to run it."""
         config = proposal.config
@@ -374,6 +392,9 @@ class Tuner:
                 feasible=seen.feasible,
                 message=f"same configuration as trial {seen.number} ({seen.status})",
             )
+        failing = next((f for f in failing_values(self.log.records) if f.matches(config)), None)
+        if failing is not None:
+            return TrialRecord(**base, status="skipped", message=failing.reason())
         prediction = self.predict(config)
         verdict = precheck(
             config, self.log.observations(), self.limit_bytes, trend=prediction is None
@@ -456,6 +477,7 @@ class Tuner:
                 record = self.proposer.record(proposal, ran)
                 self._learn_memory()
                 self._learn_unused_parameters(record)
+                self._learn_failing_values(record)
                 self.reporter.trial_finished(record, self.log.best())
 
     def race(self) -> list[TrainConfig]:
@@ -549,7 +571,11 @@ class Tuner:
             budget_bytes=self.budget_bytes,
             limit_bytes=self.limit_bytes,
             platform=self.platform,
-            exclusions=exclusions,
+            exclusions=exclusions
+            + [
+                Exclusion(knob=f.knob, value=f.value, reason=f.reason())
+                for f in failing_values(self.log.records)
+            ],
             storage=storage,
             study_name=study_name,
             recipe=self.recipe_config,

@@ -16,6 +16,7 @@ from autotune.report import format_recommendation, format_study
 from autotune.result import TrialResult
 from autotune.runner.request import TrialOptions
 from autotune.search import race
+from autotune.search.lessons import failing_values
 from autotune.search.proposer import Proposal
 from autotune.search.study import make_sampler
 from autotune.search.tuner import SearchError
@@ -400,3 +401,56 @@ def test_a_baseline_another_driver_measured_in_another_role_ends_the_baseline() 
     assert len(executor.runs) == runs  # nothing measured twice
     duplicates = [r for r in tuner.log.records if r.status == "duplicate"]
     assert len(duplicates) <= 1
+
+
+LSTM_BF16 = (
+    "rank 0: warm-up step 1: RuntimeError: could not create a primitive descriptor for the LSTM "
+    "forward propagation primitive"
+)
+
+
+def test_a_value_that_fails_where_its_one_knob_neighbour_ran_is_not_run_again() -> None:
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        if config.amp == "bf16":
+            return failed(config, "error", LSTM_BF16)
+        return ok(config, speed(config), memory(config))
+
+    executor = FakeExecutor(outcome)
+    space = {**SPACE, "amp": ["off", "bf16"]}
+    tuner = make_tuner(executor, space, trials=12, climb=True)
+    recommendation = tuner.run([], "s.db", "s")
+    assert executor.ran(amp="bf16") == 1  # every later bf16 proposal is decided, not run
+    skipped = [
+        t
+        for t in recommendation.trials
+        if t.config and t.config.amp == "bf16" and t.status == "skipped"
+    ]
+    assert skipped, "the search proposed bf16 again and was told why not"
+    assert all("amp=bf16 failed in trial" in t.message for t in skipped)
+    assert "could not create a primitive descriptor" in skipped[0].message
+    learnt = [e for e in recommendation.exclusions if e.knob == "amp"]
+    assert [e.value for e in learnt] == ["bf16"]
+    assert "otherwise the same, ran" in learnt[0].reason
+
+
+def test_a_failure_is_pinned_on_a_knob_only_by_a_neighbour_one_knob_away_that_ran() -> None:
+    base = TrainConfig(global_batch_size=16, parallel="ddp", world_size=2)
+    bf16 = base.model_copy(update={"amp": "bf16", "num_workers": 1})
+    records = [
+        TrialRecord(number=0, role="baseline", status="ok", config=base, samples_per_s=10.0),
+        TrialRecord(number=1, role="search", status="error", config=bf16, message=LSTM_BF16),
+    ]
+    assert failing_values(records) == []  # two knobs apart: either may be the cause
+    alone = bf16.model_copy(update={"num_workers": 0})
+    echo = "rank 1: RuntimeError: Connection closed by peer"
+    assert (
+        failing_values(
+            [records[0], records[1].model_copy(update={"config": alone, "message": echo})]
+        )
+        == []
+    )
+    found = failing_values([records[0], records[1].model_copy(update={"config": alone})])
+    assert [(f.knob, f.value, f.failed.number, f.ran.number) for f in found] == [
+        ("amp", "bf16", 1, 0)
+    ]
+    assert found[0].matches(bf16) and not found[0].matches(base)
