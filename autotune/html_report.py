@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autotune.recommendation import Recommendation
-from autotune.records import TrialRecord
+from autotune.records import TrialRecord, exclusion_lines
 from autotune.report import (
     baseline_cells,
     compile_line,
@@ -221,7 +221,7 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
     )
     trials = "".join(_trial_row(t, t.config == r.config and t.role != "baseline") for t in r.trials)
     excluded = (
-        "".join(f"<li>{html.escape(f'{e.knob}={e.value}: {e.reason}')}</li>" for e in r.exclusions)
+        "".join(f"<li>{html.escape(line)}</li>" for line in exclusion_lines(r.exclusions))
         or "<li>nothing</li>"
     )
     title = f"autotune report: {r.study_name}"

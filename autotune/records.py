@@ -42,6 +42,15 @@ class Exclusion(BaseModel):
     reason: str
 
 
+def exclusion_lines(exclusions: Sequence[Exclusion]) -> list[str]:
+    """One ``knob=v1, v2: reason`` per knob and reason, in the order first excluded (five
+    checkpoint counts the model cannot take are one line, not five)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for e in exclusions:
+        grouped.setdefault((e.knob, e.reason), []).append(str(e.value))
+    return [f"{knob}={', '.join(values)}: {reason}" for (knob, reason), values in grouped.items()]
+
+
 class TrialRecord(BaseModel):
     """One trial of a study, as stored: measured, failed, skipped or a duplicate."""
 

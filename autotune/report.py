@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autotune.errors import ConfigError
 from autotune.recommendation import ROUNDS_IN_REACH, Recommendation
-from autotune.records import TrialRecord
+from autotune.records import TrialRecord, exclusion_lines
 from autotune.result import TrialResult
 from autotune.search.log import stored_records
 from autotune.search.plan import Plan
@@ -262,8 +262,7 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     for t in r.trials:
         counts[t.status] = counts.get(t.status, 0) + 1
     lines.append("trials: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    for e in r.exclusions:
-        lines.append(f"excluded {e.knob}={e.value}: {e.reason}")
+    lines.extend(f"excluded {line}" for line in exclusion_lines(r.exclusions))
     lines.append(f"study {r.study_name!r} stored in {mask_url(r.storage)}")
     if out:
         lines.append(f"recommended config written to {out}")

@@ -7,6 +7,7 @@ import re
 
 from autotune.errors import ConfigError
 from autotune.recommendation import Recommendation
+from autotune.records import exclusion_lines
 from autotune.result import Platform
 from autotune.runner.executor import Executor
 from autotune.runner.launch import LocalExecutor
@@ -165,11 +166,7 @@ def run_search(
             optimizer=optimizer_source,
             budget=f"{budget / 2**30:.2f} GiB per device, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
-            **(
-                {"excluded": "; ".join(f"{e.knob}={e.value}: {e.reason}" for e in exclusions)}
-                if exclusions
-                else {}
-            ),
+            **({"excluded": "; ".join(exclusion_lines(exclusions))} if exclusions else {}),
             **_executor_lines(executor),
         )
         tuner = Tuner(

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from autotune.records import Exclusion, exclusion_lines
 from autotune.runner.platform import detect_platform
 from autotune.search.probe import repeated_blocks, restrict_space
 from autotune.search.space import load_space
@@ -115,3 +116,15 @@ def test_a_check_that_fails_once_is_tried_again_before_it_is_cached(
     assert probe._runtime_checks(platform, ["fp16"]) == {}  # crashed, then ok: it works
     failures = probe._runtime_checks(platform, ["powersgd"])  # a hang is not run twice
     assert failures == {"powersgd": "timed_out: rank 1: reset"} and outcomes == []
+
+
+def test_exclusions_for_one_reason_are_said_in_one_line() -> None:
+    blocks = "the model has no repeated blocks"
+    exclusions = [Exclusion(knob="checkpoint_segments", value=v, reason=blocks) for v in (1, 2, 4)]
+    exclusions.insert(
+        1, Exclusion(knob="world_size", value=4, reason="only 2 device(s) considered")
+    )
+    assert exclusion_lines(exclusions) == [
+        "checkpoint_segments=1, 2, 4: the model has no repeated blocks",
+        "world_size=4: only 2 device(s) considered",
+    ]
