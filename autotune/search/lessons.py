@@ -63,7 +63,7 @@ class FailingValue:
     def reason(self) -> str:
         cause = self.failed.message.splitlines()[0] if self.failed.message else "no message"
         return (
-            f"{self.knob}={self.value} failed in trial {self.failed.number} ({cause[:160]}) "
+            f"failed in trial {self.failed.number} ({cause[:160]}) "
             f"where trial {self.ran.number}, {self.knob}={getattr(self.ran.config, self.knob)} "
             "and otherwise the same, ran"
         )

@@ -179,8 +179,8 @@ class Tuner:
             result = TrialResult(config=config, status="invalid", message=str(error))
         record = self.log.write(self._record(role, result, race_round, prediction), trial)
         self._learn_memory()
-        self._learn_failing_values(record)
         self.reporter.trial_finished(record, self.log.best())
+        self._learn_failing_values(record)
         return record, result
 
     def _out_of_budget(self) -> bool:
@@ -364,8 +364,8 @@ class Tuner:
             if record in (failing.failed, failing.ran) and known not in self._failing:
                 self._failing.add(known)
                 self.reporter.phase(
-                    f"{failing.reason()}: configurations with {failing.knob}={failing.value} "
-                    "are skipped from now on"
+                    f"{failing.knob}={failing.value} {failing.reason()}: configurations with "
+                    "it are skipped from now on"
                 )
 
     def decide(self, proposal: Proposal) -> TrialRecord | None:
@@ -394,7 +394,8 @@ class Tuner:
             )
         failing = next((f for f in failing_values(self.log.records) if f.matches(config)), None)
         if failing is not None:
-            return TrialRecord(**base, status="skipped", message=failing.reason())
+            message = f"{failing.knob}={failing.value} {failing.reason()}"
+            return TrialRecord(**base, status="skipped", message=message)
         prediction = self.predict(config)
         verdict = precheck(
             config, self.log.observations(), self.limit_bytes, trend=prediction is None
@@ -476,9 +477,9 @@ class Tuner:
                 ran = self._record("search", result, prediction=prediction)
                 record = self.proposer.record(proposal, ran)
                 self._learn_memory()
+                self.reporter.trial_finished(record, self.log.best())
                 self._learn_unused_parameters(record)
                 self._learn_failing_values(record)
-                self.reporter.trial_finished(record, self.log.best())
 
     def race(self) -> list[TrainConfig]:
         """Race the best few, the baseline and the standard recipe in interleaved rounds until
