@@ -8,6 +8,8 @@ space at 64 devices under 30 s).
         --amp off --malloc-mmap-threshold 4MiB --out results/memory_prediction_fixed_heap.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
+    python scripts/bench_memory_prediction.py --models --plan-model "" \
+        --repeat workloads.gpt:gpt_tiny --rounds 4 --out results/memory_repeat.json
 
 The Hugging Face models (``examples/hf_models.py``, built from configs) need the ``trainers``
 extra. Per model: the grid of ``autotune.bench.memory_prediction.grid`` (single, DDP x2 and
@@ -25,6 +27,11 @@ prediction a machine without a GPU makes) against the allocator's peak of alloca
 ``--search MODEL --budget SIZE``: a memory-bound search (quick space, 2 ranks, 10 trials, where
 most of the space does not fit the budget) run twice, without and with the prediction: the
 trials that ran and did not fit, and each search's wall time.
+
+``--repeat MODEL --rounds N``: the configurations of ``REPEATED`` (fp32 and bf16, DDP and one
+device, with and without a DataLoader worker) measured N times each, in turn, by one Ray
+executor whose gangs are reused as a search's are: how far a configuration's peak measured later
+in a gang lies from its first, on a fresh one (target: within 5%).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from autotune.bench.memory_prediction import (
     machine,
     measure_grid,
     memory_bound_search,
+    repeated_peaks,
     rescored,
 )
 from autotune.runner.workload import WorkloadSpec
@@ -99,6 +107,12 @@ def main() -> None:
         "(no trial runs); writes --out.",
     )
     parser.add_argument("--budget", default="700MiB", help="Its memory budget (all ranks).")
+    parser.add_argument(
+        "--repeat",
+        help="A model whose configurations (fp32 and bf16, with and without a DataLoader worker) "
+        "are measured --rounds times each in one reused Ray gang: first and later peaks.",
+    )
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument(
         "--malloc-mmap-threshold",
@@ -163,6 +177,13 @@ def main() -> None:
                 f"pick {run['recommended']}"
             )
         report["search"] = {"model": args.search, "budget": args.budget, "runs": runs}
+    if args.repeat:
+        rows = repeated_peaks(args.repeat, args.rounds)
+        report["repeat"] = {"model": args.repeat, "rounds": args.rounds, "configs": rows}
+        for row in rows:
+            peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
+            spread = "-" if row["spread"] is None else f"{row['spread']:.1%}"
+            print(f"{row['config']:48} peaks {peaks} MiB: spread {spread} (target 5%)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -25,7 +25,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.runner.launch import run_trial
 from autotune.runner.platform import detect_platform
-from autotune.runner.request import TrialOptions
+from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.driver import run_search
 from autotune.search.log import memory_used
@@ -268,6 +268,51 @@ def repeat_spread(records: list[Any]) -> dict[str, float]:
         for summary, values in peaks.items()
         if len(values) > 1
     }
+
+
+REPEATED = (
+    {"parallel": "ddp", "world_size": 2},
+    {"parallel": "ddp", "world_size": 2, "amp": "bf16", "num_workers": 1},
+    {"parallel": "single", "world_size": 1, "amp": "bf16", "num_workers": 1},
+    {"parallel": "single", "world_size": 1, "checkpoint_segments": 2, "grad_accum_steps": 2},
+)
+"""The configurations measured again and again in one reused gang (``repeated_peaks``): fp32 and
+bf16, with and without a DataLoader worker (the pair whose repeats spread most before)."""
+
+
+def repeated_peaks(model: str, rounds: int, global_batch_size: int = 32) -> list[dict[str, Any]]:
+    """Each configuration of ``REPEATED`` measured once per round, in turn, by one Ray executor
+    as a search's are (a gang started for the first trial of its shape and reused after): the
+    first measurement is on a fresh gang, the later ones follow other trials in it. Per
+    configuration: every peak and (max - min) / first (the issue's target: within 5%)."""
+    from autotune.runner.executor import run_to_end
+    from autotune.runner.ray_executor import RayExecutor  # imports Ray
+
+    platform = detect_platform("cpu")
+    executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=8)
+    spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
+    options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, min_measure_s=0)
+    configs = [TrainConfig(global_batch_size=global_batch_size, **v) for v in REPEATED]
+    peaks: dict[str, list[int]] = {c.summary(): [] for c in configs}
+    try:
+        for _ in range(rounds):
+            for config in configs:
+                result = run_to_end(
+                    executor, TrialRequest(config=config, workload=spec, options=options)
+                )
+                used = memory_used(result, "cpu")
+                if result.status == "ok" and used:
+                    peaks[config.summary()].append(used)
+    finally:
+        executor.shutdown()
+    return [
+        {
+            "config": summary,
+            "peaks_bytes": values,
+            "spread": (max(values) - min(values)) / values[0] if len(values) > 1 else None,
+        }
+        for summary, values in peaks.items()
+    ]
 
 
 MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
