@@ -81,7 +81,8 @@ def failing_values(records: list[TrialRecord]) -> list[FailingValue]:
     only echoed another's failure, not DDP's unused parameters, which have their own lesson)
     while the configuration differing in that knob alone ran: the value, not the model or the
     machine, is the cause (bf16 autocast of an LSTM on a CPU without bf16 units: oneDNN has no
-    such primitive), and every other configuration with it would fail the same way."""
+    such primitive), and every other configuration with it would fail the same way. A value that
+    ran in some other configuration is not one of them."""
     failed = [
         r
         for r in records
@@ -96,7 +97,10 @@ def failing_values(records: list[TrialRecord]) -> list[FailingValue]:
         for good in ran:
             assert bad.config is not None and good.config is not None
             knob = _one_knob_apart(bad.config, good.config)
-            if knob is not None:
-                value = getattr(bad.config, knob)
+            if knob is None:
+                continue
+            value = getattr(bad.config, knob)
+            # a value that ran elsewhere fails only in company: the lesson would over-reach
+            if not any(getattr(r.config, knob) == value for r in ran):
                 found.setdefault((knob, value), FailingValue(knob, value, bad, good))
     return list(found.values())

@@ -454,3 +454,8 @@ def test_a_failure_is_pinned_on_a_knob_only_by_a_neighbour_one_knob_away_that_ra
         ("amp", "bf16", 1, 0)
     ]
     assert found[0].matches(bf16) and not found[0].matches(base)
+    elsewhere = TrialRecord(number=2, role="search", status="ok", config=bf16, samples_per_s=9.0)
+    assert (
+        failing_values([records[0], records[1].model_copy(update={"config": alone}), elsewhere])
+        == []
+    )
