@@ -57,6 +57,7 @@ from autotune.bench.memory_prediction import (
     memory_bound_search,
     repeated_peaks,
     rescored,
+    unfinished,
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
@@ -152,12 +153,19 @@ def main() -> None:
         f"{'model':32} {'config':58} {'tensors':>8} {'measured':>9} {'1 trial':>8} {'others':>7}"
         + (f" {'allocated':>10}" if args.device == "cuda" else "")
     )
+    missing: dict[str, list[dict[str, str]]] = {}
+    report["unfinished"] = missing  # configurations that measured nothing, with why
     for model in args.models:
         batch, segments = grid_shape(model, args.device)
         configs = grid(batch, segments, devices, args.device, tuple(args.amp))
-        rows = errors(measure_grid(WorkloadSpec(model=model), configs))
+        points = measure_grid(WorkloadSpec(model=model), configs)
+        rows = errors(points)
         report["models"][model] = rows  # type: ignore[index]
         _print_rows(model, rows)
+        missing[model] = unfinished(points)
+        for row in missing[model]:
+            print(f"{model}: {row['config']} measured nothing: {row['status']}: {row['message']}")
+        _write(args.out, report)  # a long run keeps every grid it finished
     if args.plan_model:
         seconds = _plan_seconds(args.plan_model)
         report["plan"] = {"model": args.plan_model, "devices": 64, "seconds": seconds}
@@ -184,9 +192,13 @@ def main() -> None:
             peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
             spread = "-" if row["spread"] is None else f"{row['spread']:.1%}"
             print(f"{row['config']:48} peaks {peaks} MiB: spread {spread} (target 5%)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    _write(args.out, report)
     print(f"wrote {args.out}")
+
+
+def _write(out: str, report: dict[str, object]) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ class GridPoint:
     trial_s: float
     device: str = "cpu"
     allocated_bytes: int | None = None  # CUDA: the allocator's peak of allocated memory
+    message: str = ""  # why a configuration that did not finish did not
 
 
 def grid(
@@ -116,14 +117,19 @@ def grid(
     return configs
 
 
-def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[GridPoint]:
+def measure_grid(
+    workload: WorkloadSpec, configs: list[TrainConfig], timeout_s: float = 1800.0
+) -> list[GridPoint]:
     """Trace and run every configuration (a short real trial each), on the configurations'
-    device."""
+    device. ``timeout_s`` per trial: a search's 300 s ends GPT-2 small's CPU trials (a step of
+    four 1,024-token sequences takes about a minute on 2 cores)."""
     device = configs[0].device if configs else "cpu"
     model = MemoryModel(workload, device)
     # Memory peaks by the second step (the optimizer's state exists from the first): a short
     # window serves, and keeps a grid of slow configurations (bf16 on a CPU) within reach.
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, min_measure_s=0)
+    options = TrialOptions(
+        warmup_steps=1, measured_steps=2, target_interval=0, min_measure_s=0, timeout_s=timeout_s
+    )
     points = []
     for config in configs:
         started = time.perf_counter()
@@ -147,6 +153,7 @@ def measure_grid(workload: WorkloadSpec, configs: list[TrainConfig]) -> list[Gri
                 allocated_bytes=max(r.peak_memory_bytes for r in ok)
                 if device == "cuda" and ok and used
                 else None,
+                message=result.message if result.status != "ok" else "",
             )
         )
     return points
@@ -165,6 +172,16 @@ def rescored(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kept["unsharded_bytes"] = traced.unsharded(config)
         points.append(GridPoint(**kept))
     return errors(points)
+
+
+def unfinished(points: list[GridPoint]) -> list[dict[str, str]]:
+    """The configurations of a grid that measured nothing, with why (``errors`` scores the
+    rest)."""
+    return [
+        {"config": p.config, "status": p.status, "message": p.message}
+        for p in points
+        if p.tensors_bytes is None or not p.measured_bytes
+    ]
 
 
 def errors(points: list[GridPoint]) -> list[dict[str, Any]]:

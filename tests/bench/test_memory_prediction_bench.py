@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from autotune.bench.memory_prediction import CUDA_GRIDS, GridPoint, errors, grid, grid_shape
+from autotune.bench.memory_prediction import (
+    CUDA_GRIDS,
+    GridPoint,
+    errors,
+    grid,
+    grid_shape,
+    unfinished,
+)
 
 MiB = 2**20
 
@@ -81,3 +90,14 @@ def test_heap_pairs_fix_the_threshold_for_the_fixed_runs_alone_and_restore_the_e
     assert summary["measured_bytes_default"] == 500 * MiB
     assert summary["measured_bytes_fixed"] == 300 * MiB
     assert (summary["samples_per_s_default"], summary["samples_per_s_fixed"]) == (10.0, 5.0)
+
+
+def test_a_configuration_that_measured_nothing_is_reported_with_why_not_dropped() -> None:
+    done = _point(100, 400, 120)
+    timed_out = replace(
+        done, config="slow", status="timed_out", measured_bytes=None, message="300 s"
+    )
+    assert unfinished([done, timed_out]) == [
+        {"config": "slow", "status": "timed_out", "message": "300 s"}
+    ]
+    assert [r["config"] for r in errors([done, timed_out])] == ["c"]  # scored: what measured
