@@ -50,7 +50,7 @@ GRIDS = {
     # The GPU-scale models at a batch a 2-core, 24 GiB box runs (1,024-token sequences: about
     # 12 s a step of one sequence; micro-batch 4 holds about 10 GiB)
     "workloads.gpt:gpt2_124m": (4, 12),
-    "workloads.convnet:resnet18": (16, 8),
+    "workloads.convnet:resnet18": (8, 8),  # 224-pixel images: about 15 s a step of 8
 }
 """Model -> (global batch, checkpoint segments of its grid) on a CPU, for the grids of
 ``scripts/bench_memory_prediction.py`` and ``scripts/bench_cpu_heap.py``."""
