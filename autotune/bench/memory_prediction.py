@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.runner.executor import run_to_end
 from autotune.runner.launch import run_trial
 from autotune.runner.platform import detect_platform
 from autotune.runner.request import TrialOptions, TrialRequest
@@ -302,7 +303,6 @@ def repeated_peaks(model: str, rounds: int, global_batch_size: int = 32) -> list
     as a search's are (a gang started for the first trial of its shape and reused after): the
     first measurement is on a fresh gang, the later ones follow other trials in it. Per
     configuration: every peak and (max - min) / first (the issue's target: within 5%)."""
-    from autotune.runner.executor import run_to_end
     from autotune.runner.ray_executor import RayExecutor  # imports Ray
 
     platform = detect_platform("cpu")
