@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.records import TrialRecord
+from autotune.records import Exclusion, TrialRecord
 from autotune.runner.outcome import (
     UNUSED_PARAMETERS_ERROR,
     is_peer_failure,
@@ -67,6 +67,10 @@ class FailingValue:
             f"where trial {self.ran.number}, {self.knob}={getattr(self.ran.config, self.knob)} "
             "and otherwise the same, ran"
         )
+
+    def exclusion(self) -> Exclusion:
+        """The value as one of the recommendation's exclusions."""
+        return Exclusion(knob=self.knob, value=self.value, reason=self.reason())
 
 
 def _one_knob_apart(a: TrainConfig, b: TrainConfig) -> str | None:

@@ -356,12 +356,14 @@ class Tuner:
         )
         return True
 
-    def _learn_failing_values(self, record: TrialRecord) -> None:
-        """Say so when ``record`` showed a knob's value to fail (``lessons.failing_values``):
-        from then on ``decide`` skips every configuration with it."""
+    def _learn_failing_values(self, record: TrialRecord | None) -> None:
+        """Say so when ``record`` (None: any stored trial of a resumed study) showed a knob's
+        value to fail (``lessons.failing_values``): from then on ``decide`` skips every
+        configuration with it."""
         for failing in failing_values(self.log.records):
             known = (failing.knob, failing.value)
-            if record in (failing.failed, failing.ran) and known not in self._failing:
+            shown_by = record is None or record in (failing.failed, failing.ran)
+            if shown_by and known not in self._failing:
                 self._failing.add(known)
                 self.reporter.phase(
                     f"{failing.knob}={failing.value} {failing.reason()}: configurations with "
@@ -562,6 +564,7 @@ class Tuner:
         """The whole search, and its recommendation."""
         if stored := len(self.log.measured()):
             self.reporter.resumed(stored)
+            self._learn_failing_values(None)  # said again: the resumed search skips them
         self.references()
         self.search()
         winner, verification = self.verify(self.race())
@@ -572,11 +575,7 @@ class Tuner:
             budget_bytes=self.budget_bytes,
             limit_bytes=self.limit_bytes,
             platform=self.platform,
-            exclusions=exclusions
-            + [
-                Exclusion(knob=f.knob, value=f.value, reason=f.reason())
-                for f in failing_values(self.log.records)
-            ],
+            exclusions=exclusions + [f.exclusion() for f in failing_values(self.log.records)],
             storage=storage,
             study_name=study_name,
             recipe=self.recipe_config,

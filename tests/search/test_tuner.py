@@ -17,6 +17,7 @@ from autotune.result import TrialResult
 from autotune.runner.request import TrialOptions
 from autotune.search import race
 from autotune.search.lessons import failing_values
+from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal
 from autotune.search.study import make_sampler
 from autotune.search.tuner import SearchError
@@ -459,3 +460,38 @@ def test_a_failure_is_pinned_on_a_knob_only_by_a_neighbour_one_knob_away_that_ra
         failing_values([records[0], records[1].model_copy(update={"config": alone}), elsewhere])
         == []
     )
+
+
+def test_a_resumed_search_says_which_values_its_stored_trials_showed_to_fail(
+    tmp_path: Path,
+) -> None:
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        if config.amp == "bf16":
+            return failed(config, "error", LSTM_BF16)
+        return ok(config, speed(config), memory(config))
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    space = {**SPACE, "amp": ["off", "bf16"]}
+    first = optuna.create_study(
+        storage=storage, study_name="s", direction="maximize", sampler=make_sampler(0)
+    )
+    killed = make_tuner(FakeExecutor(outcome), space, study=first, trials=5, climb=True)
+    killed.references()
+    killed.search()  # the race never ran: the driver was killed here
+    assert failing_values(killed.log.records)
+
+    class Said(Reporter):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def phase(self, text: str) -> None:
+            self.lines.append(text)
+
+    again = optuna.load_study(study_name="s", storage=storage, sampler=make_sampler(1))
+    executor = FakeExecutor(outcome)
+    resumed = make_tuner(executor, space, study=again, trials=7, climb=True)
+    resumed.reporter = said = Said()
+    resumed.run([], storage, "s")
+    assert executor.ran(amp="bf16") == 0
+    told = [line for line in said.lines if line.startswith("amp=bf16 failed in trial")]
+    assert len(told) == 1 and told[0].endswith("configurations with it are skipped from now on")
