@@ -113,7 +113,25 @@ def _peak_tracker() -> Any:
                     self._peak_mem[device] = snapshot[_TOTAL_KEY]
                     self._peak_mem_snap[device] = dict(snapshot)
 
+        def _track_module_params_and_buffers(
+            self, module: Any, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            # The tracker hooks every parameter's gradient, and a frozen one (fine-tuning's
+            # backbone) refuses a hook: mark those as hooked already, with nothing to remove.
+            handles = self._param_to_grad_hook_handles
+            for param in module.parameters():
+                if not param.requires_grad and param not in handles:
+                    handles[param] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
     return PeakTracker()
+
+
+class _NoHook:
+    """Stands for a hook handle where no hook could be installed (a frozen parameter)."""
+
+    def remove(self) -> None:
+        pass
 
 
 def _by_kind(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
@@ -164,6 +182,9 @@ def trace_step(
     try:
         with warnings.catch_warnings():  # the tracker's own notes on hooks it skipped
             warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+            # a deep copy of a fake parameter (nn.TransformerEncoder clones its layer) reads
+            # its data pointer, which a fake tensor warns of: nothing is allocated either way
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             return _trace(
                 spec, micro_batch_size, amp, checkpoint_segments, learning_rate, optimizer_impl
             )

@@ -25,6 +25,19 @@ def test_parameters_gradients_and_the_users_optimizer_state_are_counted_exactly(
     assert adamw.total_bytes - sgd.total_bytes >= 2 * PARAMETER_BYTES
 
 
+def test_frozen_parameters_hold_no_gradient_and_no_optimizer_state() -> None:
+    # MemTracker hooks every parameter's gradient; a frozen one refuses the hook
+    frozen = WorkloadSpec(
+        model="tests.fixtures.optimizers:HalfFrozen",
+        optimizer="tests.fixtures.optimizers:trainable_adamw",
+    )
+    peak = trace_step(frozen, 8)
+    assert peak.parameters_bytes == PARAMETER_BYTES
+    assert peak.gradient_bytes_full == PARAMETER_BYTES // 2
+    assert peak.gradients_bytes <= PARAMETER_BYTES // 2
+    assert PARAMETER_BYTES <= peak.optimizer_bytes <= 3 * PARAMETER_BYTES // 2
+
+
 def test_nothing_is_allocated() -> None:
     import resource
 
