@@ -9,7 +9,7 @@ space at 64 devices under 30 s).
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
-        --repeat workloads.gpt:gpt_tiny --rounds 4 --out results/memory_repeat.json
+        --repeat workloads.gpt:gpt_tiny --rounds 6 --out results/memory_repeat.json
 
 The Hugging Face models (``examples/hf_models.py``, built from configs) need the ``trainers``
 extra. Per model: the grid of ``autotune.bench.memory_prediction.grid`` (single, DDP x2 and
@@ -29,9 +29,9 @@ most of the space does not fit the budget) run twice, without and with the predi
 trials that ran and did not fit, and each search's wall time.
 
 ``--repeat MODEL --rounds N``: the configurations of ``REPEATED`` (fp32 and bf16, DDP and one
-device, with and without a DataLoader worker) measured N times each, in turn, by one Ray
-executor whose gangs are reused as a search's are: how far a configuration's peak measured later
-in a gang lies from its first, on a fresh one (target: within 5%).
+device, with and without a DataLoader worker, compiled or not) measured N times each, in turn,
+by one Ray executor whose gangs are reused as a search's are: how far a configuration's peak
+measured later in a gang lies from its first, on a fresh one (target: within 5%).
 """
 
 from __future__ import annotations
@@ -116,8 +116,9 @@ def main() -> None:
     parser.add_argument("--budget", default="700MiB", help="Its memory budget (all ranks).")
     parser.add_argument(
         "--repeat",
-        help="A model whose configurations (fp32 and bf16, with and without a DataLoader worker) "
-        "are measured --rounds times each in one reused Ray gang: first and later peaks.",
+        help="A model whose configurations (fp32 and bf16, with and without a DataLoader worker, "
+        "compiled or not) are measured --rounds times each by one Ray executor reusing its "
+        "gangs: first and later peaks.",
     )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

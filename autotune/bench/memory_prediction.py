@@ -292,12 +292,14 @@ def spread(values: list[int]) -> float:
 
 REPEATED = (
     {"parallel": "ddp", "world_size": 2},
+    {"parallel": "ddp", "world_size": 2, "compile": "default"},
     {"parallel": "ddp", "world_size": 2, "amp": "bf16", "num_workers": 1},
     {"parallel": "single", "world_size": 1, "amp": "bf16", "num_workers": 1},
     {"parallel": "single", "world_size": 1, "checkpoint_segments": 2, "grad_accum_steps": 2},
 )
-"""The configurations measured again and again in one reused gang (``repeated_peaks``): fp32 and
-bf16, with and without a DataLoader worker (the pair whose repeats spread most before)."""
+"""The configurations measured again and again by one executor (``repeated_peaks``): fp32 and
+bf16, with and without a DataLoader worker (the pair whose repeats spread most before), and a
+compiled one, whose ranks keep the compiler resident (``ray_gang.leaves_compiler``)."""
 
 
 def repeated_peaks(model: str, rounds: int, global_batch_size: int = 32) -> list[dict[str, Any]]:
@@ -308,7 +310,9 @@ def repeated_peaks(model: str, rounds: int, global_batch_size: int = 32) -> list
     from autotune.runner.ray_executor import RayExecutor  # imports Ray
 
     platform = detect_platform("cpu")
-    executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=8)
+    executor = RayExecutor(
+        platform, cpus_per_rank=2, num_cpus=12
+    )  # 2 gangs of 2 ranks (with and without the compiler), 1 of 1
     spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
     options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, min_measure_s=0)
     configs = [TrainConfig(global_batch_size=global_batch_size, **v) for v in REPEATED]

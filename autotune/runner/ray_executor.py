@@ -1,8 +1,9 @@
 """Run trials on Ray: the ``Executor`` over gangs of rank actors (``ray_gang``), reused while
 healthy.
 
-Gangs of the shape a trial needs are reused; idle gangs of other shapes make room when the
-cluster is full. After any failure (crash, OOM, hang, error) the gang's actors are killed and
+Gangs of the shape a trial needs are reused (on CPU, one that compiled only by compiled trials:
+``ray_gang.leaves_compiler``); idle gangs that do not serve it make room when the cluster is
+full. After any failure (crash, OOM, hang, error) the gang's actors are killed and
 its placement group removed, so the next trial gets fresh processes. Ray never retries
 anything by itself here.
 
@@ -41,6 +42,7 @@ from autotune.runner.ray_gang import (
     Gang,
     GangShape,
     gang_shape,
+    leaves_compiler,
     lost_node,
     quiet_raylet_errors,
     reusable,
@@ -219,9 +221,11 @@ class RayExecutor:
             "is stored in the study: run the same command again once the cluster is back"
         )
 
-    def _gang(self, shape: GangShape) -> Gang:
+    def _gang(self, shape: GangShape, compiled: bool) -> Gang:
+        """An idle gang of ``shape`` that serves the trial (``leaves_compiler``), else a new one
+        (``compiled``: the trial about to run on it compiles)."""
         for gang in self._idle:
-            if gang.shape == shape:
+            if gang.shape == shape and gang.compiled == compiled:
                 self._idle.remove(gang)
                 return gang
         processes, cpus, gpus = shape
@@ -229,7 +233,7 @@ class RayExecutor:
         bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         group = placement_group([bundle] * processes, strategy="PACK")
         ready, _ = ray.wait([group.ready()], timeout=1.0)
-        while not ready and self._idle:  # make room: idle gangs of other shapes go first
+        while not ready and self._idle:  # make room: idle gangs that do not serve it go
             self._idle.pop(0).kill()
             ready, _ = ray.wait([group.ready()], timeout=1.0)
         if not ready:
@@ -242,16 +246,20 @@ class RayExecutor:
             )
         gang = start_gang(shape, group)
         gang.restart_s = time.perf_counter() - started
+        gang.compiled = compiled
         return gang
+
+    def _compiles(self, request: TrialRequest) -> bool:
+        return leaves_compiler(request, self.platform.device_type)
 
     def fits_now(self, request: TrialRequest) -> bool:
         """Whether the trial could start now without waiting for another one to end."""
         shape = gang_shape(request, self.platform.device_type, self.cpus_per_rank)
-        if any(g.shape == shape for g in self._idle):
+        if any(g.shape == shape and g.compiled == self._compiles(request) for g in self._idle):
             return True
         processes, cpus, gpus = shape
         free = ray.available_resources()
-        for gang in self._idle:  # idle gangs of other shapes would be evicted for it
+        for gang in self._idle:  # idle gangs that do not serve it would be evicted for it
             free["CPU"] = free.get("CPU", 0) + gang.shape[0] * gang.shape[1]
             free["GPU"] = free.get("GPU", 0) + gang.shape[0] * gang.shape[2]
         return free.get("CPU", 0) >= processes * cpus and free.get("GPU", 0) >= processes * gpus
@@ -262,7 +270,8 @@ class RayExecutor:
         self._next_ticket += 1
         submitted = time.time()
         start = time.perf_counter()
-        gang = self._gang(gang_shape(request, self.platform.device_type, self.cpus_per_rank))
+        shape = gang_shape(request, self.platform.device_type, self.cpus_per_rank)
+        gang = self._gang(shape, self._compiles(request))
         if self.shipped is not None:  # import from the shipped copy, not the driver's paths
             workload = request.workload.model_copy(update={"search_path": ()})
             request = request.model_copy(update={"workload": workload})

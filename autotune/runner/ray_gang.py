@@ -122,6 +122,15 @@ def reusable(request: TrialRequest) -> bool:
     return not (config.device == "cuda" and config.compile in GRAPH_CAPTURING_MODES)
 
 
+def leaves_compiler(request: TrialRequest, device: Literal["cpu", "cuda"]) -> bool:
+    """Whether the trial leaves what is measured of later trials in its gang changed: on CPU a
+    rank that ran ``torch.compile`` keeps Inductor's modules and caches resident, part of every
+    later trial's resident peak (``gpt_tiny``, DDP over 2 ranks: 845 MiB on a fresh gang, 1,061
+    after a compiled trial in it; ``scripts/bench_memory_prediction.py --repeat``). Such a gang
+    serves compiled trials only. On CUDA the device's memory is what is measured."""
+    return device == "cpu" and request.config.compile != "off"
+
+
 GangShape = tuple[int, float, float]  # (rank processes, CPUs per rank, GPUs per rank)
 
 
@@ -142,6 +151,8 @@ class Gang:
     actors: list[Any]
     nodes: dict[int, str] = field(default_factory=dict)
     """The Ray node each rank's bundle was placed on, by rank."""
+    compiled: bool = False
+    """Whether its ranks ran a trial that ``leaves_compiler``: it serves only such trials."""
     restart_s: float = 0.0
     """What a fresh gang like this one costs before its first step: its start (placement,
     processes, process group) and its first trial's start-up and build (imports, the

@@ -89,13 +89,14 @@ def _executor(
         if "num_workers" in space.params
         else 0
     )
-    # A private instance declares enough logical CPUs to keep a gang of each size warm; on CPU
-    # trials run one at a time, so this never oversubscribes the cores during a measurement.
+    # A private instance declares enough logical CPUs to keep a gang of each size warm, with and
+    # without the compiler in its ranks (``ray_gang.leaves_compiler``); on CPU trials run one at
+    # a time, so this never oversubscribes the cores during a measurement.
     return RayExecutor(
         platform,
         address=settings.cluster.ray_address,
         cpus_per_rank=1 + max_workers,
-        num_cpus=max(usable_cpus(), 2 * devices * (1 + max_workers)),
+        num_cpus=max(usable_cpus(), 4 * devices * (1 + max_workers)),
         ship=(os.getcwd() if settings.cluster.ray_address and settings.cluster.ship_code else None),
     )
 

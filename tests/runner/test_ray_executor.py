@@ -82,3 +82,32 @@ def test_a_rank_actor_runs_every_call_on_one_thread_and_answers_its_phase_meanwh
         assert ray.get(busy) in threads
     finally:
         ray.kill(actor)
+
+
+def test_on_cpu_a_gang_that_compiled_serves_only_compiled_trials() -> None:
+    # Inductor stays resident in the ranks: a plain DDP trial of gpt_tiny after a compiled one
+    # in its gang measured 26% more than on a fresh gang.
+    from autotune.config import make_config
+    from autotune.runner.ray_executor import RayExecutor
+    from autotune.runner.ray_gang import Gang, gang_shape, leaves_compiler
+    from autotune.runner.request import TrialOptions, TrialRequest
+    from autotune.runner.workload import WorkloadSpec
+
+    def request(compile: str) -> TrialRequest:  # device auto: the platform's, resolved later
+        config = make_config({"global_batch_size": 8, "compile": compile})
+        return TrialRequest(
+            config=config, workload=WorkloadSpec(model="m:M"), options=TrialOptions()
+        )
+
+    plain, compiled = request("off"), request("default")
+    assert not leaves_compiler(plain, "cpu") and leaves_compiler(compiled, "cpu")
+    assert not leaves_compiler(compiled, "cuda")  # the device's memory is what is measured
+    executor = RayExecutor.__new__(RayExecutor)  # the gang choice alone: nothing started
+    executor.platform, executor.cpus_per_rank = detect_platform("cpu"), 1.0
+    shape = gang_shape(plain, "cpu", 1.0)
+    warm_plain, warm_compiled = Gang(shape, None, []), Gang(shape, None, [], compiled=True)
+    executor._idle = [warm_compiled, warm_plain]
+    assert executor._gang(shape, compiled=False) is warm_plain
+    assert executor._idle == [warm_compiled]
+    assert executor.fits_now(compiled)
+    assert executor._gang(shape, compiled=True) is warm_compiled
