@@ -13,7 +13,12 @@ from autotune.result import TrialResult
 from autotune.runner.launch import run_trial as launch
 from autotune.runner.platform import resolve_device
 from autotune.runner.request import TrialOptions
-from autotune.runner.workload import WorkloadSpec, check_workload
+from autotune.runner.workload import (
+    GLOBAL_BATCH_ATTRIBUTE,
+    WorkloadSpec,
+    check_workload,
+    declared_global_batch,
+)
 from autotune.search.driver import resolve_global_batch, run_search
 from autotune.search.log import memory_used
 from autotune.search.plan import Plan, make_plan
@@ -76,10 +81,26 @@ def run_trial(
     ``option_overrides`` are ``TrialOptions`` fields, e.g. ``measured_steps=20``.
     ``optimizer`` ("module:attr") names a factory taking the parameters and returning a
     ``torch.optim.Optimizer``; without it the model module's ``autotune_optimizer``, else AdamW.
+    A mapping without ``global_batch_size`` takes the model module's
+    ``autotune_global_batch_size``.
     """
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer)
     check_workload(workload)
+    if isinstance(config, dict) and "global_batch_size" not in config:
+        config = {**config, "global_batch_size": declared_global_batch_size(model)}
     return launch(as_config(config), workload, as_options(options, option_overrides))
+
+
+def declared_global_batch_size(model: str) -> int:
+    """The model module's ``autotune_global_batch_size``, for a trial given no global batch: a
+    trial measures the user's training, so it never assumes one (a search says when it does)."""
+    declared = declared_global_batch(_workload(model, None, None, None, "float32"))
+    if declared is None:
+        raise ConfigError(
+            "--global-batch-size is required (or global_batch_size in --config, or "
+            f"{GLOBAL_BATCH_ATTRIBUTE} in the model's module)"
+        )
+    return declared
 
 
 def tune(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import __version__
-from autotune.api import as_config, plan, run_trial, tune
+from autotune.api import as_config, declared_global_batch_size, plan, run_trial, tune
 from autotune.cli.flags import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -308,7 +308,7 @@ def _trial(args: argparse.Namespace) -> int:
     values = {**(read_config_file(args.config) if args.config else {}), **given(args, "cfg_")}
     source = f"config {args.config!r} with flags" if args.config else "flags"
     if "global_batch_size" not in values:
-        raise AutotuneError("--global-batch-size is required (or global_batch_size in --config)")
+        values["global_batch_size"] = declared_global_batch_size(args.model)
 
     config = as_config(make_config(values, source=source))
     options = given(args, "opt_")

@@ -35,3 +35,16 @@ def test_a_bad_declaration_is_one_line() -> None:
     spec = WorkloadSpec(model="tests.fixtures.bad_batch:Model")
     with pytest.raises(WorkloadError, match=r"autotune_global_batch_size = 'big': expected a pos"):
         resolve_global_batch(spec, make_settings({}))
+
+
+def test_a_trial_given_no_global_batch_takes_the_modules(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from autotune.cli import main
+
+    argv = ["trial", "--model", "tests.fixtures.declared_batch:Model", "--json"]
+    code = main([*argv, "--measured-steps", "2", "--warmup-steps", "1"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["config"]["global_batch_size"] == 16
