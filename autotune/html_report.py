@@ -15,6 +15,7 @@ from autotune.recommendation import Recommendation
 from autotune.records import TrialRecord, exclusion_lines
 from autotune.report import (
     baseline_cells,
+    baseline_memory_cell,
     compile_line,
     memory_cell,
     numerics_line,
@@ -192,7 +193,7 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
         (
             "peak memory",
             format_bytes(r.memory_used_bytes),
-            format_bytes(base.memory_used_bytes) if base and base.memory_used_bytes else "-",
+            baseline_memory_cell(r),
         ),
         (
             "memory limit",

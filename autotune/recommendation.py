@@ -102,6 +102,11 @@ class Recommendation(BaseModel):
     baseline_samples_per_s: float | None = Field(
         None, description="Mean over the baseline's race runs."
     )
+    baseline_memory_used_bytes: int | None = Field(
+        None,
+        description="The largest peak over the baseline's runs, as memory_used_bytes is the "
+        "recommended's (None: a study stored before it; see baseline).",
+    )
     speedup: float | None = Field(
         None,
         description="Over the baseline: the geometric mean of the paired ratios of the rounds "

@@ -94,6 +94,13 @@ def baseline_cells(r: Recommendation) -> tuple[str, str]:
     return speed, "1.00x" if r.baseline_samples_per_s else "-"
 
 
+def baseline_memory_cell(r: Recommendation) -> str:
+    """The baseline column's peak memory: the largest over its runs, as the recommended's is."""
+    base = r.baseline
+    used = r.baseline_memory_used_bytes or (base.memory_used_bytes if base else None)
+    return format_bytes(used) if used else "-"
+
+
 def verification_line(r: Recommendation) -> str:
     """What the longer run showed, in one sentence that never calls a coin toss a confirmation."""
     v = r.verification
@@ -228,7 +235,7 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
         (
             "peak memory",
             format_bytes(r.memory_used_bytes),
-            format_bytes(base.memory_used_bytes) if base and base.memory_used_bytes else "-",
+            baseline_memory_cell(r),
         )
     )
     rows.append(

@@ -159,10 +159,17 @@ def recommend(
     if check is not None and check.memory_used_bytes is not None:
         used = max(used, check.memory_used_bytes)
     baseline = last_baseline(records)
-    baseline_speed, paired = None, None
+    baseline_speed, baseline_used, paired = None, None, None
     if baseline is not None and baseline.status == "ok" and baseline.config is not None:
         base_runs = _evidence(records, baseline.config)
         baseline_speed = statistics.fmean(r.samples_per_s or 0.0 for r in base_runs)
+        key = baseline.config.key()
+        peaks = [
+            r.memory_used_bytes
+            for r in records
+            if r.status == "ok" and r.config and r.config.key() == key and r.memory_used_bytes
+        ]
+        baseline_used = max(peaks, default=None)  # every run of it, as the recommended's
         if baseline.config.key() != winner.key():
             found = race.speedup(records, winner, baseline.config)
             if found is not None:
@@ -200,6 +207,7 @@ def recommend(
         verification_error=error,
         baseline=baseline,
         baseline_samples_per_s=baseline_speed,
+        baseline_memory_used_bytes=baseline_used,
         speedup=paired[0] if paired else (expected / baseline_speed if baseline_speed else None),
         speedup_low=paired[1] if paired else None,
         speedup_high=paired[2] if paired else None,

@@ -495,3 +495,24 @@ def test_a_resumed_search_says_which_values_its_stored_trials_showed_to_fail(
     assert executor.ran(amp="bf16") == 0
     told = [line for line in said.lines if line.startswith("amp=bf16 failed in trial")]
     assert len(told) == 1 and told[0].endswith("configurations with it are skipped from now on")
+
+
+def test_the_baseline_column_shows_the_largest_peak_of_its_runs_as_the_recommended_does() -> None:
+    def growing(config: TrainConfig, before: int) -> TrialResult:
+        # the baseline is the fastest; every run of it measures a little more than the last
+        faster = 2000.0 if config.grad_accum_steps == 1 and config.num_workers == 0 else 0.0
+        return ok(config, speed(config) + faster, memory(config) + 10 * before)
+
+    recommendation = make_tuner(FakeExecutor(growing), SPACE, trials=4).run([], "s.db", "s")
+    assert recommendation.baseline is not None
+    assert recommendation.config == recommendation.baseline.config
+    peaks = [
+        t.memory_used_bytes
+        for t in recommendation.trials
+        if t.config == recommendation.config and t.memory_used_bytes
+    ]
+    assert recommendation.baseline.memory_used_bytes == min(peaks)  # its first run
+    assert recommendation.baseline_memory_used_bytes == max(peaks)
+    row = next(line for line in format_recommendation(recommendation).splitlines()
+               if line.startswith("peak memory"))  # fmt: skip
+    assert row.split()[2:4] == row.split()[4:6]  # recommended and baseline: one figure
