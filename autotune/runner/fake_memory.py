@@ -1,7 +1,8 @@
 """The tensors one training step holds at its peak, traced under fake tensors: nothing allocated.
 
 This is the one module that uses PyTorch's private memory tools (``torch._subclasses``'
-``FakeTensorMode`` and ``torch.distributed._tools.mem_tracker.MemTracker``); they may change
+``FakeTensorMode`` with a ``torch.fx.experimental`` ``ShapeEnv``, and
+``torch.distributed._tools.mem_tracker.MemTracker``); they may change
 between releases, so ``tests/runner/test_fake_memory.py`` pins what is relied on here, and
 every failure of theirs becomes ``TraceError`` with one line, for the caller's fallback (a fit
 over measured trials, ``autotune.search.memory_model``).
@@ -205,6 +206,7 @@ def _trace(
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
@@ -212,7 +214,10 @@ def _trace(
     for directory in reversed(spec.search_path):
         if directory not in sys.path:
             sys.path.insert(0, directory)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # A shape environment lets a value read for logging (``loss.item()`` in forward) stay an
+    # unknown symbol instead of failing the trace; branching on one still fails (TraceError).
+    # Static shapes: every size stays a plain int, as without it.
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
     module, model = _fake_model(spec, mode)
     dataset, _ = load_dataset(spec, module, model)
     loss_fn, _ = load_loss(spec, module)

@@ -8,6 +8,7 @@ import pytest
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.optimizers import PARAMETER_BYTES
+from tests.fixtures.traced import WIDTH
 
 WIDE = WorkloadSpec(model="tests.fixtures.optimizers:Wide")
 STACK = WorkloadSpec(model="tests.fixtures.traced:Stack")
@@ -59,8 +60,14 @@ def test_activations_grow_with_the_micro_batch_and_shrink_with_checkpointing_and
 
 
 def test_a_model_the_fake_tensors_cannot_trace_raises_one_line() -> None:
-    with pytest.raises(TraceError, match="DataDependentOutput"):
+    with pytest.raises(TraceError, match="data-dependent") as raised:
         trace_step(WorkloadSpec(model="tests.fixtures.traced:DataDependent"), 2)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_value_read_for_logging_in_forward_does_not_stop_the_trace() -> None:
+    logs = trace_step(WorkloadSpec(model="tests.fixtures.traced:LogsValues"), 2)
+    assert logs.parameters_bytes == (WIDTH * WIDTH + WIDTH) * 4
 
 
 def _two_traced_steps(micro_batch: int, micro_steps: int = 1) -> int:
