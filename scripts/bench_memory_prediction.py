@@ -10,6 +10,9 @@ space at 64 devices under 30 s).
         --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --repeat workloads.gpt:gpt_tiny --rounds 6 --out results/memory_repeat.json
+    python scripts/bench_memory_prediction.py --models --plan-model "" --rounds 5 \
+        --fresh workloads.convnet:resnet_small workloads.gpt:gpt_long_context \
+        --out results/memory_fresh.json
 
 The Hugging Face models (``examples/hf_models.py``, built from configs) need the ``trainers``
 extra. Per model: the grid of ``autotune.bench.memory_prediction.grid`` (single, DDP x2 and
@@ -27,6 +30,9 @@ prediction a machine without a GPU makes) against the allocator's peak of alloca
 ``--search MODEL --budget SIZE``: a memory-bound search (quick space, 2 ranks, 10 trials, where
 most of the space does not fit the budget) run twice, without and with the prediction: the
 trials that ran and did not fit, and each search's wall time.
+
+``--fresh MODEL... --rounds N``: one configuration run again and again, each time in fresh
+processes with the grid's own window: how far its peak moves when nothing about it changes.
 
 ``--repeat MODEL --rounds N``: the configurations of ``REPEATED`` (fp32 and bf16, DDP and one
 device, with and without a DataLoader worker, compiled or not) measured N times each, in turn,
@@ -51,6 +57,7 @@ from autotune.bench.memory_prediction import (
     GRIDS,
     MMAP_THRESHOLD_ENV,
     errors,
+    fresh_peaks,
     grid,
     grid_shape,
     machine,
@@ -119,6 +126,13 @@ def main() -> None:
         help="A model whose configurations (fp32 and bf16, with and without a DataLoader worker, "
         "compiled or not) are measured --rounds times each by one Ray executor reusing its "
         "gangs: first and later peaks.",
+    )
+    parser.add_argument(
+        "--fresh",
+        nargs="+",
+        help="Models whose one-device fp32 configurations (with and without checkpointing) are "
+        "measured --rounds times each, every run in fresh processes: the measurement's own "
+        "spread.",
     )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -204,6 +218,15 @@ def main() -> None:
             peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
             spread = "-" if row["spread"] is None else f"{row['spread']:.1%}"
             print(f"{row['config']:48} peaks {peaks} MiB: spread {spread} (target 5%)")
+    if args.fresh:
+        report["fresh"] = {"rounds": args.rounds, "models": {}}
+        for model in args.fresh:
+            rows = fresh_peaks(model, args.rounds)
+            report["fresh"]["models"][model] = rows  # type: ignore[index]
+            for row in rows:
+                peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
+                spread = "-" if row["spread"] is None else f"{row['spread']:.1%}"
+                print(f"{model} {row['config']:44} fresh peaks {peaks} MiB: spread {spread}")
     _write(args.out, report)
     print(f"wrote {args.out}")
 

@@ -118,6 +118,40 @@ def grid(
     return configs
 
 
+GRID_OPTIONS = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0, "min_measure_s": 0}
+"""A grid trial's window: memory peaks by the second step (the optimizer's state exists from the
+first), and a short window keeps a grid of slow configurations (bf16 on a CPU) within reach."""
+
+
+def fresh_peaks(model: str, rounds: int) -> list[dict[str, Any]]:
+    """The one-device configurations of ``model``'s fp32 grid without accumulation (with and
+    without its checkpointing), each run ``rounds`` times in turn, every run in fresh rank
+    processes with the grid's own window: how far one configuration's measured peak moves when
+    nothing about it changes, the floor under a prediction's error."""
+    batch, segments = grid_shape(model, "cpu")
+    configs = [
+        c
+        for c in grid(batch, segments, amps=("off",))
+        if c.parallel == "single" and c.grad_accum_steps == 1 and c.num_workers == 0
+    ]
+    workload = WorkloadSpec(model=model, search_path=(os.getcwd(),))
+    options = TrialOptions(**GRID_OPTIONS, timeout_s=1800.0)
+    peaks: dict[str, list[int]] = {c.summary(): [] for c in configs}
+    for _ in range(rounds):
+        for config in configs:
+            used = memory_used(run_trial(config, workload, options), "cpu")
+            if used:
+                peaks[config.summary()].append(used)
+    return [
+        {
+            "config": summary,
+            "peaks_bytes": values,
+            "spread": spread(values) if len(values) > 1 else None,
+        }
+        for summary, values in peaks.items()
+    ]
+
+
 def measure_grid(
     workload: WorkloadSpec, configs: list[TrainConfig], timeout_s: float = 1800.0
 ) -> list[GridPoint]:
@@ -126,11 +160,7 @@ def measure_grid(
     four 1,024-token sequences takes about a minute on 2 cores)."""
     device = configs[0].device if configs else "cpu"
     model = MemoryModel(workload, device)
-    # Memory peaks by the second step (the optimizer's state exists from the first): a short
-    # window serves, and keeps a grid of slow configurations (bf16 on a CPU) within reach.
-    options = TrialOptions(
-        warmup_steps=1, measured_steps=2, target_interval=0, min_measure_s=0, timeout_s=timeout_s
-    )
+    options = TrialOptions(**GRID_OPTIONS, timeout_s=timeout_s)
     points = []
     for config in configs:
         started = time.perf_counter()

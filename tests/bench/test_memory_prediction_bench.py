@@ -101,3 +101,29 @@ def test_a_configuration_that_measured_nothing_is_reported_with_why_not_dropped(
         {"config": "slow", "status": "timed_out", "message": "300 s"}
     ]
     assert [r["config"] for r in errors([done, timed_out])] == ["c"]  # scored: what measured
+
+
+def test_fresh_peaks_runs_each_one_device_configuration_in_turn_with_the_grid_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune.bench import memory_prediction
+    from autotune.result import RankReport, TrialResult
+
+    ran = []
+
+    def trial(config, workload, options):  # type: ignore[no-untyped-def]
+        ran.append((config.summary(), options.measured_steps, options.warmup_steps))
+        peak = (500 + 10 * len(ran)) * MiB
+        report = RankReport(rank=0, status="ok", peak_memory_bytes=peak)
+        return TrialResult(config=config, status="ok", ranks=[report])
+
+    monkeypatch.setattr(memory_prediction, "run_trial", trial)
+    rows = memory_prediction.fresh_peaks("workloads.gpt:gpt_tiny", rounds=3)
+    assert [r["config"] for r in rows] == [
+        "singlex1 amp=off accum=1 mbs=32 workers=0",
+        "singlex1 amp=off ckpt=4 accum=1 mbs=32 workers=0",
+    ]
+    assert [c for c, _, _ in ran] == [rows[0]["config"], rows[1]["config"]] * 3  # in turn
+    assert {(m, w) for _, m, w in ran} == {(2, 1)}  # the grid's own window
+    assert rows[0]["peaks_bytes"] == [510 * MiB, 530 * MiB, 550 * MiB]
+    assert rows[0]["spread"] == pytest.approx(40 / 510)
