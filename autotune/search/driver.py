@@ -153,6 +153,7 @@ def run_search(
         blocks[0] if blocks else None,
         image_batches=images,
         optimizer_flags=flags,
+        block_class=blocks[1] if blocks else "",
     )
     executor = _executor(settings, space, platform, devices)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)

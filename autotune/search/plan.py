@@ -27,7 +27,7 @@ from autotune.search.memory_model import (
     fit,
     prior_for,
 )
-from autotune.search.probe import repeated_blocks
+from autotune.search.probe import blocks_phrase, repeated_blocks
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
@@ -222,7 +222,7 @@ def _checkpointable(
     kept = [c for c in configs if c.checkpoint_segments <= count]
     if len(kept) == len(configs):
         return configs, []
-    blocks = f"{count} repeated {name} blocks" if count else "no repeated blocks"
+    blocks = blocks_phrase(count, name)
     if one:
         raise ConfigError(
             f"checkpoint_segments={configs[0].checkpoint_segments}: the model has {blocks} to "

@@ -111,6 +111,12 @@ def _compile_exclusions(
     return out
 
 
+def blocks_phrase(count: int, name: str = "") -> str:
+    """The model's repeated blocks in a reason: "4 repeated Block blocks", "no repeated
+    blocks" (``plan`` and the search's exclusions say it alike)."""
+    return f"{count} repeated {name + ' ' if name else ''}blocks" if count else "no repeated blocks"
+
+
 def restrict_space(
     space: SearchSpace,
     platform: Platform,
@@ -119,6 +125,7 @@ def restrict_space(
     run_checks: bool = True,
     image_batches: bool | None = None,
     optimizer_flags: tuple[str, tuple[str, ...]] | None = None,
+    block_class: str = "",
 ) -> tuple[SearchSpace, list[Exclusion]]:
     """Drop the choices that cannot work here; return the space and what was dropped."""
     cuda = platform.device_type == "cuda"
@@ -157,7 +164,7 @@ def restrict_space(
                 drop(
                     "checkpoint_segments",
                     segments,
-                    f"the model has {repeated_blocks or 'no'} repeated blocks",
+                    f"the model has {blocks_phrase(repeated_blocks, block_class)}",
                 )
     if optimizer_flags is not None:
         name, accepted = optimizer_flags

@@ -25,6 +25,11 @@ def test_cpu_platform_drops_what_cannot_work_and_says_why() -> None:
     assert space.params["world_size"].choices == (2,)
     assert "dp" not in space.params["parallel"].choices
     assert max(space.params["checkpoint_segments"].choices) <= 4  # type: ignore[type-var]
+    _, named = restrict_space(
+        load_space("default"), platform, 2, 4, run_checks=False, block_class="Block"
+    )
+    reasons = {(e.knob, e.value): e.reason for e in named}  # as plan says it
+    assert reasons[("checkpoint_segments", 8)] == "the model has 4 repeated Block blocks"
 
 
 def test_one_device_leaves_only_single_device_training() -> None:
