@@ -142,14 +142,7 @@ def fresh_peaks(model: str, rounds: int) -> list[dict[str, Any]]:
             used = memory_used(run_trial(config, workload, options), "cpu")
             if used:
                 peaks[config.summary()].append(used)
-    return [
-        {
-            "config": summary,
-            "peaks_bytes": values,
-            "spread": spread(values) if len(values) > 1 else None,
-        }
-        for summary, values in peaks.items()
-    ]
+    return peak_rows(peaks)
 
 
 def measure_grid(
@@ -320,6 +313,18 @@ def spread(values: list[int]) -> float:
     return (max(values) - min(values)) / values[0]
 
 
+def peak_rows(peaks: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """Per configuration: every peak, in the order measured, and their ``spread``."""
+    return [
+        {
+            "config": summary,
+            "peaks_bytes": values,
+            "spread": spread(values) if len(values) > 1 else None,
+        }
+        for summary, values in peaks.items()
+    ]
+
+
 REPEATED = (
     {"parallel": "ddp", "world_size": 2},
     {"parallel": "ddp", "world_size": 2, "compile": "default"},
@@ -340,9 +345,8 @@ def repeated_peaks(model: str, rounds: int, global_batch_size: int = 32) -> list
     from autotune.runner.ray_executor import RayExecutor  # imports Ray
 
     platform = detect_platform("cpu")
-    executor = RayExecutor(
-        platform, cpus_per_rank=2, num_cpus=12
-    )  # 2 gangs of 2 ranks (with and without the compiler), 1 of 1
+    # room for two gangs of 2 ranks (with and without the compiler) and one of 1
+    executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=12)
     spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
     options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, min_measure_s=0)
     configs = [TrainConfig(global_batch_size=global_batch_size, **v) for v in REPEATED]
@@ -358,14 +362,7 @@ def repeated_peaks(model: str, rounds: int, global_batch_size: int = 32) -> list
                     peaks[config.summary()].append(used)
     finally:
         executor.shutdown()
-    return [
-        {
-            "config": summary,
-            "peaks_bytes": values,
-            "spread": spread(values) if len(values) > 1 else None,
-        }
-        for summary, values in peaks.items()
-    ]
+    return peak_rows(peaks)
 
 
 MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
