@@ -125,7 +125,29 @@ def _peak_tracker() -> Any:
                     handles[param] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
+        def _delete_callback(self, winfo: Any, w_st: Any) -> None:
+            # A storage whose size depends on the data (a mixture of experts' routing) cannot
+            # be compared with zero; the trace has failed on it already, and a weakref callback
+            # that raises prints a traceback whenever the storage is collected, trace or not.
+            try:
+                super()._delete_callback(winfo, w_st)
+            except _data_dependent_error():
+                pass
+
     return PeakTracker()
+
+
+def _data_dependent_error() -> type[Exception]:
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return GuardOnDataDependentSymNode
+
+
+DATA_DEPENDENT = (
+    "a size or branch depends on tensor values, which fake tensors do not have (branching on "
+    "a value, or nonzero / torch.where(mask) / masked_select, as a mixture of experts routes)"
+)
+"""The one line for a trace stopped by data: the guard's expression means little to a user."""
 
 
 class _NoHook:
@@ -189,6 +211,8 @@ def trace_step(
             return _trace(
                 spec, micro_batch_size, amp, checkpoint_segments, learning_rate, optimizer_impl
             )
+    except _data_dependent_error() as error:
+        raise TraceError(DATA_DEPENDENT) from error
     except Exception as error:  # a private tool's failure is the caller's cue to fall back
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise TraceError(f"{type(error).__name__}: {text}"[:300]) from error

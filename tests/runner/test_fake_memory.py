@@ -60,9 +60,22 @@ def test_activations_grow_with_the_micro_batch_and_shrink_with_checkpointing_and
 
 
 def test_a_model_the_fake_tensors_cannot_trace_raises_one_line() -> None:
-    with pytest.raises(TraceError, match="data-dependent") as raised:
+    with pytest.raises(TraceError, match="depends on tensor values") as raised:
         trace_step(WorkloadSpec(model="tests.fixtures.traced:DataDependent"), 2)
     assert "\n" not in str(raised.value)
+
+
+def test_routing_by_value_falls_back_in_one_line_and_prints_nothing(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    import gc
+
+    with pytest.raises(TraceError, match=r"torch\.where\(mask\)") as raised:
+        trace_step(WorkloadSpec(model="tests.fixtures.traced:Routed"), 2)
+    assert "\n" not in str(raised.value)
+    del raised
+    gc.collect()  # the fake storages of data-dependent size are collected: their callbacks run
+    assert capfd.readouterr().err == ""
 
 
 def test_a_value_read_for_logging_in_forward_does_not_stop_the_trace() -> None:
