@@ -3,9 +3,15 @@
 The repeated blocks are the instances of the most common kind of module with children that occurs
 at least twice, ties broken by total parameters; a kind is a class, or for a plain
 ``nn.Sequential`` the classes it holds in order (``nn.ModuleList``/``nn.ModuleDict`` never count).
-Instances nested inside another instance of the kind are not counted again. This finds GPT-2's
-``GPT2Block`` in a ``ModuleList``, ResNet's ``BasicBlock`` across its stages, and
-``nn.TransformerEncoderLayer``, without the model being ``nn.Sequential``.
+Instances nested inside another instance of the kind are not counted again, and a kind whose
+every instance sits inside an instance of another repeated kind (a mixture of experts' experts,
+eight to a layer) is part of that kind's blocks, not a block itself; plain ``nn.Sequential``
+stages do not hide what they hold. A Hugging Face model names its blocks itself
+(``_no_split_modules``, what its own sharding keeps whole): those, where the model has them.
+This finds GPT-2's ``GPT2Block`` in a ``ModuleList``, ResNet's ``BasicBlock`` across its stages,
+``nn.TransformerEncoderLayer`` and a mixture of experts' decoder layer, without the model being
+``nn.Sequential``. A class used for two stacks (an encoder and a decoder of one class) is the
+block then, not their layers.
 
 ``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
 checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
@@ -27,6 +33,9 @@ _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
 def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The model's repeated blocks in forward (registration) order, or [] if it has none."""
+    named = _declared_blocks(model)
+    if named:
+        return named
     candidates = [
         m
         for m in model.modules()
@@ -36,6 +45,8 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
     ]
     counts = Counter(_kind(m) for m in candidates)
     repeated = [kind for kind, n in counts.items() if n >= 2]
+    nested = _nested_kinds(candidates, set(repeated))
+    repeated = [kind for kind in repeated if kind not in nested] or repeated
     if not repeated:
         return []
 
@@ -44,15 +55,42 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
         return counts[kind], params
 
     block_kind = max(repeated, key=weight)
+    return _instances(model, lambda module: _kind(module) == block_kind)
+
+
+def _declared_blocks(model: nn.Module) -> list[nn.Module]:
+    """The instances of the classes a Hugging Face model declares unsplittable, if repeated."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = _instances(model, lambda module: type(module).__name__ in names)
+    return blocks if len(blocks) >= 2 else []
+
+
+def _instances(model: nn.Module, is_block: Any) -> list[nn.Module]:
+    """The outermost modules that ``is_block``, in registration order."""
     blocks: list[nn.Module] = []
     inside: set[int] = set()
     for module in model.modules():
         if id(module) in inside or module is model:
             continue
-        if _kind(module) == block_kind:
+        if is_block(module):
             blocks.append(module)
             inside.update(id(m) for m in module.modules())
     return blocks
+
+
+def _nested_kinds(candidates: list[nn.Module], repeated: set[object]) -> set[object]:
+    """Repeated kinds whose every instance lies inside an instance of another repeated kind that
+    is a module of its own (not a plain ``nn.Sequential`` stage)."""
+    enclosed: dict[object, set[int]] = {}
+    for outer in candidates:
+        kind = _kind(outer)
+        if kind not in repeated or isinstance(outer, _CONTAINERS):
+            continue
+        for inner in outer.modules():
+            if inner is not outer and _kind(inner) != kind:
+                enclosed.setdefault(_kind(inner), set()).add(id(inner))
+    every = Counter(_kind(m) for m in candidates)
+    return {kind for kind, ids in enclosed.items() if kind in repeated and len(ids) == every[kind]}
 
 
 def _kind(module: nn.Module) -> object:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 import torch.nn as nn
@@ -24,6 +26,51 @@ def test_finds_blocks_across_stages_and_in_torch_builtins() -> None:
     found = find_repeated_blocks(encoder)
     assert len(found) == 3 and all(isinstance(b, nn.TransformerEncoderLayer) for b in found)
     assert find_repeated_blocks(nn.Linear(3, 3)) == []
+
+
+class _MixtureLayer(nn.Module):
+    """A decoder layer whose feed-forward is four experts: eight expert instances in two layers
+    outnumber the layers, yet the layer is the block (checkpointed and sharded whole)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)) for _ in range(4)
+        )
+
+
+def test_a_mixture_of_experts_block_is_its_layer_not_its_experts() -> None:
+    model = nn.Sequential(_MixtureLayer(), _MixtureLayer())
+    assert find_repeated_blocks(model) == list(model)
+
+
+def test_a_hugging_face_model_names_its_blocks() -> None:
+    """T5's encoder and decoder are one class, each a stack of layers: left to the rule, the
+    two stacks would be the blocks; the model's own ``_no_split_modules`` names the layers."""
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.feed_forward = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(3))
+
+    class Pretrained(nn.Module):
+        _no_split_modules: ClassVar[list[str]] = ["Layer"]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder, self.decoder = Stack(), Stack()
+
+    model = Pretrained()
+    layers = [*model.encoder.layers, *model.decoder.layers]
+    assert find_repeated_blocks(model) == layers
+    Pretrained._no_split_modules = []
+    assert find_repeated_blocks(model) == [model.encoder, model.decoder]
 
 
 class _Counting(nn.Module):
