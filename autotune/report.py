@@ -346,6 +346,7 @@ def format_plan(plan: Plan, model: str) -> str:
             else ""
         ),
         f"process beyond the tensors: {plan.calibration}",
+        *([f"assumed: {plan.assumption}"] if plan.assumption else []),
         *(f"left out: {line}" for line in plan.left_out),
     ]
     if plan.trace_error:

@@ -1,6 +1,7 @@
 """Hugging Face models built from their configs (no download), for trying autotune on models
 nobody here wrote: ``--model examples/hf_models.py:gpt2_small`` (also ``bert_base``,
-``llama_small``, and the ``_tiny`` sizes for a quick look). Needs the ``trainers`` extra
+``llama_small``, and the ``_tiny`` sizes for a quick look; ``mixtral_tiny``, a mixture of
+experts). Needs the ``trainers`` extra
 (``pip install -e ".[trainers]"``, which brings transformers).
 
 Batches are dicts of random token ids passed as keyword arguments with ``labels``, so each
@@ -102,3 +103,29 @@ def llama_tiny() -> Any:
             vocab_size=8192,
         )
     )
+
+
+def mixtral_tiny(experts: str = "grouped_mm") -> Any:
+    """A mixture of eight experts, two per token, in two layers. Its experts multiply with
+    ``torch._grouped_mm`` (Hugging Face's default), or with ``experts="eager"`` loop over the
+    experts, routing tokens with ``torch.where`` (``mixtral_tiny_eager``)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    model = MixtralForCausalLM(
+        MixtralConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            vocab_size=512,
+        )
+    )
+    model.config._experts_implementation = experts
+    return model
+
+
+def mixtral_tiny_eager() -> Any:
+    return mixtral_tiny("eager")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from autotune.bench.memory_prediction import grid_shape, heap_pairs, heap_summary, machine
@@ -57,7 +58,7 @@ def main() -> None:
     )
     for model in args.models:
         batch, segments = grid_shape(model, "cpu")
-        workload = WorkloadSpec(model=model)
+        workload = WorkloadSpec(model=model, search_path=(os.getcwd(),))
         rows = heap_pairs(workload, configs(batch, segments), threshold, args.repeats)
         report["models"][model] = rows  # type: ignore[index]
         for row in heap_summary(rows):

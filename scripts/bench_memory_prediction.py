@@ -184,7 +184,7 @@ def main() -> None:
     for model in args.models:
         batch, segments = grid_shape(model, args.device)
         configs = grid(batch, segments, devices, args.device, tuple(args.amp))
-        points = measure_grid(WorkloadSpec(model=model), configs)
+        points = measure_grid(WorkloadSpec(model=model, search_path=(os.getcwd(),)), configs)
         rows = errors(points)
         report["models"][model] = rows  # type: ignore[index]
         _print_rows(model, rows)

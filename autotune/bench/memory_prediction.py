@@ -186,7 +186,8 @@ def measure_grid(
 def rescored(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Saved rows traced and scored again with the memory model as it now stands (no trial
     runs again)."""
-    traced = MemoryModel(WorkloadSpec(model=model), rows[0].get("device", "cpu") if rows else "cpu")
+    workload = WorkloadSpec(model=model, search_path=(os.getcwd(),))
+    traced = MemoryModel(workload, rows[0].get("device", "cpu") if rows else "cpu")
     points = []
     for row in rows:
         config = TrainConfig(**row["values"])

@@ -2,9 +2,10 @@
 
 This is the one module that uses PyTorch's private memory tools (``torch._subclasses``'
 ``FakeTensorMode`` with a ``torch.fx.experimental`` ``ShapeEnv``, and
-``torch.distributed._tools.mem_tracker.MemTracker``); they may change
-between releases, so ``tests/runner/test_fake_memory.py`` pins what is relied on here, and
-every failure of theirs becomes ``TraceError`` with one line, for the caller's fallback (a fit
+``torch.distributed._tools.mem_tracker.MemTracker``), with ``autotune.runner.fake_routing``
+beside it for a mixture of experts' routing (a ``torch.utils._python_dispatch`` mode); they
+may change between releases, so ``tests/runner/test_fake_memory.py`` pins what is relied on,
+and every failure of theirs becomes ``TraceError`` with one line, for the caller's fallback (a fit
 over measured trials, ``autotune.search.memory_model``).
 
 The step is the trials' own: the user's model built under the fake mode, checkpointing applied
@@ -48,6 +49,7 @@ class TensorPeak:
     gradient_bytes_full: int  # every parameter's gradient (DDP's buckets copy them)
     backward_bytes: int = 0  # forward and backward's peak beside the optimizer state (0: total's)
     backward_gradients_bytes: int = 0  # the gradients at that moment
+    routed_sizes: int = 0  # sizes a mixture of experts' routing decides, taken at uniform routing
 
     @property
     def accumulating_bytes(self) -> int:
@@ -143,6 +145,12 @@ def _data_dependent_error() -> type[Exception]:
     return GuardOnDataDependentSymNode
 
 
+UNIFORM_ROUTING = (
+    "a mixture of experts' routing traced as uniform, each expert its share of the tokens "
+    "(what the experts hold sums the same under any split; a trial's measured peak shows the rest)"
+)
+"""Said wherever a prediction rests on ``autotune.runner.fake_routing``'s estimate."""
+
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
     "a value, or nonzero / torch.where(mask) / masked_select, as a mixture of experts routes)"
@@ -233,6 +241,7 @@ def _trace(
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+    from autotune.runner.fake_routing import UniformRouting  # imports torch
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
 
     for directory in reversed(spec.search_path):
@@ -264,7 +273,8 @@ def _trace(
         optimizer = with_implementation(optimizer, implementation)
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)
-        with tracker:
+        routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
+        with routing, tracker:
             args, kwargs, target = split_batch(batch)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:
@@ -287,4 +297,5 @@ def _trace(
         gradient_bytes_full=gradients_full,
         backward_bytes=int(steady_backward.get("Total", 0)),
         backward_gradients_bytes=int(steady_backward.get("GRAD", 0)),
+        routed_sizes=routing.estimated,
     )

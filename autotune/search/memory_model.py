@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
-from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step
+from autotune.runner.fake_memory import UNIFORM_ROUTING, TensorPeak, TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
 
 MEMORY_FIELDS = {
@@ -308,6 +308,12 @@ class MemoryModel:
         batches = [c.micro_batch_size for c in configs]
         segments = [c.checkpoint_segments for c in configs]
         self._corners = ((min(batches), max(batches)), (min(segments), max(segments)))
+
+    @property
+    def assumption(self) -> str | None:
+        """What the traces assumed of the data (a mixture of experts' routing), or None."""
+        routed = any(t.routed_sizes for t in self._traces.values())
+        return UNIFORM_ROUTING if routed else None
 
     def _trace(self, micro_batch: int, amp: str, segments: int, impl: str) -> TensorPeak | None:
         key = (micro_batch, precision(amp), segments, impl)

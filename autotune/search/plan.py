@@ -54,6 +54,8 @@ class Plan:
     limit_bytes: int
     rows: list[PlanRow] = field(default_factory=list)
     trace_error: str | None = None
+    assumption: str | None = None
+    """What the trace assumed of the data (a mixture of experts' routing), or None."""
     calibration: str = ""
     left_out: list[str] = field(default_factory=list)
     """Choices of the space this model cannot take, each with why (one line each)."""
@@ -96,6 +98,7 @@ class Plan:
                 "predicted": True,
                 "calibration": self.calibration,
                 "trace_error": self.trace_error,
+                "assumption": self.assumption,
                 "left_out": self.left_out,
                 "configurations": [_row_json(r, self.limit_bytes) for r in self.rows],
                 "largest_micro_batch": {
@@ -195,6 +198,7 @@ def make_plan(
         limit_bytes=limit_bytes,
         rows=rows,
         trace_error=model.trace_error,
+        assumption=model.assumption,
         left_out=left_out,
         calibration=calibrated.describe()
         if calibrated.trials

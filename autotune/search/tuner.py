@@ -133,12 +133,15 @@ class Tuner:
         if self.memory is None:
             return None
         failed_before = self.memory.trace_error is not None
+        assumed_before = self.memory.assumption is not None
         prediction = self.memory.predict(config)
         if self.memory.trace_error is not None and not failed_before:
             self.reporter.phase(
                 f"memory: the model could not be traced under fake tensors "
                 f"({self.memory.trace_error}); predicting by a fit over measured trials"
             )
+        if self.memory.assumption is not None and not assumed_before:
+            self.reporter.phase(f"memory: {self.memory.assumption}")
         return prediction
 
     def predicted_fits(self, prediction: Prediction | None) -> bool | None:

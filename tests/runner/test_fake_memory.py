@@ -65,17 +65,117 @@ def test_a_model_the_fake_tensors_cannot_trace_raises_one_line() -> None:
     assert "\n" not in str(raised.value)
 
 
-def test_routing_by_value_falls_back_in_one_line_and_prints_nothing(
+def test_a_size_no_routing_rule_decides_falls_back_in_one_line_and_prints_nothing(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     import gc
 
     with pytest.raises(TraceError, match=r"torch\.where\(mask\)") as raised:
-        trace_step(WorkloadSpec(model="tests.fixtures.traced:Routed"), 2)
+        trace_step(WorkloadSpec(model="tests.fixtures.traced:Thresholded"), 2)
     assert "\n" not in str(raised.value)
     del raised
     gc.collect()  # the fake storages of data-dependent size are collected: their callbacks run
     assert capfd.readouterr().err == ""
+
+
+def _real_step_peak(model: object, *args: object, **kwargs: object) -> int:
+    """The tensors' peak of a real second training step (AdamW), as MemTracker counts it."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    assert isinstance(model, torch.nn.Module)
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        out = model(*args, **kwargs)
+        loss = out.loss if hasattr(out, "loss") else out.square().mean()
+        del out  # as a trial's step: the logits are not held through backward
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the optimizer's state exists from here on
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        step()
+    return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+
+
+def test_a_mixture_of_experts_is_traced_at_uniform_routing() -> None:
+    """Every token reaches its two experts whatever the router's split, so what the experts
+    hold for backward sums to the same bytes as under any routing: the trace's estimate (each
+    expert its share) meets a real step's peak."""
+    import torch
+
+    from tests.fixtures.traced import Routed
+
+    torch.manual_seed(0)
+    tokens = 256
+    real = _real_step_peak(Routed(), torch.randn(tokens, 8, WIDTH))
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.traced:Routed"), tokens)
+    # the experts hit; per expert its tokens and its index, read to select a mask and 2 weights
+    assert traced.routed_sizes == 1 + Routed.experts * (1 + 3)
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+    assert traced.activations_bytes > traced.parameters_bytes  # the tokens' share is what is judged
+
+
+@pytest.mark.parametrize("experts", ["grouped_mm", "eager"])
+def test_hugging_face_mixtral_is_traced_as_a_real_step_measures(experts: str) -> None:
+    """Its default experts multiply with ``torch._grouped_mm``, whose fake kernel refuses fp32
+    (the CPU kernel takes it); its eager experts route with ``torch.where``."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from examples import hf_models
+
+    torch.manual_seed(0)
+    model = hf_models.mixtral_tiny(experts)
+    batch = torch.randint(0, model.config.vocab_size, (4, hf_models.SEQ_LEN))
+    real = _real_step_peak(model, input_ids=batch, labels=batch)
+    name = "mixtral_tiny" if experts == "grouped_mm" else "mixtral_tiny_eager"
+    traced = trace_step(WorkloadSpec(model=f"examples.hf_models:{name}"), 4)
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+    assert (traced.routed_sizes > 0) == (experts == "eager")
+
+
+def test_tokens_per_expert_counted_and_split_as_torchtitan_loops_over_experts() -> None:
+    """Counts read out of routing (``histc`` or ``bincount``, then ``.tolist()``) are each
+    expert's share, so splitting the sorted tokens by them works."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from autotune.runner.fake_routing import UniformRouting
+
+    with FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True), UniformRouting() as routing:
+        _, chosen = torch.topk(torch.randn(64, 8), 2, dim=-1)  # 128 choices of 8 experts
+        flat = chosen.view(-1)
+        histogram = torch.histc(flat.float(), bins=8, min=0, max=7).tolist()
+        counts = torch.bincount(flat, minlength=8).tolist()
+        tokens = torch.randn(128, 4)[torch.argsort(flat, stable=True)]
+        parts = torch.split(tokens, [int(c) for c in counts])
+    assert histogram == [16.0] * 8
+    assert counts == [16] * 8
+    assert [p.shape[0] for p in parts] == [16] * 8
+    assert routing.estimated == 1 + 8 + 8  # the bincount, then each value read
+
+
+def test_the_fake_grouped_mm_still_refuses_fp32() -> None:
+    """Pins why ``fake_routing`` shapes ``torch._grouped_mm`` itself for fp32: once the fake
+    kernel takes fp32, the override can go. Its shapes match the CPU kernel's."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.runner.fake_routing import _grouped_mm_output
+
+    a, b = torch.randn(12, 16), torch.randn(3, 16, 8)
+    offs = torch.tensor([4, 8, 12], dtype=torch.int32)
+    grads = torch.randn(12, 8)
+    for args in ((a, b, offs), (a.t(), grads, offs)):  # forward; the weights' gradient
+        assert _grouped_mm_output(*args).shape == torch._grouped_mm(*args).shape
+    with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(RuntimeError, match="BF16"):
+        torch._grouped_mm(a, b, offs=offs)
 
 
 def test_a_value_read_for_logging_in_forward_does_not_stop_the_trace() -> None:

@@ -1,0 +1,175 @@
+"""Sizes that a mixture of experts' routing decides, estimated for the memory trace.
+
+Under fake tensors a tensor has a shape and no values, so ``torch.where(mask)`` (``nonzero``:
+how many tokens an expert receives) has no size, and the trace stops. This dispatch mode, entered
+inside the trace's ``FakeTensorMode``, follows where a mask came from and gives ``nonzero`` the
+size it has **if routing is uniform**: indices chosen by ``topk``, ``argmax`` or ``sort`` over a
+dimension of D are taken as spread evenly over the D values, so ``indices == e`` (and
+``one_hot``, which compares the same way) holds for 1/D of them, a sum of such a mask counts
+its share, and "count > 0" holds as often as a count is non-zero. A load-balancing loss trains
+routing towards that; what the trials measure shows an imbalance (the calibration follows it).
+
+A ``nonzero`` whose mask came from anything else keeps its unknown size, and the trace fails as
+before (the search then predicts by its fit over trials). ``torch.utils._python_dispatch`` is
+private: ``tests/runner/test_fake_memory.py`` pins what is relied on (a Mixtral-style layer
+traced at the uniform share).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+@dataclass(frozen=True)
+class _Values:
+    """What is known of a tensor's values: integers spread evenly over ``range(spread)``, or
+    each element the number of successes of ``trials`` draws that succeed with ``chance``."""
+
+    spread: int = 0
+    chance: float = 0.0
+    trials: int = 1
+
+    def nonzero_share(self) -> float:
+        if self.spread:
+            return 1.0 - 1.0 / self.spread  # one of the values is zero
+        return 1.0 - (1.0 - self.chance) ** self.trials
+
+
+_aten = torch.ops.aten
+_SAME_VALUES = {
+    _aten.view.default, _aten._unsafe_view.default, _aten.reshape.default,
+    _aten.permute.default, _aten.transpose.int, _aten.t.default, _aten.select.int,
+    _aten.slice.Tensor, _aten.squeeze.default, _aten.squeeze.dim, _aten.squeeze.dims,
+    _aten.unsqueeze.default, _aten.expand.default, _aten.clone.default, _aten.alias.default,
+    _aten._to_copy.default, _aten.detach.default, _aten.index.Tensor, _aten.flatten.using_ints,
+}  # fmt: skip
+"""Ops that move, select or copy elements: the values keep their spread (a selection of evenly
+routed indices is as evenly routed)."""
+_INDICES = {
+    _aten.topk.default: 1, _aten.sort.default: 1, _aten.sort.stable: 1,
+    _aten.max.dim: 1, _aten.min.dim: 1,
+}  # fmt: skip
+"""Ops whose output (at this position) holds indices into the dimension they reduce."""
+_ARG = {_aten.argmax.default, _aten.argmin.default}
+_SUM = {_aten.sum.dim_IntList, _aten.sum.default}
+_NONZERO_TEST = {_aten.gt.Scalar, _aten.ne.Scalar}
+_COMPARE = {
+    _aten.eq.Tensor: True, _aten.eq.Scalar: True, _aten.ne.Tensor: False, _aten.ne.Scalar: False,
+}  # fmt: skip
+"""Comparisons, and whether they test equality (else inequality)."""
+
+
+class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Enter inside ``FakeTensorMode`` and below a memory tracker; ``estimated`` counts the
+    sizes and values it gave (a ``nonzero`` or ``bincount`` at its uniform share, a value read
+    out of routing)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.known: Any = WeakIdKeyDictionary()
+        self.estimated = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        known = args[0] in self.known if args and isinstance(args[0], torch.Tensor) else False
+        if func is _aten.nonzero.default and known:
+            mask = args[0]
+            rows = round(mask.numel() * self.known[mask].nonzero_share())
+            self.estimated += 1
+            out = torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
+            self.known[out] = _Values(spread=max(mask.shape, default=1))  # coordinates
+            return out
+        if func is _aten.bincount.default and known and self.known[args[0]].spread:
+            indices = args[0]  # its length is the largest index's, a value: the spread's here
+            spread = self.known[indices].spread
+            length = max(spread, int(kwargs.get("minlength", args[2] if len(args) > 2 else 0)))
+            out = torch.empty(length, dtype=torch.long, device=indices.device)
+            self.known[out] = _Values(chance=1 / spread, trials=indices.numel())
+            self.estimated += 1
+            return out
+        if func is _aten._local_scalar_dense.default and known:
+            self.estimated += 1
+            return self._likeliest(args[0])
+        if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+            return _grouped_mm_output(*args, **kwargs)  # its fake kernel knows bf16 only
+        out = func(*args, **kwargs)
+        if func is _aten.unbind.int and known:
+            for part in out:
+                self.known[part] = self.known[args[0]]
+            return out
+        values = self._values(func, args, kwargs, out)
+        if values is not None:
+            self.known[out[_INDICES[func]] if func in _INDICES else out] = values
+        return out
+
+    def _likeliest(self, tensor: Any) -> bool | int | float:
+        """A value read out of routing (an expert's index to select its weights, whether a
+        count is zero, a count to split by): its likeliest under uniform routing. An index
+        selects one of equally shaped slices, so any index in range holds the same memory."""
+        values: _Values = self.known[tensor]
+        if tensor.dtype is torch.bool:
+            return values.nonzero_share() >= 0.5
+        if values.spread:
+            return 0
+        count = values.chance * values.trials
+        return float(count) if tensor.is_floating_point() else round(count)
+
+    def _values(self, func: Any, args: Any, kwargs: Any, out: Any) -> _Values | None:
+        source: Any = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if func in _INDICES or func in _ARG:
+            dim = _dim(func, args, kwargs)
+            return _Values(spread=source.numel() if dim is None else source.shape[dim])
+        if func is _aten.arange.default:  # one_hot compares indices with arange(classes)
+            return _Values(spread=out.numel())
+        if func in _SAME_VALUES:
+            same: _Values | None = self.known.get(source)
+            return same
+        if func in _NONZERO_TEST and args[1] == 0 and source in self.known:
+            return _Values(chance=self.known[source].nonzero_share())  # "count > 0"
+        if func in _COMPARE:
+            # values spread evenly over D, compared with one value in range: equal 1 in D
+            spread = max((self.known[a].spread for a in args[:2] if a in self.known), default=0)
+            if not spread:
+                return None
+            return _Values(chance=1 / spread if _COMPARE[func] else 1 - 1 / spread)
+        if func is _aten.histc.default and source in self.known and self.known[source].spread:
+            bins = kwargs.get("bins", args[1] if len(args) > 1 else 100)
+            return _Values(chance=1 / max(1, bins), trials=source.numel())  # tokens per expert
+        if func in _SUM and source in self.known and not self.known[source].spread:
+            trials = max(1, source.numel() // max(1, out.numel()))
+            return _Values(chance=self.known[source].chance, trials=trials)
+        return None
+
+
+def _grouped_mm_output(
+    mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None
+) -> Any:
+    """``torch._grouped_mm``'s output, shaped as its kernel shapes it: experts' weights stacked
+    (E, K, N) times tokens grouped by expert (S, K) gives (S, N) (the forward); in backward
+    (S, K)^T times (S, N) grouped gives (E, K, N), and (S, N) times (E, N, K)^T gives (S, K)."""
+    if mat_a.dim() == 2 and mat_b.dim() == 2:
+        shape = [offs.shape[0], mat_a.shape[0], mat_b.shape[1]]
+    elif mat_a.dim() == 2:
+        shape = [mat_a.shape[0], mat_b.shape[-1]]
+    elif mat_b.dim() == 2:
+        shape = [mat_a.shape[1], mat_b.shape[1]]
+    else:
+        shape = [mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1]]
+    return torch.empty(shape, dtype=out_dtype or mat_a.dtype, device=mat_a.device)
+
+
+def _dim(func: Any, args: Any, kwargs: Any) -> int | None:
+    if func is _aten.topk.default:
+        return int(kwargs.get("dim", args[2] if len(args) > 2 else -1))
+    if func in (_aten.sort.default,):
+        return int(kwargs.get("dim", args[1] if len(args) > 1 else -1))
+    if func is _aten.sort.stable:
+        return int(kwargs.get("dim", -1))
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    return None if dim is None else int(dim)
