@@ -153,7 +153,8 @@ UNIFORM_ROUTING = (
 
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
-    "a value, or nonzero / torch.where(mask) / masked_select, as a mixture of experts routes)"
+    "a value, or nonzero / torch.where(mask) / masked_select of a mask other than a mixture "
+    "of experts' routing)"
 )
 """The one line for a trace stopped by data: the guard's expression means little to a user."""
 

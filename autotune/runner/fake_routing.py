@@ -65,8 +65,8 @@ _COMPARE = {
 
 class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Enter inside ``FakeTensorMode`` and below a memory tracker; ``estimated`` counts the
-    sizes and values it gave (a ``nonzero`` or ``bincount`` at its uniform share, a value read
-    out of routing)."""
+    sizes and values it gave (a ``nonzero``, ``masked_select`` or ``bincount`` at its uniform
+    share, a value read out of routing)."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -85,6 +85,11 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
             self.known[out] = _Values(spread=max(mask.shape, default=1))  # coordinates
             return out
+        if func is _aten.masked_select.default and args[1] in self.known:
+            values, mask = args
+            selected = max(values.numel(), mask.numel()) * self.known[mask].nonzero_share()
+            self.estimated += 1
+            return torch.empty(round(selected), dtype=values.dtype, device=values.device)
         if func is _aten.bincount.default and known and self.known[args[0]].spread:
             indices = args[0]  # its length is the largest index's, a value: the spread's here
             spread = self.known[indices].spread
@@ -116,7 +121,7 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if tensor.dtype is torch.bool:
             return values.nonzero_share() >= 0.5
         if values.spread:
-            return 0
+            return 0.0 if tensor.is_floating_point() else 0
         count = values.chance * values.trials
         return float(count) if tensor.is_floating_point() else round(count)
 

@@ -155,10 +155,12 @@ def test_tokens_per_expert_counted_and_split_as_torchtitan_loops_over_experts() 
         counts = torch.bincount(flat, minlength=8).tolist()
         tokens = torch.randn(128, 4)[torch.argsort(flat, stable=True)]
         parts = torch.split(tokens, [int(c) for c in counts])
+        first_expert = torch.masked_select(torch.randn(64, 2), chosen == 0)
     assert histogram == [16.0] * 8
+    assert first_expert.shape == (16,)
     assert counts == [16] * 8
     assert [p.shape[0] for p in parts] == [16] * 8
-    assert routing.estimated == 1 + 8 + 8  # the bincount, then each value read
+    assert routing.estimated == 1 + 8 + 8 + 1  # the bincount, each value read, the selection
 
 
 def test_the_fake_grouped_mm_still_refuses_fp32() -> None:
