@@ -411,6 +411,7 @@ class MemoryModel:
         )
         source = "fake-tensor trace" + ("" if exact in self._traces else ", interpolated")
         source += ", compile predicted as eager" if config.compile != "off" else ""
+        source += ", routing taken as uniform" if self.assumption else ""
         source += f", {calibration.describe()}"
         return Prediction(per_device * self.devices_counted(config), shown, source)
 

@@ -63,6 +63,22 @@ def test_one_config_as_json_carries_the_predicted_peak_and_its_parts(
     assert out["fits"] is True and out["source"].startswith("fake-tensor trace")
 
 
+def test_a_mixture_of_experts_plan_says_it_took_routing_as_uniform(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--model", "tests.fixtures.traced:Routed", "--devices", "8"]
+    argv += ["--device-memory", "80GiB", "--global-batch-size", "64"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert "routing traced as uniform" in plan["assumption"]
+    assert all("routing taken as uniform" in r["source"] for r in plan["configurations"])
+    assert main(argv) == 0
+    assert "assumed: a mixture of experts' routing" in capsys.readouterr().out
+    dense = ["plan", "--model", MODEL, "--devices", "8", "--device-memory", "80GiB", "--json"]
+    assert main(dense) == 0
+    assert json.loads(capsys.readouterr().out)["assumption"] is None
+
+
 def test_nothing_fitting_says_what_needs_least(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,6 +7,7 @@ from autotune.config import TrainConfig
 from autotune.result import TrialResult
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.memory_model import MemoryModel, device_parts
+from autotune.search.progress import Reporter
 from tests.search.fakes import FakeExecutor, MiB, make_tuner, ok
 
 STACK = WorkloadSpec(model="tests.fixtures.traced:Stack")
@@ -99,3 +100,41 @@ def test_after_a_baseline_over_the_limit_its_accumulation_comes_from_the_calibra
         baseline = tuner.baseline()
         assert [r.config.grad_accum_steps for r in executor.runs] == expected
         assert baseline.fits == (expected[-1] == 8)
+
+
+class _Phases(Reporter):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def phase(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def _said_while_predicting(model: str) -> tuple[list[str], bool]:
+    """What a search says while predicting two configurations of ``model``, and whether a
+    prediction came from the trace."""
+    tuner = make_tuner(
+        FakeExecutor(measured),
+        SPACE,
+        workload=WorkloadSpec(model=model),
+        predict_memory=True,
+        global_batch_size=64,
+    )
+    tuner.reporter = phases = _Phases()
+    configs = [TrainConfig(global_batch_size=64, grad_accum_steps=k, device="cpu") for k in (1, 2)]
+    predictions = [tuner.predict(c) for c in configs]
+    return phases.lines, all(p is not None for p in predictions)
+
+
+def test_a_search_says_once_that_it_took_a_mixtures_routing_as_uniform() -> None:
+    lines, predicted = _said_while_predicting("tests.fixtures.traced:Routed")
+    assert predicted
+    assert [line for line in lines if "routing traced as uniform" in line] == lines
+    assert len(lines) == 1
+
+
+def test_a_search_says_once_that_a_fit_over_trials_predicts_a_model_it_cannot_trace() -> None:
+    lines, predicted = _said_while_predicting("tests.fixtures.traced:Thresholded")
+    assert not predicted
+    assert len(lines) == 1
+    assert "could not be traced" in lines[0] and "predicting by a fit" in lines[0]
