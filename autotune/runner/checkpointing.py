@@ -59,10 +59,12 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def _declared_blocks(model: nn.Module) -> list[nn.Module]:
-    """The instances of the classes a Hugging Face model declares unsplittable, if repeated."""
+    """The instances of the classes a Hugging Face model declares unsplittable, those repeated
+    (BERT declares its embeddings too: one instance, not a block)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    blocks = _instances(model, lambda module: type(module).__name__ in names)
-    return blocks if len(blocks) >= 2 else []
+    declared = _instances(model, lambda module: type(module).__name__ in names)
+    counts = Counter(type(module) for module in declared)
+    return [module for module in declared if counts[type(module)] >= 2]
 
 
 def _instances(model: nn.Module, is_block: Any) -> list[nn.Module]:

@@ -60,10 +60,11 @@ def test_a_hugging_face_model_names_its_blocks() -> None:
             self.layers = nn.ModuleList(Layer() for _ in range(3))
 
     class Pretrained(nn.Module):
-        _no_split_modules: ClassVar[list[str]] = ["Layer"]
+        _no_split_modules: ClassVar[list[str]] = ["Layer", "Embedding"]  # one embedding: no block
 
         def __init__(self) -> None:
             super().__init__()
+            self.embedding = nn.Embedding(8, 4)
             self.encoder, self.decoder = Stack(), Stack()
 
     model = Pretrained()
