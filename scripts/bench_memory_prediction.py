@@ -128,6 +128,13 @@ def main() -> None:
         "gangs: first and later peaks.",
     )
     parser.add_argument(
+        "--repeat-set",
+        default="default",
+        choices=["default", "workers"],
+        help="--repeat's configurations: the default five, or one device with and without a "
+        "DataLoader worker (bf16 and fp32).",
+    )
+    parser.add_argument(
         "--fresh",
         nargs="+",
         help="Models whose one-device fp32 configurations (with and without checkpointing) are "
@@ -212,8 +219,13 @@ def main() -> None:
             )
         report["search"] = {"model": args.search, "budget": args.budget, "runs": runs}
     if args.repeat:
-        rows = repeated_peaks(args.repeat, args.rounds)
-        report["repeat"] = {"model": args.repeat, "rounds": args.rounds, "configs": rows}
+        rows = repeated_peaks(args.repeat, args.rounds, configs_set=args.repeat_set)
+        report["repeat"] = {
+            "model": args.repeat,
+            "rounds": args.rounds,
+            "set": args.repeat_set,
+            "configs": rows,
+        }
         for row in rows:
             peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
             spread = "-" if row["spread"] is None else f"{row['spread']:.1%}"

@@ -338,11 +338,25 @@ bf16, with and without a DataLoader worker (the pair whose repeats spread most b
 compiled one, whose ranks keep the compiler resident (``ray_gang.leaves_compiler``)."""
 
 
-def repeated_peaks(model: str, rounds: int, global_batch_size: int = 32) -> list[dict[str, Any]]:
-    """Each configuration of ``REPEATED`` measured once per round, in turn, by one Ray executor
-    as a search's are (a gang started for the first trial of its shape and reused after): the
-    first measurement is on a fresh gang, the later ones follow other trials in it. Per
-    configuration: every peak and (max - min) / first (the issue's target: within 5%)."""
+WORKER_PAIRS = (
+    {"parallel": "single", "world_size": 1, "amp": "bf16", "num_workers": 1},
+    {"parallel": "single", "world_size": 1, "amp": "bf16"},
+    {"parallel": "single", "world_size": 1, "num_workers": 1},
+    {"parallel": "single", "world_size": 1},
+)
+"""One device with and without a DataLoader worker, bf16 and fp32 (``--repeat-set workers``):
+whether a forked worker carries the gang's history into a configuration's repeated peaks."""
+REPEAT_SETS = {"default": REPEATED, "workers": WORKER_PAIRS}
+
+
+def repeated_peaks(
+    model: str, rounds: int, global_batch_size: int = 32, configs_set: str = "default"
+) -> list[dict[str, Any]]:
+    """Each configuration of ``REPEATED`` (or another of ``REPEAT_SETS``) measured once per
+    round, in turn, by one Ray executor as a search's are (a gang started for the first trial
+    of its shape and reused after): the first measurement is on a fresh gang, the later ones
+    follow other trials in it. Per configuration: every peak and (max - min) / first (the
+    issue's target: within 5%)."""
     from autotune.runner.ray_executor import RayExecutor  # imports Ray
 
     platform = detect_platform("cpu")
@@ -350,7 +364,8 @@ def repeated_peaks(model: str, rounds: int, global_batch_size: int = 32) -> list
     executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=12)
     spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
     options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, min_measure_s=0)
-    configs = [TrainConfig(global_batch_size=global_batch_size, **v) for v in REPEATED]
+    sets = REPEAT_SETS[configs_set]
+    configs = [TrainConfig(global_batch_size=global_batch_size, **v) for v in sets]
     peaks: dict[str, list[int]] = {c.summary(): [] for c in configs}
     try:
         for _ in range(rounds):

@@ -127,3 +127,12 @@ def test_fresh_peaks_runs_each_one_device_configuration_in_turn_with_the_grid_wi
     assert {(m, w) for _, m, w in ran} == {(2, 1)}  # the grid's own window
     assert rows[0]["peaks_bytes"] == [510 * MiB, 530 * MiB, 550 * MiB]
     assert rows[0]["spread"] == pytest.approx(40 / 510)
+
+
+def test_every_repeat_set_is_configurations_a_trial_accepts() -> None:
+    from autotune.bench.memory_prediction import REPEAT_SETS
+    from autotune.config import TrainConfig
+
+    for name, values in REPEAT_SETS.items():
+        configs = [TrainConfig(global_batch_size=32, device="cpu", **v) for v in values]
+        assert len({c.summary() for c in configs}) == len(configs), name
