@@ -45,7 +45,7 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
     ]
     counts = Counter(_kind(m) for m in candidates)
     repeated = [kind for kind, n in counts.items() if n >= 2]
-    nested = _nested_kinds(candidates, set(repeated))
+    nested = _nested_kinds(candidates, counts)
     repeated = [kind for kind in repeated if kind not in nested] or repeated
     if not repeated:
         return []
@@ -80,19 +80,20 @@ def _instances(model: nn.Module, is_block: Any) -> list[nn.Module]:
     return blocks
 
 
-def _nested_kinds(candidates: list[nn.Module], repeated: set[object]) -> set[object]:
-    """Repeated kinds whose every instance lies inside an instance of another repeated kind that
-    is a module of its own (not a plain ``nn.Sequential`` stage)."""
+def _nested_kinds(candidates: list[nn.Module], counts: Counter[object]) -> set[object]:
+    """Repeated kinds (``counts``: instances per kind among ``candidates``) whose every instance
+    lies inside an instance of another repeated kind that is a module of its own (not a plain
+    ``nn.Sequential`` stage)."""
     enclosed: dict[object, set[int]] = {}
     for outer in candidates:
         kind = _kind(outer)
-        if kind not in repeated or isinstance(outer, _CONTAINERS):
+        if counts[kind] < 2 or isinstance(outer, _CONTAINERS):
             continue
         for inner in outer.modules():
-            if inner is not outer and _kind(inner) != kind:
-                enclosed.setdefault(_kind(inner), set()).add(id(inner))
-    every = Counter(_kind(m) for m in candidates)
-    return {kind for kind, ids in enclosed.items() if kind in repeated and len(ids) == every[kind]}
+            inner_kind = _kind(inner)
+            if inner is not outer and inner_kind != kind:
+                enclosed.setdefault(inner_kind, set()).add(id(inner))
+    return {k for k, ids in enclosed.items() if counts[k] >= 2 and len(ids) == counts[k]}
 
 
 def _kind(module: nn.Module) -> object:

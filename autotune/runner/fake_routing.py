@@ -172,7 +172,7 @@ def _grouped_mm_output(
 def _dim(func: Any, args: Any, kwargs: Any) -> int | None:
     if func is _aten.topk.default:
         return int(kwargs.get("dim", args[2] if len(args) > 2 else -1))
-    if func in (_aten.sort.default,):
+    if func is _aten.sort.default:
         return int(kwargs.get("dim", args[1] if len(args) > 1 else -1))
     if func is _aten.sort.stable:
         return int(kwargs.get("dim", -1))
