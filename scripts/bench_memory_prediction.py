@@ -19,6 +19,8 @@ extra. Per model: the grid of ``autotune.bench.memory_prediction.grid`` (single,
 FSDP x2 on gloo; fp32 and bf16; no checkpointing and every block checkpointed; accumulation 1
 and 4; and two DataLoader workers once), each configuration traced under fake tensors and run as
 a real short trial. The error is (measured - predicted) / measured of the rank's resident peak:
+``before any`` the first guess a search starts from (the workload's rank measured without its
+tensors, ``autotune.runner.memory.bare_rank_bytes``, when the grid is scored, on this machine),
 ``after one`` calibrated on the grid's first configuration alone (what a search has after its
 baseline), ``left out`` on every other configuration of the grid. Then ``autotune plan`` of
 ``--plan-model`` over the default space at 64 devices of 80 GiB, timed from the command line.
@@ -87,7 +89,8 @@ def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
         allocated = row.get("tensors_vs_allocated")
         print(
             f"{model:32} {row['config']:58} {row['tensors_bytes'] / 2**20:7.0f}M "
-            f"{row['measured_bytes'] / 2**20:8.0f}M {row['after_one']:+8.1%} "
+            f"{row['measured_bytes'] / 2**20:8.0f}M {row['before_any']:+8.1%} "
+            f"{row['after_one']:+8.1%} "
             f"{row['left_out']:+7.1%}" + (f" {allocated:+10.1%}" if allocated is not None else "")
         )
     allocated = [r["tensors_vs_allocated"] for r in rows if "tensors_vs_allocated" in r]
@@ -98,9 +101,11 @@ def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
         )
     within = sum(abs(r["left_out"]) <= 0.10 for r in rows)
     after_one = sum(abs(r["after_one"]) <= 0.10 for r in rows)
+    before = sum(abs(r["before_any"]) <= 0.10 for r in rows)
     print(
         f"{model}: within +-10% in {within} of {len(rows)} calibrated on the others, "
-        f"{after_one} of {len(rows)} calibrated on the first alone"
+        f"{after_one} of {len(rows)} calibrated on the first alone, {before} of {len(rows)} "
+        "before any trial (the first guess)"
     )
 
 
@@ -178,8 +183,8 @@ def main() -> None:
         print(f"wrote {args.out}")
         return
     print(
-        f"{'model':32} {'config':58} {'tensors':>8} {'measured':>9} {'1 trial':>8} {'others':>7}"
-        + (f" {'allocated':>10}" if args.device == "cuda" else "")
+        f"{'model':32} {'config':58} {'tensors':>8} {'measured':>9} {'before':>8} {'1 trial':>8} "
+        f"{'others':>7}" + (f" {'allocated':>10}" if args.device == "cuda" else "")
     )
     missing: dict[str, list[dict[str, str]]] = {}
     report["unfinished"] = missing  # configurations that measured nothing, with why
@@ -191,8 +196,9 @@ def main() -> None:
     for model in args.models:
         batch, segments = grid_shape(model, args.device)
         configs = grid(batch, segments, devices, args.device, tuple(args.amp))
-        points = measure_grid(WorkloadSpec(model=model, search_path=(os.getcwd(),)), configs)
-        rows = errors(points)
+        workload = WorkloadSpec(model=model, search_path=(os.getcwd(),))
+        points = measure_grid(workload, configs)
+        rows = errors(points, workload)
         report["models"][model] = rows  # type: ignore[index]
         _print_rows(model, rows)
         missing[model] = unfinished(points)

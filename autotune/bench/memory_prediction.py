@@ -196,7 +196,7 @@ def rescored(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kept["tensors_bytes"] = sum(parts.values()) if parts else None
         kept["unsharded_bytes"] = traced.unsharded(config)
         points.append(GridPoint(**kept))
-    return errors(points)
+    return errors(points, workload)
 
 
 def unfinished(points: list[GridPoint]) -> list[dict[str, str]]:
@@ -209,20 +209,26 @@ def unfinished(points: list[GridPoint]) -> list[dict[str, str]]:
     ]
 
 
-def errors(points: list[GridPoint]) -> list[dict[str, Any]]:
-    """Each point with its prediction after one calibration trial and with all others."""
+def errors(points: list[GridPoint], workload: WorkloadSpec | None = None) -> list[dict[str, Any]]:
+    """Each point with its prediction before any trial (the first guess, with ``workload``'s
+    share of a rank measured as a search measures it: a local rank's), after one calibration
+    trial and with all others."""
     usable = [p for p in points if p.tensors_bytes is not None and p.measured_bytes]
     calibration_points = [
         Point(p.tensors_bytes or 0, p.workers, p.measured_bytes or 0, p.unsharded_bytes)
         for p in usable
     ]
-    prior = prior_for(usable[0].device if usable else "cpu")
+    prior = prior_for(usable[0].device if usable else "cpu", workload)
     first = fit(calibration_points[:1], prior)
     rows = []
     for i, (point, cal) in enumerate(zip(usable, calibration_points, strict=True)):
         others = fit(calibration_points[:i] + calibration_points[i + 1 :], prior)
         measured = cal.measured_bytes
         row = asdict(point)
+        row["predicted_before_bytes"] = prior.apply(
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes
+        )
+        row["before_any"] = (measured - row["predicted_before_bytes"]) / measured
         row["predicted_after_one_bytes"] = first.apply(
             cal.tensors_bytes, cal.workers, cal.unsharded_bytes
         )

@@ -66,6 +66,8 @@ def noisy_value(
 class ReplayExecutor:
     """Answers trial requests from a landscape: the ``Executor`` where nothing runs."""
 
+    rank_imports: tuple[str, ...] = ()
+
     def __init__(
         self, landscape: Landscape, rng: random.Random, noise: float | None = None
     ) -> None:

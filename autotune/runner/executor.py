@@ -28,6 +28,10 @@ class PlacementError(RuntimeError):
 class Executor(Protocol):
     """Runs trials; the search submits, waits, and never sees a process or an actor."""
 
+    rank_imports: tuple[str, ...]
+    """What a rank of this executor imports besides the trial's own (a Ray worker: ray), for
+    the CPU memory model's first guess at a rank's process."""
+
     def submit(self, request: TrialRequest) -> int:
         """Start a trial and return its ticket; its result comes back from ``wait``. Called when
         ``fits_now`` said yes, or when nothing else runs. Raises ``PlacementError`` when the

@@ -202,6 +202,8 @@ class _Trial:
 class LocalExecutor:
     """Runs each trial's ranks as processes of this machine (the ``Executor`` without Ray)."""
 
+    rank_imports: tuple[str, ...] = ()
+
     def __init__(self) -> None:
         self._running: dict[int, _Trial] = {}
         self._done: list[tuple[int, TrialResult]] = []

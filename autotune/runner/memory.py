@@ -22,6 +22,14 @@ from typing import Any
 
 import torch
 
+from autotune.runner.workload import (
+    WorkloadSpec,
+    load_dataset,
+    load_loss,
+    load_model,
+    resolve_reference,
+)
+
 SAMPLE_INTERVAL_S = 0.02
 
 
@@ -154,11 +162,16 @@ def _nvml_handle(index: int) -> Any:
         return None
 
 
-_BARE: dict[str, int] = {}
+_BARE: dict[tuple[str, tuple[str, ...]], int] = {}
 
 
 _BARE_RANK = """
-import torch, torch.distributed as dist, autotune.runner.rank
+import sys, torch, torch.distributed as dist, autotune.runner.rank
+for name in sys.argv[2:]:
+    __import__(name)  # the executor's own (a Ray worker imports ray)
+if sys.argv[1]:
+    from autotune.runner.memory import hold_workload
+    held = hold_workload(sys.argv[1])
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 layers = [torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)]
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
@@ -170,24 +183,54 @@ for _ in range(3):
 dist.destroy_process_group()
 print([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
 """
-"""A rank without its workload: what it imports, a gloo group (of one), and three training
-steps of a model too small to count (autograd's engine, the optimizer, the thread pools)."""
+"""A rank without its tensors: what it imports (the workload's module and the libraries that
+imports, the executor's), the workload's model built on the meta device (its lazy imports, no
+parameters), its dataset and loss, a gloo group (of one), and three training steps of a model
+too small to count (autograd's engine, the optimizer, the thread pools)."""
 
 
-def bare_rank_bytes() -> int:
-    """The resident peak of a rank process without its workload (``_BARE_RANK``): the CPU
-    memory model's first guess at a rank's share beyond its tensors, measured once per process
-    (about 4 s), until trials calibrate it. Imports alone measured 231 MiB on the AMD EPYC of
-    docs/benchmarks.md, this 321 MiB, a Ray rank of ``gpt_tiny`` beyond its tensors about 400."""
+def hold_workload(spec_json: str) -> tuple[Any, ...]:
+    """Build what a rank holds of a workload beside its tensors (``_BARE_RANK``): its module,
+    the model on the meta device (no parameter memory; its lazy imports happen), its dataset and
+    its loss. A model that will not build on the meta device is left out, with what needs it."""
+    import sys
+
+    spec = WorkloadSpec.model_validate_json(spec_json)
+    for directory in reversed(spec.search_path):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    try:
+        with torch.device("meta"):
+            module, model = load_model(spec.model)
+    except Exception:  # built for real it would count its parameters, which the trace has
+        return (resolve_reference(spec.model, "--model"),)
+    try:
+        return module, model, load_dataset(spec, module, model), load_loss(spec, module)
+    except Exception:  # a dataset that needs the real model: its module's imports stand
+        return module, model
+
+
+def bare_rank_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) -> int:
+    """The resident peak of a rank process without its tensors (``_BARE_RANK``): the CPU
+    memory model's first guess at a rank's share beyond its tensors, measured once per workload
+    (a few seconds), until trials calibrate it. ``workload_json`` is a ``WorkloadSpec`` as JSON
+    (empty: none), ``imports`` what the executor's ranks import besides. Imports alone measured
+    231 MiB on the AMD EPYC of docs/benchmarks.md, the rank without a workload 321 MiB. A
+    workload that cannot be loaded this way leaves the rank without it."""
     import subprocess
     import sys
 
-    if "rss" not in _BARE:
+    key = (workload_json, imports)
+    if key not in _BARE:
         try:
             out = subprocess.run(
-                [sys.executable, "-c", _BARE_RANK], capture_output=True, text=True, timeout=60
+                [sys.executable, "-c", _BARE_RANK, workload_json, *imports],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
-            _BARE["rss"] = int(out.stdout.strip()) * 1024
+            _BARE[key] = int(out.stdout.strip()) * 1024
         except (OSError, ValueError, subprocess.SubprocessError):
-            _BARE["rss"] = 0  # the first trial calibrates it
-    return _BARE["rss"]
+            # the first trial calibrates it; without the workload, the rest still counts
+            _BARE[key] = bare_rank_bytes("", imports) if workload_json else 0
+    return _BARE[key]

@@ -160,6 +160,8 @@ def _head(address: str | None) -> tuple[str, int] | None:
 class RayExecutor:
     """Submits trials to Ray and collects their results."""
 
+    rank_imports: tuple[str, ...] = ("ray",)
+
     def __init__(
         self,
         platform: Platform,

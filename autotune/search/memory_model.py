@@ -81,6 +81,13 @@ PRIOR_MARGIN = (0.50, 0.40)
 After one trial: above the largest over-prediction after one trial that the CPU grids of
 ``scripts/bench_memory_prediction.py`` measured (37.2%, DDP at micro-batch 4 after a
 one-device trial at 32, ``resnet_small``, over 204 configurations of 13 models)."""
+CPU_PRIOR_SCALE = 1.1
+"""Resident bytes per traced tensor byte before any trial on CPU: freed activations' heap pages
+stay resident (glibc), so a rank holds more than its tensors. Chosen on the first 13 CPU grids
+of ``scripts/bench_memory_prediction.py`` (217 configurations: the first guess within +-10% in
+96 against 87 at 1.0, after one trial 157 against 156) and held on the 5 grids run after
+(61: 32 against 22, and 44 against 40); at 1.2 the first guess gains more and the fit after one
+trial, pulled towards it, loses (150). Never more than 4% over the measured peak on those 278."""
 CUDA_PRIOR_MARGIN = (0.50, 0.50)
 """On CUDA no grid has measured that yet, and the trace runs on CPU kernels (fused attention,
 cuBLAS workspaces and the allocator differ): the wider margin stays until one has."""
@@ -163,7 +170,12 @@ class Calibration:
 
     def describe(self) -> str:
         if not self.trials:
-            return "uncalibrated"
+            if not self.offset_bytes:
+                return "uncalibrated: the tensors alone until a trial measures the rest"
+            return (
+                f"uncalibrated: x{self.scale:.2f} the tensors + "
+                f"{self.offset_bytes / 2**20:,.0f} MiB, a rank measured without them"
+            )
         error = (
             f"error up to {max(abs(e) for e in self.errors):.0%}, at most {self.margin:.0%} high"
             if self.errors
@@ -420,11 +432,16 @@ class MemoryModel:
         return (self.calibration or self.prior).margin
 
 
-def prior_for(device_type: str) -> Calibration:
+def prior_for(
+    device_type: str, workload: WorkloadSpec | None = None, rank_imports: tuple[str, ...] = ()
+) -> Calibration:
     """The first guess before any trial: on CUDA the tensors alone (the caching allocator's
-    reserve is learnt from trials); on CPU the tensors plus a bare rank process, measured."""
+    reserve is learnt from trials); on CPU the tensors plus a rank process without its tensors,
+    measured: with ``workload``'s imports, model on the meta device, dataset and loss, and the
+    executor's ``rank_imports`` (``ray`` for a Ray worker)."""
     if device_type == "cuda":
         return Calibration(prior_margin=CUDA_PRIOR_MARGIN)
     from autotune.runner.memory import bare_rank_bytes  # imports torch
 
-    return Calibration(offset_bytes=bare_rank_bytes())
+    spec = workload.model_dump_json() if workload is not None else ""
+    return Calibration(scale=CPU_PRIOR_SCALE, offset_bytes=bare_rank_bytes(spec, rank_imports))

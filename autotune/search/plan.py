@@ -180,7 +180,7 @@ def make_plan(
     else:
         raise ConfigError("plan needs a search space or a configuration")
     configs, left_out = _checkpointable(workload, configs, config is not None)
-    model = MemoryModel(workload, device_type, prior_for(device_type))
+    model = MemoryModel(workload, device_type, prior_for(device_type, workload))
     if len(configs) > 1:
         model.interpolate_between(configs)
     if measure is not None and configs:

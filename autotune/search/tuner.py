@@ -85,7 +85,7 @@ class Tuner:
         )
         self.memory: MemoryModel | None = None
         if settings.memory.predict_memory:
-            prior = prior_for(platform.device_type)
+            prior = prior_for(platform.device_type, workload, executor.rank_imports)
             self.memory = MemoryModel(workload, platform.device_type, prior)
             self.memory.calibrate(self.log.records)  # a resumed study's trials, at once
         self.started = time.perf_counter()

@@ -3,6 +3,8 @@ fallback), and what a rank process holds before its workload."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -43,3 +45,26 @@ def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports() -> None:
     imports = int(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                  text=True, check=True).stdout) * 1024  # fmt: skip
     assert imports + 32 * 2**20 < bare_rank_bytes() < 4 * 2**30
+
+
+def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path: Path) -> None:
+    # The first guess counts what a rank holds beside its tensors: the dataset (64 MiB here) is
+    # held, the model (256 MiB of parameters, which the trace counts) is built on meta.
+    from autotune.runner.memory import bare_rank_bytes
+    from autotune.runner.workload import WorkloadSpec
+
+    (tmp_path / "held.py").write_text(
+        "import torch\n"
+        "class Wide(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layer = torch.nn.Linear(8192, 8192)\n"
+        "def autotune_dataset(model):\n"
+        "    return torch.utils.data.TensorDataset(torch.ones(16 * 2**20 // 64, 64))\n"
+    )
+    spec = WorkloadSpec(model=f"{tmp_path}/held.py:Wide")
+    held = bare_rank_bytes(spec.model_dump_json()) - bare_rank_bytes()
+    assert 60 * 2**20 < held < 160 * 2**20
+    # a reference that cannot load leaves the rank without it, measured all the same
+    missing = WorkloadSpec(model=f"{tmp_path}/missing.py:Wide").model_dump_json()
+    assert bare_rank_bytes(missing) == bare_rank_bytes()

@@ -50,6 +50,8 @@ def failed(config: TrainConfig, status: Any, message: str = "rank 1: killed") ->
 class FakeExecutor:
     """The ``Executor`` contract with scripted outcomes; counts what it ran."""
 
+    rank_imports: tuple[str, ...] = ()
+
     def __init__(self, outcome: Outcome, refuse: bool = False) -> None:
         self.outcome, self.refuse = outcome, refuse
         self.runs: list[TrialRequest] = []
