@@ -81,13 +81,15 @@ PRIOR_MARGIN = (0.50, 0.40)
 After one trial: above the largest over-prediction after one trial that the CPU grids of
 ``scripts/bench_memory_prediction.py`` measured (37.2%, DDP at micro-batch 4 after a
 one-device trial at 32, ``resnet_small``, over 204 configurations of 13 models)."""
-CPU_PRIOR_SCALE = 1.1
-"""Resident bytes per traced tensor byte before any trial on CPU: freed activations' heap pages
-stay resident (glibc), so a rank holds more than its tensors. Chosen on the first 13 CPU grids
-of ``scripts/bench_memory_prediction.py`` (217 configurations: the first guess within +-10% in
-96 against 87 at 1.0, after one trial 157 against 156) and held on the 5 grids run after
-(61: 32 against 22, and 44 against 40); at 1.2 the first guess gains more and the fit after one
-trial, pulled towards it, loses (150). Never more than 4% over the measured peak on those 278."""
+CPU_HEAP_SHARE = 0.1
+"""What a CPU rank holds beyond its tensors, as a share of them, before any trial: freed
+activations' heap pages stay resident (glibc). Chosen on the first 13 CPU grids of
+``scripts/bench_memory_prediction.py`` (217 configurations: the first guess within +-10% in 96
+against 87 without it) and held on the 5 grids run after (61: 32 against 22); never more than 4%
+over the measured peak on those 278. It is the first guess's alone: a trial's fit pulls the
+scale towards 1.0, which extrapolates from one trial better than 1.1 does on the same grids (233
+against 225 within +-10% after one trial: where the heap keeps pages, a rank's peak falls more
+slowly than its tensors)."""
 CUDA_PRIOR_MARGIN = (0.50, 0.50)
 """On CUDA no grid has measured that yet, and the trace runs on CPU kernels (fused attention,
 cuBLAS workspaces and the allocator differ): the wider margin stays until one has."""
@@ -150,7 +152,8 @@ class Calibration:
     """``measured per device = scale * tensors + offset + workers * per_worker
     + build_scale * unsharded`` (bytes), where ``unsharded`` is, for FSDP, the whole model a
     rank builds before sharding it: freed, but still held (the heap's pages on CPU, the caching
-    allocator's reserve on CUDA)."""
+    allocator's reserve on CUDA). Before any trial the scale is ``scale + heap_share``: the
+    first guess's allowance for the heap (``CPU_HEAP_SHARE``), which a fit replaces."""
 
     scale: float = 1.0
     offset_bytes: int = 0
@@ -159,6 +162,7 @@ class Calibration:
     trials: int = 0
     errors: tuple[float, ...] = ()  # leave-one-out relative errors over those trials
     prior_margin: tuple[float, float] = PRIOR_MARGIN  # before any trial, after one
+    heap_share: float = 0.0  # before any trial only: the heap beyond the tensors (CPU)
 
     @property
     def margin(self) -> float:
@@ -173,7 +177,7 @@ class Calibration:
             if not self.offset_bytes:
                 return "uncalibrated: the tensors alone until a trial measures the rest"
             return (
-                f"uncalibrated: x{self.scale:.2f} the tensors + "
+                f"uncalibrated: x{self.scale + self.heap_share:.2f} the tensors + "
                 f"{self.offset_bytes / 2**20:,.0f} MiB, a rank measured without them"
             )
         error = (
@@ -188,8 +192,9 @@ class Calibration:
         )
 
     def apply(self, tensors_bytes: int, workers: int, unsharded_bytes: int = 0) -> int:
+        scale = self.scale + (0.0 if self.trials else self.heap_share)
         return int(
-            self.scale * tensors_bytes
+            scale * tensors_bytes
             + self.offset_bytes
             + workers * self.per_worker_bytes
             + self.build_scale * unsharded_bytes
@@ -444,4 +449,4 @@ def prior_for(
     from autotune.runner.memory import bare_rank_bytes  # imports torch
 
     spec = workload.model_dump_json() if workload is not None else ""
-    return Calibration(scale=CPU_PRIOR_SCALE, offset_bytes=bare_rank_bytes(spec, rank_imports))
+    return Calibration(offset_bytes=bare_rank_bytes(spec, rank_imports), heap_share=CPU_HEAP_SHARE)

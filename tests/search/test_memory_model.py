@@ -8,6 +8,7 @@ from autotune.config import TrainConfig
 from autotune.runner.fake_memory import TensorPeak
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.memory_model import (
+    CPU_HEAP_SHARE,
     CUDA_PRIOR_MARGIN,
     MIN_MARGIN,
     PRIOR_MARGIN,
@@ -101,6 +102,17 @@ def test_one_point_sets_the_offset_and_the_margin_stays_wide_until_errors_are_me
     )
     assert noisy.margin > 0.2  # the leave-one-out errors of scattered points are large
     assert noisy.margin == max(-e for e in noisy.errors)
+
+
+def test_the_heap_share_is_the_first_guesss_alone() -> None:
+    # Before any trial a CPU rank is taken as x1.1 its tensors plus its process; one trial sets
+    # the level, and the slope it extrapolates with is pulled towards 1.0, not 1.1.
+    prior = Calibration(offset_bytes=200 * MiB, heap_share=CPU_HEAP_SHARE)
+    assert prior.apply(1000 * MiB, 0) == int((1 + CPU_HEAP_SHARE) * 1000 * MiB + 200 * MiB)
+    assert "x1.10 the tensors + 200 MiB" in prior.describe()
+    one = fit([Point(1000 * MiB, 0, 1500 * MiB)], prior)
+    assert one.heap_share == 0 and one.scale == pytest.approx(1.0, abs=0.01)
+    assert one.apply(1000 * MiB, 0) == pytest.approx(1500 * MiB, rel=0.01)
 
 
 def test_the_margin_to_skip_counts_only_predictions_above_the_truth() -> None:

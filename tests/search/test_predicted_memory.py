@@ -6,7 +6,7 @@ from __future__ import annotations
 from autotune.config import TrainConfig
 from autotune.result import TrialResult
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.memory_model import CPU_PRIOR_SCALE, MemoryModel, device_parts
+from autotune.search.memory_model import MemoryModel, device_parts
 from autotune.search.progress import Reporter
 from tests.search.fakes import FakeExecutor, MiB, make_tuner, ok
 
@@ -23,12 +23,10 @@ TRACES = MemoryModel(STACK, "cpu")
 
 
 def truth_mib(config: TrainConfig) -> float:
-    """What the scripted trial 'measures': both ranks' tensors as traced, with the heap's pages
-    beyond them that a CPU rank keeps (as the first guess takes them), and their process."""
+    """What the scripted trial 'measures': both ranks' tensors as traced, and their process."""
     peak = TRACES.tensor_peak(config)
     assert peak is not None
-    tensors_mib = sum(device_parts(peak, config).values()) / MiB
-    return 2 * (CPU_PRIOR_SCALE * tensors_mib + PROCESS_MIB)
+    return 2 * (sum(device_parts(peak, config).values()) / MiB + PROCESS_MIB)
 
 
 def measured(config: TrainConfig, before: int) -> TrialResult:
