@@ -211,6 +211,8 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
     for line in recipe_lines(r):
         summary.insert(3, ("standard recipe", line, ""))
     summary.insert(3, ("numerics", numerics_line(r).removeprefix("numerics").lstrip(": "), ""))
+    for caveat in r.memory_caveats:
+        summary.insert(4, ("memory caveat", caveat, ""))
     if r.simpler_choice:
         summary.insert(3, ("chosen for changing less", r.simpler_choice, ""))
     if r.config.compile != "off":

@@ -142,6 +142,11 @@ class Recommendation(BaseModel):
         description="Why a configuration that changes less was recommended over the fastest "
         "measured one the race could not tell from it (empty: the fastest was recommended).",
     )
+    memory_caveats: list[str] = Field(
+        default_factory=list,
+        description="What the measured peak does not cover on this device (memory that keeps "
+        "growing after a trial's steps), each a sentence.",
+    )
     runner_up: RunnerUp | None = Field(
         None, description="The race's next-fastest finalist (None: no other finished the race)."
     )

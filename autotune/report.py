@@ -253,6 +253,7 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
         lines.append("the baseline itself is the fastest configuration found: keep it")
     lines.extend(recipe_lines(r))
     lines.append(numerics_line(r))
+    lines.extend(f"memory caveat: {caveat}" for caveat in r.memory_caveats)
     if r.simpler_choice:
         lines.append(f"chosen for changing less: {r.simpler_choice}")
     if (luck := selection_line(r)) is not None:

@@ -352,3 +352,19 @@ def test_cpu_offload_reaches_every_trainer_in_its_own_words(tmp_path: Path) -> N
     fsdp = _instantiate(strategy)
     assert fsdp.cpu_offload.offload_params is True
     assert load_config_from_file(str(path)).fsdp_config["fsdp_offload_params"] is True
+
+
+def test_a_memory_caveat_reaches_the_yaml_and_the_report(tmp_path: Path) -> None:
+    from autotune.report import format_recommendation
+
+    caveat = "the measured peak is a lower bound for a long run"
+    recommendation = _recommendation({"amp": "bf16"}).model_copy(
+        update={"memory_caveats": [caveat]}
+    )
+    text = render(recommendation, "yaml")
+    assert f"# memory caveat: {caveat}" in text
+    path = tmp_path / "best.yaml"
+    path.write_text(text)
+    assert load_config(path) == recommendation.config  # a comment: it still loads
+    assert f"memory caveat: {caveat}" in format_recommendation(recommendation)
+    assert "memory caveat" not in format_recommendation(_recommendation({"amp": "bf16"}))

@@ -136,6 +136,7 @@ def recommend(
     model: str = "",
     block_class: str | None = None,
     recipe: TrainConfig | None = None,
+    memory_caveats: list[str] | None = None,
 ) -> Recommendation:
     """The recommendation of ``winner``, from the records alone (and the verification run)."""
     runs = _evidence(records, winner)
@@ -217,6 +218,7 @@ def recommend(
         speedup_over_recipe_low=over_recipe[1] if over_recipe else None,
         speedup_over_recipe_high=over_recipe[2] if over_recipe else None,
         numerics_changes=numerics_changes(winner),
+        memory_caveats=memory_caveats or [],
         simpler_choice=simpler_choice(records, winner),
         runner_up=runner_up_report(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,

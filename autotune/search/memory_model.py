@@ -300,6 +300,21 @@ _TRACED: dict[tuple[str, int, str, int, str], TensorPeak] = {}
 """Traces by workload and what they depend on, shared by every model in this process."""
 
 
+CPU_KERNEL_CACHES = (
+    "on CPU, autocast's oneDNN kernels are compiled per shape and cached (up to 1,024 in each "
+    "of two caches), and this model's shapes change from step to step (a mixture of experts' "
+    "routing): a rank's resident memory grows with every new shape, for a hundred steps and "
+    "more, past "
+    "what its trials measured, so the measured peak is a lower bound for a long run "
+    "(examples/moe.py in bf16: {growth}; scripts/bench_cpu_growth.py measures a model's)"
+)
+"""Said of a CPU recommendation under autocast whose trace found routed sizes."""
+
+CPU_KERNEL_CACHE_GROWTH = "846 MiB after 3 steps, 2,128 MiB after 120, at micro-batch 16"
+"""What ``scripts/bench_cpu_growth.py`` measured on the AMD EPYC of docs/benchmarks.md
+(``results/cpu_growth.json``; with both caches held to one entry, 680 MiB, 1.9x slower per step)."""
+
+
 @dataclass
 class MemoryModel:
     """Predicts any ``TrainConfig`` of ``workload`` on ``device_type``; traces are cached by
@@ -435,6 +450,14 @@ class MemoryModel:
     @property
     def margin(self) -> float:
         return (self.calibration or self.prior).margin
+
+    def caveats(self, config: TrainConfig) -> list[str]:
+        """What ``config``'s measured peak does not cover on this device, for the
+        recommendation (from what the traces found: run ``predict`` first)."""
+        cpu_autocast = self.device_type == "cpu" and traced_amp(config) != "off"
+        if cpu_autocast and self.assumption is not None:
+            return [CPU_KERNEL_CACHES.format(growth=CPU_KERNEL_CACHE_GROWTH)]
+        return []
 
 
 def prior_for(

@@ -582,6 +582,7 @@ class Tuner:
             storage=storage,
             study_name=study_name,
             recipe=self.recipe_config,
+            memory_caveats=self.memory.caveats(winner) if self.memory else [],
         )
 
 

@@ -173,3 +173,19 @@ def test_accumulation_adds_the_gradients_the_traced_peak_did_not_hold() -> None:
     for values in ({}, {"parallel": "ddp", "world_size": 2}):
         parts = device_parts(backward, _config(grad_accum_steps=4, **values))
         assert parts["accumulated gradients"] == 100 * MiB
+
+
+def test_a_routed_models_cpu_autocast_peak_is_said_to_be_a_lower_bound() -> None:
+    # oneDNN compiles and caches a kernel per shape under CPU autocast; routing brings new
+    # shapes every step, so a long run holds more than a trial measured.
+    routed = MemoryModel(WorkloadSpec(model="tests.fixtures.traced:Routed"), "cpu")
+    bf16 = TrainConfig(global_batch_size=64, amp="bf16", device="cpu")
+    fp32 = TrainConfig(global_batch_size=64, device="cpu")
+    assert routed.predict(bf16) is not None and routed.predict(fp32) is not None
+    assert "lower bound for a long run" in routed.caveats(bf16)[0]
+    assert routed.caveats(fp32) == []
+    dense = MemoryModel(WorkloadSpec(model="tests.fixtures.traced:Stack"), "cpu")
+    assert dense.predict(bf16) is not None and dense.caveats(bf16) == []
+    on_cuda = MemoryModel(WorkloadSpec(model="tests.fixtures.traced:Routed"), "cuda")
+    cuda = TrainConfig(global_batch_size=64, amp="bf16", device="cuda")
+    assert on_cuda.predict(cuda) is not None and on_cuda.caveats(cuda) == []

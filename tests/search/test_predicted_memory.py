@@ -138,3 +138,22 @@ def test_a_search_says_once_that_a_fit_over_trials_predicts_a_model_it_cannot_tr
     assert not predicted
     assert len(lines) == 1
     assert "could not be traced" in lines[0] and "predicting by a fit" in lines[0]
+
+
+def test_a_cpu_bf16_pick_of_a_routed_model_carries_the_memory_caveat() -> None:
+    def small(config: TrainConfig, before: int) -> TrialResult:  # bf16 twice as fast
+        return ok(config, 2000.0 if config.amp == "bf16" else 1000.0, 400.0)
+
+    space = {"parallel": ["single"], "world_size": [1], "amp": ["bf16"], "grad_accum_steps": [1, 2]}
+    tuner = make_tuner(
+        FakeExecutor(small),
+        space,
+        limit_mib=4000,
+        workload=WorkloadSpec(model="tests.fixtures.traced:Routed"),
+        predict_memory=True,
+        global_batch_size=64,
+        trials=3,
+    )
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.config.amp == "bf16"
+    assert "lower bound for a long run" in recommendation.memory_caveats[0]
