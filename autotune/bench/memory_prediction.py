@@ -341,7 +341,7 @@ REPEATED = (
 )
 """The configurations measured again and again by one executor (``repeated_peaks``): fp32 and
 bf16, with and without a DataLoader worker (the pair whose repeats spread most before), and a
-compiled one, whose ranks keep the compiler resident (``ray_gang.leaves_compiler``)."""
+compiled one, whose ranks keep the compiler resident (``ray_gang.leaves_behind``)."""
 
 
 WORKER_PAIRS = (

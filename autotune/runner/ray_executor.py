@@ -1,11 +1,11 @@
 """Run trials on Ray: the ``Executor`` over gangs of rank actors (``ray_gang``), reused while
 healthy.
 
-Gangs of the shape a trial needs are reused (on CPU, one that compiled only by compiled trials:
-``ray_gang.leaves_compiler``); idle gangs that do not serve it make room when the cluster is
-full. After any failure (crash, OOM, hang, error) the gang's actors are killed and
-its placement group removed, so the next trial gets fresh processes. Ray never retries
-anything by itself here.
+Gangs of the shape a trial needs are reused (on CPU, one whose trials compiled or ran autocast
+only by trials that do the same: ``ray_gang.leaves_behind``); idle gangs that do not serve it
+make room when the cluster is full. After any failure (crash, OOM, hang, error) the gang's
+actors are killed and its placement group removed, so the next trial gets fresh processes.
+Ray never retries anything by itself here.
 
 Shipping code: with ``ship`` (a directory, on by default for ``--ray-address``), the executor
 starts its Ray job with that directory as the runtime environment's ``working_dir``. Ray zips it
@@ -42,7 +42,7 @@ from autotune.runner.ray_gang import (
     Gang,
     GangShape,
     gang_shape,
-    leaves_compiler,
+    leaves_behind,
     lost_node,
     quiet_raylet_errors,
     reusable,
@@ -223,11 +223,11 @@ class RayExecutor:
             "is stored in the study: run the same command again once the cluster is back"
         )
 
-    def _gang(self, shape: GangShape, compiled: bool) -> Gang:
-        """An idle gang of ``shape`` that serves the trial (``leaves_compiler``), else a new one
-        (``compiled``: the trial about to run on it compiles)."""
+    def _gang(self, shape: GangShape, left: tuple[str, ...]) -> Gang:
+        """An idle gang of ``shape`` that serves the trial, else a new one (``left``: what the
+        trial about to run on it leaves behind, ``leaves_behind``)."""
         for gang in self._idle:
-            if gang.shape == shape and gang.compiled == compiled:
+            if gang.shape == shape and gang.left == left:
                 self._idle.remove(gang)
                 return gang
         processes, cpus, gpus = shape
@@ -248,16 +248,16 @@ class RayExecutor:
             )
         gang = start_gang(shape, group)
         gang.restart_s = time.perf_counter() - started
-        gang.compiled = compiled
+        gang.left = left
         return gang
 
-    def _compiles(self, request: TrialRequest) -> bool:
-        return leaves_compiler(request, self.platform.device_type)
+    def _leaves(self, request: TrialRequest) -> tuple[str, ...]:
+        return leaves_behind(request, self.platform.device_type)
 
     def fits_now(self, request: TrialRequest) -> bool:
         """Whether the trial could start now without waiting for another one to end."""
         shape = gang_shape(request, self.platform.device_type, self.cpus_per_rank)
-        if any(g.shape == shape and g.compiled == self._compiles(request) for g in self._idle):
+        if any(g.shape == shape and g.left == self._leaves(request) for g in self._idle):
             return True
         processes, cpus, gpus = shape
         free = ray.available_resources()
@@ -273,7 +273,7 @@ class RayExecutor:
         submitted = time.time()
         start = time.perf_counter()
         shape = gang_shape(request, self.platform.device_type, self.cpus_per_rank)
-        gang = self._gang(shape, self._compiles(request))
+        gang = self._gang(shape, self._leaves(request))
         if self.shipped is not None:  # import from the shipped copy, not the driver's paths
             workload = request.workload.model_copy(update={"search_path": ()})
             request = request.model_copy(update={"workload": workload})

@@ -122,13 +122,25 @@ def reusable(request: TrialRequest) -> bool:
     return not (config.device == "cuda" and config.compile in GRAPH_CAPTURING_MODES)
 
 
-def leaves_compiler(request: TrialRequest, device: Literal["cpu", "cuda"]) -> bool:
-    """Whether the trial leaves what is measured of later trials in its gang changed: on CPU a
-    rank that ran ``torch.compile`` keeps Inductor's modules and caches resident, part of every
-    later trial's resident peak (``gpt_tiny``, DDP over 2 ranks: 845 MiB on a fresh gang, 1,061
-    after a compiled trial in it; ``scripts/bench_memory_prediction.py --repeat``). Such a gang
-    serves compiled trials only. On CUDA the device's memory is what is measured."""
-    return device == "cpu" and request.config.compile != "off"
+def leaves_behind(request: TrialRequest, device: Literal["cpu", "cuda"]) -> tuple[str, ...]:
+    """What the trial leaves resident in its ranks that every later trial's measured peak in the
+    gang would include; a gang serves only trials that leave the same. On CPU:
+
+    - ``compiler``: a rank that ran ``torch.compile`` keeps Inductor's modules and caches
+      (``gpt_tiny``, DDP over 2 ranks: 845 MiB on a fresh gang, 1,061 after a compiled trial in
+      it; ``scripts/bench_memory_prediction.py --repeat``);
+    - ``autocast kernels``: under autocast oneDNN compiles a kernel per shape and caches it, and
+      no API empties the caches (``examples/moe.py``, DDP over 2 ranks in fp32: 1,836 MiB on a
+      fresh gang, 2,914-2,925 after bf16 trials in it; ``scripts/bench_cpu_growth.py``).
+
+    On CUDA the device's memory is what is measured: nothing."""
+    if device != "cpu":
+        return ()
+    config = request.config
+    autocast = config.amp != "off" or config.fsdp_mixed_precision != "off"
+    return (("compiler",) if config.compile != "off" else ()) + (
+        ("autocast kernels",) if autocast else ()
+    )
 
 
 GangShape = tuple[int, float, float]  # (rank processes, CPUs per rank, GPUs per rank)
@@ -151,8 +163,9 @@ class Gang:
     actors: list[Any]
     nodes: dict[int, str] = field(default_factory=dict)
     """The Ray node each rank's bundle was placed on, by rank."""
-    compiled: bool = False
-    """Whether its ranks ran a trial that ``leaves_compiler``: it serves only such trials."""
+    left: tuple[str, ...] = ()
+    """What its ranks' trials left resident (``leaves_behind``): it serves only trials that
+    leave the same."""
     restart_s: float = 0.0
     """What a fresh gang like this one costs before its first step: its start (placement,
     processes, process group) and its first trial's start-up and build (imports, the

@@ -89,9 +89,10 @@ def _executor(
         if "num_workers" in space.params
         else 0
     )
-    # A private instance declares enough logical CPUs to keep a gang of each size warm, with and
-    # without the compiler in its ranks (``ray_gang.leaves_compiler``); on CPU trials run one at
-    # a time, so this never oversubscribes the cores during a measurement.
+    # A private instance declares enough logical CPUs to keep gangs of each size warm, with and
+    # without what trials leave in their ranks (``ray_gang.leaves_behind``: the compiler,
+    # autocast's kernels; idle gangs beyond that make room); on CPU trials run one at a time, so
+    # this never oversubscribes the cores during a measurement.
     return RayExecutor(
         platform,
         address=settings.cluster.ray_address,
