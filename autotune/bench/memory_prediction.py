@@ -366,8 +366,9 @@ def repeated_peaks(
     from autotune.runner.ray_executor import RayExecutor  # imports Ray
 
     platform = detect_platform("cpu")
-    # room for two gangs of 2 ranks (with and without the compiler) and one of 1
-    executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=12)
+    # room for every gang at once (none evicted, so each configuration's later runs share its
+    # first's gang): of 2 ranks plain, compiled and autocast; of 1 plain and autocast; 2 CPUs each
+    executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=16)
     spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
     options = TrialOptions(warmup_steps=1, measured_steps=3, target_interval=0, min_measure_s=0)
     sets = REPEAT_SETS[configs_set]
