@@ -206,8 +206,10 @@ def make_plan(
             "tensors only: on CUDA the caching allocator reserves more than it allocates, "
             "learnt from trials that ran"
             if device_type == "cuda"
-            else f"a bare rank process measured here ({calibrated.offset_bytes / 2**20:,.0f} "
-            "MiB); DataLoader workers are not counted until a trial has measured one"
+            else f"a rank of this workload measured here without its tensors "
+            f"({calibrated.offset_bytes / 2**20:,.0f} MiB), the tensors x"
+            f"{calibrated.scale + calibrated.heap_share:.2f} for the heap's kept pages; DataLoader "
+            "workers are not counted until a trial has measured one"
         ),
     )
 

@@ -143,7 +143,8 @@ def test_a_cpu_plan_says_its_workers_are_not_counted_before_a_trial(
     argv = _one_device(tmp_path, "parallel: [single]\nnum_workers: [0, 2]\n")
     assert main([*argv, "--device", "cpu", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["calibration"].startswith("a bare rank process measured here (")
+    assert plan["calibration"].startswith("a rank of this workload measured here without its")
+    assert "the tensors x1.10 for the heap's kept pages" in plan["calibration"]
     assert plan["calibration"].endswith(
         "DataLoader workers are not counted until a trial has measured one"
     )
