@@ -87,9 +87,10 @@ activations' heap pages stay resident (glibc). Chosen on the first 13 CPU grids 
 ``scripts/bench_memory_prediction.py`` (217 configurations: the first guess within +-10% in 96
 against 87 without it) and held on the 5 grids run after (61: 32 against 22); never more than 4%
 over the measured peak on those 278. It is the first guess's alone: a trial's fit pulls the
-scale towards 1.0, which extrapolates from one trial better than 1.1 does on the same grids (233
-against 225 within +-10% after one trial: where the heap keeps pages, a rank's peak falls more
-slowly than its tensors)."""
+scale towards 1.0. (Kept apart on a miscount: rescored, 1.1 as the fit's prior too holds 219
+against 214 of the 278 within +-10% after one trial, its largest over-prediction 31.7% against
+37.2%; worse on four activation-heavy models, better on six. Not adopted yet: the after-one
+tables of docs/benchmarks.md move with it.)"""
 CUDA_PRIOR_MARGIN = (0.50, 0.50)
 """On CUDA no grid has measured that yet, and the trace runs on CPU kernels (fused attention,
 cuBLAS workspaces and the allocator differ): the wider margin stays until one has."""
