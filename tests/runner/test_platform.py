@@ -68,3 +68,22 @@ def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path:
     # a reference that cannot load leaves the rank without it, measured all the same
     missing = WorkloadSpec(model=f"{tmp_path}/missing.py:Wide").model_dump_json()
     assert bare_rank_bytes(missing) == bare_rank_bytes()
+
+
+def test_a_model_that_will_not_build_on_meta_leaves_its_module_imported(tmp_path: Path) -> None:
+    from autotune.runner.memory import hold_workload
+    from autotune.runner.workload import WorkloadSpec
+
+    (tmp_path / "valued.py").write_text(
+        "import torch\n"
+        "IMPORTED = True\n"
+        "class Valued(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layer = torch.nn.Linear(4, 4)\n"
+        "        self.scale = float(self.layer.weight.abs().max())  # a value: not on meta\n"
+    )
+    held = hold_workload(WorkloadSpec(model=f"{tmp_path}/valued.py:Valued").model_dump_json())
+    assert len(held) == 1  # no model, no dataset: the module and what it imported
+    module, target = held[0]
+    assert module.IMPORTED and target.__name__ == "Valued"
