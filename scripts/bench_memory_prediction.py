@@ -58,6 +58,7 @@ from autotune.bench.memory_prediction import (
     CUDA_GRIDS,
     GRIDS,
     MMAP_THRESHOLD_ENV,
+    REPEAT_SETS,
     errors,
     fresh_peaks,
     grid,
@@ -135,7 +136,7 @@ def main() -> None:
     parser.add_argument(
         "--repeat-set",
         default="default",
-        choices=["default", "workers"],
+        choices=list(REPEAT_SETS),
         help="--repeat's configurations: the default five, or one device with and without a "
         "DataLoader worker (bf16 and fp32).",
     )

@@ -26,16 +26,18 @@ CAPPED_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0", "LRU_CACHE_CAPACITY": "
 _RUN = """
 import json, sys, time, torch
 from torch.utils.data import DataLoader
-from autotune.runner.training import move_to, split_batch
+from autotune.runner.memory import _status_kib
+from autotune.runner.optimizer import default_optimizer
+from autotune.runner.training import _AMP_DTYPES, move_to, split_batch
 from autotune.runner.workload import WorkloadSpec, build_workload
 spec, amp, micro, steps = WorkloadSpec.model_validate_json(sys.argv[1]), *sys.argv[2:5]
 micro, steps = int(micro), int(steps)
 work = build_workload(spec)
-model, optimizer = work.model, None
-optimizer = work.optimizer(model.parameters()) if work.optimizer else torch.optim.AdamW(
-    model.parameters(), lr=1e-4)
+model = work.model
+make = work.optimizer or default_optimizer
+optimizer = make(model.parameters())
 loader = DataLoader(work.dataset, batch_size=micro, shuffle=True, drop_last=True)
-dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+dtype = _AMP_DTYPES.get(amp)
 rows, batches = [], iter(())
 for step in range(1, steps + 1):
     try:
@@ -50,9 +52,8 @@ for step in range(1, steps + 1):
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    status = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in open("/proc/self/status")
-              if l.startswith(("VmRSS", "VmHWM"))}
-    rows.append([step, time.perf_counter() - started, status["VmRSS"], status["VmHWM"]])
+    seconds = time.perf_counter() - started
+    rows.append([step, seconds, _status_kib("VmRSS") * 1024, _status_kib("VmHWM") * 1024])
 print(json.dumps(rows))
 """
 

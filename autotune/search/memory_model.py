@@ -166,6 +166,11 @@ class Calibration:
     heap_share: float = 0.0  # before any trial only: the heap beyond the tensors (CPU)
 
     @property
+    def tensor_scale(self) -> float:
+        """The scale applied to the tensors: with the heap's share before any trial."""
+        return self.scale + (0.0 if self.trials else self.heap_share)
+
+    @property
     def margin(self) -> float:
         """How far above what a trial measures a prediction may lie: measured (leave one out)
         on the trials, a prior while they are too few to measure it."""
@@ -178,7 +183,7 @@ class Calibration:
             if not self.offset_bytes:
                 return "uncalibrated: the tensors alone until a trial measures the rest"
             return (
-                f"uncalibrated: x{self.scale + self.heap_share:.2f} the tensors + "
+                f"uncalibrated: x{self.tensor_scale:.2f} the tensors + "
                 f"{self.offset_bytes / 2**20:,.0f} MiB, a rank measured without them"
             )
         error = (
@@ -193,9 +198,8 @@ class Calibration:
         )
 
     def apply(self, tensors_bytes: int, workers: int, unsharded_bytes: int = 0) -> int:
-        scale = self.scale + (0.0 if self.trials else self.heap_share)
         return int(
-            scale * tensors_bytes
+            self.tensor_scale * tensors_bytes
             + self.offset_bytes
             + workers * self.per_worker_bytes
             + self.build_scale * unsharded_bytes
@@ -305,8 +309,7 @@ CPU_KERNEL_CACHES = (
     "on CPU, autocast's oneDNN kernels are compiled per shape and cached (up to 1,024 in each "
     "of two caches), and this model's shapes change from step to step (a mixture of experts' "
     "routing): a rank's resident memory grows with every new shape, for a hundred steps and "
-    "more, past "
-    "what its trials measured, so the measured peak is a lower bound for a long run "
+    "more, past what its trials measured, so the measured peak is a lower bound for a long run "
     "(examples/moe.py in bf16: {growth}; scripts/bench_cpu_growth.py measures a model's)"
 )
 """Said of a CPU recommendation under autocast whose trace found routed sizes."""
