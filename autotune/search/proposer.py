@@ -105,6 +105,7 @@ class Proposer:
         if move is not None:
             self.study.enqueue_trial(move)
         trial = self.study.ask()
+        self.log.claim(trial, None, self.hold_s)  # at once: sampling may take a while
         values: dict[str, Any] = {}
         for name, param in self.space.params.items():
             if param.active(values):
@@ -112,7 +113,6 @@ class Proposer:
         try:
             config = TrainConfig(**self.completer()(values))
         except ValueError as error:
-            self.log.claim(trial, None, self.hold_s)
             return Proposal(trial, None, str(error).splitlines()[-1].strip())
         self._proposed.add(config.key())
         self.log.claim(trial, config.key(), self.hold_s)

@@ -31,6 +31,10 @@ from autotune.secrets import mask_url, redact
 OWNER_ATTR = "autotune:owner"
 UNCLAIMED_S = 600.0
 """How long an asked trial without a configuration yet belongs to its driver."""
+UNOWNED_S = 60.0
+"""How long a trial without an owner yet is left to the driver that asked for it: between
+Optuna's ask and the owner written next, another driver opening the study must not take it
+for one a killed driver left behind."""
 RETRY_S = 2.0
 
 
@@ -69,14 +73,17 @@ def _alive(driver: str) -> bool:
 
 
 def abandoned(trial: Any, now: float | None = None) -> bool:
-    """A running trial no live driver will finish: it has no owner, its driver is gone, or its
-    claim lapsed (a driver on another host that was killed)."""
+    """A running trial no live driver will finish: it has had no owner for ``UNOWNED_S`` since
+    it started, its driver is gone, or its claim lapsed (a driver on another host that was
+    killed)."""
+    now = now or time.time()
     held = trial.user_attrs.get(OWNER_ATTR)
     if not isinstance(held, dict):
-        return True
+        started = trial.datetime_start
+        return started is None or started.timestamp() + UNOWNED_S < now
     if held.get("driver") == driver_id():
         return False
-    expired = float(held.get("expires", 0)) < (now or time.time())
+    expired = float(held.get("expires", 0)) < now
     return expired or not _alive(str(held.get("driver")))
 
 

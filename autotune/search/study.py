@@ -79,13 +79,14 @@ def make_sampler(seed: int | None) -> Any:
     )
 
 
-def requeue_abandoned(study: Any) -> int:
+def requeue_abandoned(study: Any, now: float | None = None) -> int:
     """Fail the trials a killed driver left running, and queue their parameters again; the
-    trials other drivers of the study are running now are theirs."""
+    trials other drivers of the study are running now are theirs (``now``: the time they are
+    judged at)."""
     from optuna.trial import TrialState
 
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    left = [t for t in running if abandoned(t)]  # not another live driver's
+    left = [t for t in running if abandoned(t, now)]  # not another live driver's
     for trial in left:
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         if trial.params:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import optuna
@@ -9,7 +10,7 @@ import sqlalchemy.exc
 from autotune.errors import ConfigError
 from autotune.search import storage
 from autotune.search.settings import make_settings
-from autotune.search.storage import OWNER_ATTR, claims, open_storage, owner
+from autotune.search.storage import OWNER_ATTR, UNOWNED_S, claims, open_storage, owner
 from autotune.search.study import open_study, requeue_abandoned
 
 
@@ -75,13 +76,40 @@ def test_trials_left_running_are_failed_and_requeued(tmp_path: Path) -> None:
     trial = study.ask()
     trial.suggest_categorical("amp", ["off", "bf16"])
     params = dict(trial.params)
-    assert requeue_abandoned(study) == 1
+    assert requeue_abandoned(study) == 0  # just asked: its driver is about to claim it
+    assert requeue_abandoned(study, now=time.time() + UNOWNED_S + 1) == 1
     states = [t.state for t in study.get_trials()]
     assert states[0] == optuna.trial.TrialState.FAIL
     assert (
         study.ask().params == {}
         and study.get_trials()[-1].system_attrs.get("fixed_params") == params
     )
+
+
+def test_a_proposal_is_claimed_before_its_knobs_are_sampled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second driver opening the study while the first samples must see the trial owned."""
+    from tests.search.fakes import FakeExecutor, make_tuner, ok
+
+    tuner = make_tuner(
+        FakeExecutor(lambda config, before: ok(config, 100.0, 100)),
+        {"amp": ["off", "bf16"], "num_workers": [0, 1]},
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+    )
+    owners: list[object] = []
+    suggest = optuna.trial.Trial.suggest_categorical
+
+    def watched(trial: optuna.trial.Trial, name: str, choices: list[object]) -> object:
+        owners.append(trial.user_attrs.get(OWNER_ATTR))
+        return suggest(trial, name, choices)
+
+    monkeypatch.setattr(optuna.trial.Trial, "suggest_categorical", watched)
+    proposal = tuner.proposer.propose()
+    assert owners and all(isinstance(o, dict) and o["key"] is None for o in owners)
+    assert requeue_abandoned(tuner.proposer.study) == 0
+    stored = tuner.proposer.study.get_trials()[proposal.number].user_attrs[OWNER_ATTR]
+    assert proposal.config is not None and stored["key"] == proposal.config.key()
 
 
 def test_settings_nest_by_concern_and_take_flat_names() -> None:
