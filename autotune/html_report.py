@@ -208,11 +208,11 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
         summary.insert(-3, ("runner-up", close.removeprefix("runner-up "), ""))
     if (luck := selection_line(r)) is not None:
         summary.insert(-3, ("winner's curse", luck.removeprefix("samples/s and speed-up: "), ""))
-    for line in recipe_lines(r):
-        summary.insert(3, ("standard recipe", line, ""))
-    summary.insert(3, ("numerics", numerics_line(r).removeprefix("numerics").lstrip(": "), ""))
-    for caveat in r.memory_caveats:
-        summary.insert(4, ("memory caveat", caveat, ""))
+    summary[3:3] = [  # in the order the text report says them
+        *(("standard recipe", line, "") for line in recipe_lines(r)),
+        ("numerics", numerics_line(r).removeprefix("numerics").lstrip(": "), ""),
+        *(("memory caveat", caveat, "") for caveat in r.memory_caveats),
+    ]
     if r.simpler_choice:
         summary.insert(3, ("chosen for changing less", r.simpler_choice, ""))
     if r.config.compile != "off":

@@ -368,3 +368,15 @@ def test_a_memory_caveat_reaches_the_yaml_and_the_report(tmp_path: Path) -> None
     assert load_config(path) == recommendation.config  # a comment: it still loads
     assert f"memory caveat: {caveat}" in format_recommendation(recommendation)
     assert "memory caveat" not in format_recommendation(_recommendation({"amp": "bf16"}))
+
+
+def test_the_html_report_says_caveats_in_the_text_reports_order() -> None:
+    from autotune.html_report import render_html
+    from autotune.report import format_recommendation
+
+    caveats = ["first caveat", "second caveat"]
+    recommendation = _recommendation({"amp": "bf16"}).model_copy(update={"memory_caveats": caveats})
+    page, text = render_html(recommendation), format_recommendation(recommendation)
+    assert page.index("first caveat") < page.index("second caveat")
+    assert text.index("first caveat") < text.index("second caveat")
+    assert page.index("numerics") < page.index("first caveat")
