@@ -12,6 +12,7 @@ setting (learnt from trials, not traced). Every number is a prediction
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,13 @@ class PlanRow:
         return self.prediction.peak_bytes <= limit_bytes
 
 
+def _rank(row: PlanRow) -> tuple[int, int, bool, int]:
+    """How a row ranks for the largest micro-batch that fits (higher is better)."""
+    c = row.config
+    return (c.micro_batch_size, -c.checkpoint_segments, not c.fsdp_cpu_offload,
+            -row.prediction.peak_bytes)  # fmt: skip
+
+
 @dataclass
 class Plan:
     """The predicted peak per device of every configuration, against a limit."""
@@ -65,7 +73,8 @@ class Plan:
 
     def largest_micro_batches(self) -> dict[tuple[str, str], PlanRow]:
         """Per (parallel mode, precision: AMP or FSDP's policy): the fitting row with the
-        largest micro-batch (the least checkpointing among those)."""
+        largest micro-batch (the least checkpointing among those, then without CPU offload,
+        which costs time, where that fits too)."""
         best: dict[tuple[str, str], PlanRow] = {}
         for row in self.fitting():
             c = row.config
@@ -75,13 +84,8 @@ class Plan:
                 else f"fsdp-mp={c.fsdp_mixed_precision}"
             )
             key = (f"{c.parallel}x{c.world_size}", precision)
-            rank = (c.micro_batch_size, -c.checkpoint_segments, -row.prediction.peak_bytes)
             held = best.get(key)
-            if held is None or rank > (
-                held.config.micro_batch_size,
-                -held.config.checkpoint_segments,
-                -held.prediction.peak_bytes,
-            ):
+            if held is None or _rank(row) > _rank(held):
                 best[key] = row
         return best
 
@@ -180,6 +184,8 @@ def make_plan(
     else:
         raise ConfigError("plan needs a search space or a configuration")
     configs, left_out = _checkpointable(workload, configs, config is not None)
+    if config is None and space is not None:
+        left_out += _unsplittable(plan_space(space, devices, device_type), global_batch_size)
     model = MemoryModel(workload, device_type, prior_for(device_type, workload))
     if len(configs) > 1:
         model.interpolate_between(configs)
@@ -212,6 +218,23 @@ def make_plan(
             "workers are not counted until a trial has measured one"
         ),
     )
+
+
+def _unsplittable(space: SearchSpace, global_batch_size: int) -> list[str]:
+    """The world sizes of ``space`` that ``global_batch_size`` cannot be split over, each with
+    why (no configuration of them is in the plan)."""
+    param = space.params.get("world_size")
+    sizes = [s for s in (param.choices if param else ()) if isinstance(s, int)]
+    bad = [s for s in sizes if global_batch_size % s]
+    if not bad:
+        return []
+    every = math.lcm(*sizes)
+    least = every * -(-global_batch_size // every)  # splits over every size of the space
+    return [
+        f"world_size {', '.join(map(str, bad))}: global batch {global_batch_size} cannot be "
+        f"split evenly over that many ranks (--global-batch-size {least}, or another multiple "
+        f"of {every}, plans them)"
+    ]
 
 
 def _checkpointable(

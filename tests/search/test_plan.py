@@ -105,6 +105,38 @@ def test_offloading_fsdp_shards_is_planned_as_a_way_to_fit(
     assert peaks[False] - peaks[True] == pytest.approx(state, rel=0.01)
 
 
+def test_the_largest_micro_batch_that_fits_is_shown_without_offload_where_that_fits_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "parallel: [fsdp]\nworld_size: [2]\n"
+        "fsdp_cpu_offload: {choices: [false, true], when: {parallel: [fsdp]}}\n"
+    )
+    argv = ["plan", "--model", MODEL, "--devices", "2", "--device-memory", "80GiB", "--json"]
+    assert main([*argv, "--space", str(space), "--global-batch-size", "64"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert all(r["fits"] for r in plan["configurations"])  # offloaded or not: both fit
+    (best,) = plan["largest_micro_batch"].values()
+    assert best["config"]["fsdp_cpu_offload"] is False  # offloading costs time, saves none here
+
+
+def test_world_sizes_the_global_batch_cannot_split_are_said_not_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--model", MODEL, "--devices", "64", "--device-memory", "80GiB"]
+    argv += ["--space", _space(tmp_path), "--global-batch-size", "32"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {r["config"]["world_size"] for r in plan["configurations"]} == {1, 2, 8}
+    assert plan["left_out"] == [
+        "world_size 64: global batch 32 cannot be split evenly over that many ranks "
+        "(--global-batch-size 64, or another multiple of 64, plans them)"
+    ]
+    assert main(argv) == 0
+    assert "left out: world_size 64: global batch 32" in capsys.readouterr().out
+
+
 def _one_device(tmp_path: Path, space_text: str) -> list[str]:
     """``plan`` of Stack on one 8 GiB device over a space of ``space_text``."""
     space = tmp_path / "space.yaml"
