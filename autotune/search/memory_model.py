@@ -79,18 +79,16 @@ shows its peak."""
 PRIOR_MARGIN = (0.50, 0.40)
 """The margin while too few trials have measured the prediction's error, by trials (0, 1).
 After one trial: above the largest over-prediction after one trial that the CPU grids of
-``scripts/bench_memory_prediction.py`` measured (37.2%, DDP at micro-batch 4 after a
-one-device trial at 32, ``resnet_small``, over 204 configurations of 13 models)."""
+``scripts/bench_memory_prediction.py`` measured (31.7% over 260 configurations of 18 models;
+37.2% with a prior scale of 1.0)."""
 CPU_HEAP_SHARE = 0.1
-"""What a CPU rank holds beyond its tensors, as a share of them, before any trial: freed
-activations' heap pages stay resident (glibc). Chosen on the first 13 CPU grids of
-``scripts/bench_memory_prediction.py`` (217 configurations: the first guess within +-10% in 96
-against 87 without it) and held on the 5 grids run after (61: 32 against 22); never more than 4%
-over the measured peak on those 278. It is the first guess's alone: a trial's fit pulls the
-scale towards 1.0. (Kept apart on a miscount: rescored, 1.1 as the fit's prior too holds 219
-against 214 of the 278 within +-10% after one trial, its largest over-prediction 31.7% against
-37.2%; worse on four activation-heavy models, better on six. Not adopted yet: the after-one
-tables of docs/benchmarks.md move with it.)"""
+"""What a CPU rank holds beyond its tensors, as a share of them: freed activations' heap pages
+stay resident (glibc). The prior's scale on CPU is 1 + this, before any trial and as what a fit
+is pulled towards. Chosen on the first 13 CPU grids of ``scripts/bench_memory_prediction.py``
+(217 configurations: the first guess within +-10% in 96 against 87 without it) and held on the
+5 grids run after (61: 32 against 22); never more than 4% over the measured peak on those 278.
+After one trial, over the 278, it holds 219 within +-10% against 214 with a prior of 1.0, its
+largest over-prediction 31.7% against 37.2%."""
 CUDA_PRIOR_MARGIN = (0.50, 0.50)
 """On CUDA no grid has measured that yet, and the trace runs on CPU kernels (fused attention,
 cuBLAS workspaces and the allocator differ): the wider margin stays until one has."""
@@ -153,8 +151,8 @@ class Calibration:
     """``measured per device = scale * tensors + offset + workers * per_worker
     + build_scale * unsharded`` (bytes), where ``unsharded`` is, for FSDP, the whole model a
     rank builds before sharding it: freed, but still held (the heap's pages on CPU, the caching
-    allocator's reserve on CUDA). Before any trial the scale is ``scale + heap_share``: the
-    first guess's allowance for the heap (``CPU_HEAP_SHARE``), which a fit replaces."""
+    allocator's reserve on CUDA). On CPU the prior's scale holds the heap's share
+    (``CPU_HEAP_SHARE``)."""
 
     scale: float = 1.0
     offset_bytes: int = 0
@@ -163,12 +161,6 @@ class Calibration:
     trials: int = 0
     errors: tuple[float, ...] = ()  # leave-one-out relative errors over those trials
     prior_margin: tuple[float, float] = PRIOR_MARGIN  # before any trial, after one
-    heap_share: float = 0.0  # before any trial only: the heap beyond the tensors (CPU)
-
-    @property
-    def tensor_scale(self) -> float:
-        """The scale applied to the tensors: with the heap's share before any trial."""
-        return self.scale + (0.0 if self.trials else self.heap_share)
 
     @property
     def margin(self) -> float:
@@ -183,7 +175,7 @@ class Calibration:
             if not self.offset_bytes:
                 return "uncalibrated: the tensors alone until a trial measures the rest"
             return (
-                f"uncalibrated: x{self.tensor_scale:.2f} the tensors + "
+                f"uncalibrated: x{self.scale:.2f} the tensors + "
                 f"{self.offset_bytes / 2**20:,.0f} MiB, a rank measured without them"
             )
         error = (
@@ -199,7 +191,7 @@ class Calibration:
 
     def apply(self, tensors_bytes: int, workers: int, unsharded_bytes: int = 0) -> int:
         return int(
-            self.tensor_scale * tensors_bytes
+            self.scale * tensors_bytes
             + self.offset_bytes
             + workers * self.per_worker_bytes
             + self.build_scale * unsharded_bytes
@@ -476,4 +468,5 @@ def prior_for(
     from autotune.runner.memory import bare_rank_bytes  # imports torch
 
     spec = workload.model_dump_json() if workload is not None else ""
-    return Calibration(offset_bytes=bare_rank_bytes(spec, rank_imports), heap_share=CPU_HEAP_SHARE)
+    offset = bare_rank_bytes(spec, rank_imports)
+    return Calibration(scale=1.0 + CPU_HEAP_SHARE, offset_bytes=offset)

@@ -214,7 +214,7 @@ def make_plan(
             if device_type == "cuda"
             else f"a rank of this workload measured here without its tensors "
             f"({calibrated.offset_bytes / 2**20:,.0f} MiB), the tensors x"
-            f"{calibrated.tensor_scale:.2f} for the heap's kept pages; DataLoader "
+            f"{calibrated.scale:.2f} for the heap's kept pages; DataLoader "
             "workers are not counted until a trial has measured one"
         ),
     )

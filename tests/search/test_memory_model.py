@@ -104,15 +104,16 @@ def test_one_point_sets_the_offset_and_the_margin_stays_wide_until_errors_are_me
     assert noisy.margin == max(-e for e in noisy.errors)
 
 
-def test_the_heap_share_is_the_first_guesss_alone() -> None:
+def test_the_cpu_prior_holds_the_heaps_share_and_one_trial_sets_the_level() -> None:
     # Before any trial a CPU rank is taken as x1.1 its tensors plus its process; one trial sets
-    # the level, and the slope it extrapolates with is pulled towards 1.0, not 1.1.
-    prior = Calibration(offset_bytes=200 * MiB, heap_share=CPU_HEAP_SHARE)
+    # the level, and the slope it extrapolates with stays near the prior's 1.1.
+    prior = Calibration(scale=1 + CPU_HEAP_SHARE, offset_bytes=200 * MiB)
     assert prior.apply(1000 * MiB, 0) == int((1 + CPU_HEAP_SHARE) * 1000 * MiB + 200 * MiB)
     assert "x1.10 the tensors + 200 MiB" in prior.describe()
     one = fit([Point(1000 * MiB, 0, 1500 * MiB)], prior)
-    assert one.heap_share == 0 and one.scale == pytest.approx(1.0, abs=0.01)
+    assert one.scale == pytest.approx(1 + CPU_HEAP_SHARE, abs=0.01)
     assert one.apply(1000 * MiB, 0) == pytest.approx(1500 * MiB, rel=0.01)
+    assert one.apply(2000 * MiB, 0) == pytest.approx(2600 * MiB, rel=0.01)
 
 
 def test_the_margin_to_skip_counts_only_predictions_above_the_truth() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from autotune.config import TrainConfig
 from autotune.result import TrialResult
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.memory_model import MemoryModel, device_parts
+from autotune.search.memory_model import CPU_HEAP_SHARE, MemoryModel, device_parts
 from autotune.search.progress import Reporter
 from tests.search.fakes import FakeExecutor, MiB, make_tuner, ok
 
@@ -23,10 +23,12 @@ TRACES = MemoryModel(STACK, "cpu")
 
 
 def truth_mib(config: TrainConfig) -> float:
-    """What the scripted trial 'measures': both ranks' tensors as traced, and their process."""
+    """What the scripted trial 'measures': both ranks' tensors as traced, with the heap's share
+    the CPU prior takes, and their process (one trial then fixes the one unknown, the offset)."""
     peak = TRACES.tensor_peak(config)
     assert peak is not None
-    return 2 * (sum(device_parts(peak, config).values()) / MiB + PROCESS_MIB)
+    tensors = sum(device_parts(peak, config).values()) * (1 + CPU_HEAP_SHARE)
+    return 2 * (tensors / MiB + PROCESS_MIB)
 
 
 def measured(config: TrainConfig, before: int) -> TrialResult:
