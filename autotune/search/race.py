@@ -7,11 +7,12 @@ all. Rounds pair the runs: the evidence that B is faster than A is the mean log 
 runs round by round, with a Student's t interval. A candidate leaves the race once it is
 slower than the leader with confidence (one-sided 95%), or when one of its runs fails or does
 not fit; the baseline stays at least ``BASELINE_ROUNDS`` rounds so that the speed-up has an
-interval. The winner is the candidate with the best mean over its race runs, as in SMAC's
-intensification (a challenger beats the incumbent on the same runs): the search's single
-samples, lucky or not, never decide. Leaving the race needs confidence; winning it needs the
-better mean of the paired runs. Between two candidates the noise cannot split, either is as
-good as the evidence can tell, and the recommendation's interval says how sure that is.
+interval. The winner is the candidate still in at the end with the best mean over its race
+runs, as in SMAC's intensification (a challenger beats the incumbent on the same runs): the
+search's single samples, lucky or not, never decide, and neither does a mean over rounds the
+others did not run. Leaving the race needs confidence; winning it needs the better mean of the
+paired runs. Between two candidates the noise cannot split, either is as good as the evidence
+can tell, and the recommendation's interval says how sure that is.
 
 Being chosen flatters the winner: among finalists the noise cannot split, the one with the
 best mean is, more often than not, one whose runs were lucky (the winner's curse).
@@ -124,10 +125,19 @@ def decided(
 
 
 def ranking(records: Sequence[TrialRecord], candidates: Sequence[TrainConfig]) -> list[TrainConfig]:
-    """The candidates that never failed a race run, by the mean log speed of their race runs
-    (best first; a tie keeps the search's order)."""
+    """The candidates that never failed a race run, best first: those that stayed in the race
+    longer first, and among those that left it after the same round (the ones still in at the
+    end ran every round), by the mean log speed of their race runs; a tie keeps the search's
+    order. Means over different rounds are not compared: a candidate that left the race
+    before a slow stretch of the machine would otherwise outrank the one that beat it with
+    confidence and ran on through that stretch."""
     fit = [c for c in candidates if not out_of_race(records, c) and race_runs(records, c)]
-    return sorted(fit, key=lambda c: -mean_log_speed(records, c))
+    return sorted(fit, key=lambda c: (-last_round(records, c), -mean_log_speed(records, c)))
+
+
+def last_round(records: Sequence[TrialRecord], config: TrainConfig) -> int:
+    """The last race round ``config`` ran in (0: none)."""
+    return max(race_runs(records, config), default=0)
 
 
 def raced(records: Sequence[TrialRecord]) -> list[TrainConfig]:
