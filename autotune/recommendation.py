@@ -154,7 +154,9 @@ class Recommendation(BaseModel):
     trials: list[TrialRecord] = Field(default_factory=list)
     platform: Platform
     model: str = Field("", description="The model reference the search tuned.")
-    block_class: str | None = Field(None, description="Class of the model's repeated blocks.")
+    block_class: str | None = Field(
+        None, description="Class names of the model's repeated blocks, comma-separated."
+    )
     global_batch_source: str = Field(
         "given",
         description="Where the global batch came from: given, the model's module, or "

@@ -1,17 +1,18 @@
 """Activation checkpointing on any model: find its repeated blocks, recompute some of them.
 
-The repeated blocks are the instances of the most common kind of module with children that occurs
-at least twice, ties broken by total parameters; a kind is a class, or for a plain
-``nn.Sequential`` the classes it holds in order (``nn.ModuleList``/``nn.ModuleDict`` never count).
-Instances nested inside another instance of the kind are not counted again, and a kind whose
-every instance sits inside an instance of another repeated kind (a mixture of experts' experts,
-eight to a layer) is part of that kind's blocks, not a block itself; plain ``nn.Sequential``
-stages do not hide what they hold. A Hugging Face model names its blocks itself
-(``_no_split_modules``, what its own sharding keeps whole): those, where the model has them.
-This finds GPT-2's ``GPT2Block`` in a ``ModuleList``, ResNet's ``BasicBlock`` across its stages,
-``nn.TransformerEncoderLayer`` and a mixture of experts' decoder layer, without the model being
-``nn.Sequential``. A class used for two stacks (an encoder and a decoder of one class) is the
-block then, not their layers.
+The repeated blocks are the layers of the model's stacks: two or more modules of one kind side
+by side in one ``nn.ModuleList``/``nn.Sequential`` (a kind is a class, or for a plain
+``nn.Sequential`` the classes it holds in order), every stack's kind, so an encoder's layers and
+a decoder's are both found (torch's ``nn.Transformer``: two classes). Left out are a kind whose
+every instance lies inside a layer of another stack (a mixture of experts' experts, eight to a
+layer; a block's own sub-modules) and a stage that holds layers (ResNet's ``nn.Sequential`` of
+blocks). A model with no stack falls back to the instances of the most common kind of module
+with children that occurs at least twice, ties broken by total parameters, a kind found only
+inside instances of another repeated kind not counting. A Hugging Face model names its blocks
+itself (``_no_split_modules``, what its own sharding keeps whole): those, where the model has
+them. This finds GPT-2's ``GPT2Block`` in a ``ModuleList``, ResNet's ``BasicBlock`` across its
+stages, ``nn.TransformerEncoderLayer`` and a mixture of experts' decoder layer, without the model
+being ``nn.Sequential``.
 
 ``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
 checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
@@ -44,6 +45,9 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
         and any(True for _ in m.children())
     ]
     counts = Counter(_kind(m) for m in candidates)
+    stacks = _stacked_kinds(model, counts)
+    if stacks:
+        return _instances(model, lambda module: _kind(module) in stacks)
     repeated = [kind for kind, n in counts.items() if n >= 2]
     nested = _nested_kinds(candidates, counts)
     repeated = [kind for kind in repeated if kind not in nested] or repeated
@@ -56,6 +60,28 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
     block_kind = max(repeated, key=weight)
     return _instances(model, lambda module: _kind(module) == block_kind)
+
+
+def _stacked_kinds(model: nn.Module, counts: Counter[object]) -> set[object]:
+    """The kinds of the model's stacks of layers: two or more of one kind side by side in one
+    ``nn.ModuleList``/``nn.Sequential`` (an encoder's layers and a decoder's are two stacks),
+    except a kind every instance of which lies inside a stacked layer of another kind (a
+    mixture of experts' experts, a block's own sub-modules) and a stage that holds layers of
+    a stack (ResNet's ``nn.Sequential`` of blocks); empty when the model has no stack."""
+    stacked: set[object] = set()
+    for parent in model.modules():
+        if isinstance(parent, _CONTAINERS):
+            siblings = Counter(_kind(c) for c in parent.children() if any(c.children()))
+            stacked.update(kind for kind, n in siblings.items() if n >= 2)
+    layers = [m for m in model.modules() if m is not model and _kind(m) in stacked]
+    inner = _nested_kinds([m for m in layers if not isinstance(m, _CONTAINERS)], counts)
+    stacked -= inner
+    outer = {
+        _kind(m)
+        for m in layers
+        if _kind(m) in stacked and any(i is not m and _kind(i) in stacked for i in m.modules())
+    }
+    return stacked - outer
 
 
 def _declared_blocks(model: nn.Module) -> list[nn.Module]:
@@ -103,6 +129,12 @@ def _kind(module: nn.Module) -> object:
     return type(module)
 
 
+def block_classes(blocks: list[nn.Module]) -> str:
+    """The class names of ``blocks``, each once, in order and comma-separated (as Accelerate's
+    ``fsdp_transformer_layer_cls_to_wrap`` takes them); "" for none."""
+    return ",".join(dict.fromkeys(type(block).__name__ for block in blocks))
+
+
 def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
     """Checkpoint the first ``segments`` repeated blocks of ``model``; return those blocks."""
     if segments == 0:
@@ -116,7 +148,8 @@ def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
     if segments > len(blocks):
         raise ConfigError(
             f"checkpoint_segments={segments} exceeds the {len(blocks)} repeated "
-            f"{type(blocks[0]).__name__} blocks of {type(model).__name__}; use 0..{len(blocks)}"
+            f"{block_classes(blocks).replace(',', ', ')} blocks of {type(model).__name__}; use "
+            f"0..{len(blocks)}"
         )
     for block in blocks[:segments]:
         _checkpoint_forward(block)

@@ -112,9 +112,13 @@ def _compile_exclusions(
 
 
 def blocks_phrase(count: int, name: str = "") -> str:
-    """The model's repeated blocks in a reason: "4 repeated Block blocks", "no repeated
-    blocks" (``plan`` and the search's exclusions say it alike)."""
-    return f"{count} repeated {name + ' ' if name else ''}blocks" if count else "no repeated blocks"
+    """The model's repeated blocks in a reason: "4 repeated Block blocks", "6 repeated
+    EncoderLayer, DecoderLayer blocks", "no repeated blocks" (``plan`` and the search's
+    exclusions say it alike)."""
+    names = name.replace(",", ", ")
+    return (
+        f"{count} repeated {names + ' ' if names else ''}blocks" if count else "no repeated blocks"
+    )
 
 
 def restrict_space(
@@ -204,15 +208,16 @@ def _meta_model(model_reference: str) -> tuple[Any, Any] | None:
 
 
 def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
-    """(number, class name) of the user's model's repeated blocks; None if the model cannot be
-    built on the meta device."""
-    from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+    """(number, class names) of the user's model's repeated blocks (the names comma-separated:
+    an encoder's and a decoder's layers are two classes); None if the model cannot be built on
+    the meta device."""
+    from autotune.runner.checkpointing import block_classes, find_repeated_blocks  # torch
 
     built = _meta_model(model_reference)
     if built is None:
         return None
     blocks = find_repeated_blocks(built[1])
-    return len(blocks), type(blocks[0]).__name__ if blocks else ""
+    return len(blocks), block_classes(blocks)
 
 
 def feeds_images(workload: WorkloadSpec) -> bool | None:

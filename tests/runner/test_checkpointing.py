@@ -7,7 +7,11 @@ import torch
 import torch.nn as nn
 
 from autotune.errors import ConfigError
-from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
+from autotune.runner.checkpointing import (
+    apply_checkpointing,
+    block_classes,
+    find_repeated_blocks,
+)
 from workloads.convnet import BasicBlock, resnet_tiny
 from workloads.gpt import Block, gpt_tiny
 
@@ -46,8 +50,9 @@ def test_a_mixture_of_experts_block_is_its_layer_not_its_experts() -> None:
 
 
 def test_a_hugging_face_model_names_its_blocks() -> None:
-    """T5's encoder and decoder are one class, each a stack of layers: left to the rule, the
-    two stacks would be the blocks; the model's own ``_no_split_modules`` names the layers."""
+    """T5's encoder and decoder are one class, each a stack of layers: the model's own
+    ``_no_split_modules`` names the layers, and without it the stacks' layers are found too
+    (not the two stacks, whose every layer lies inside one)."""
 
     class Layer(nn.Module):
         def __init__(self) -> None:
@@ -71,7 +76,26 @@ def test_a_hugging_face_model_names_its_blocks() -> None:
     layers = [*model.encoder.layers, *model.decoder.layers]
     assert find_repeated_blocks(model) == layers
     Pretrained._no_split_modules = []
-    assert find_repeated_blocks(model) == [model.encoder, model.decoder]
+    assert find_repeated_blocks(model) == layers
+
+
+def test_an_encoder_decoder_checkpoints_and_names_both_stacks() -> None:
+    """torch's own ``nn.Transformer``: three encoder and three decoder layers, two classes. The
+    rule once took the larger class alone, so no encoder layer was ever checkpointed or
+    sharded as a unit."""
+    model = nn.Transformer(16, 2, 3, 3, dim_feedforward=32, batch_first=True)
+    blocks = find_repeated_blocks(model)
+    assert blocks == [*model.encoder.layers, *model.decoder.layers]
+    assert block_classes(blocks) == "TransformerEncoderLayer,TransformerDecoderLayer"
+    with pytest.raises(ConfigError, match="6 repeated TransformerEncoderLayer, Transformer"):
+        apply_checkpointing(model, 7)
+
+
+def test_a_stage_of_blocks_is_not_a_block_nor_a_module_inside_one() -> None:
+    stage = lambda: nn.Sequential(BasicBlock(8, 8, 1), BasicBlock(8, 8, 1))  # noqa: E731
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), stage(), stage(), stage())
+    blocks = find_repeated_blocks(model)
+    assert len(blocks) == 6 and all(isinstance(b, BasicBlock) for b in blocks)
 
 
 class _Counting(nn.Module):
