@@ -153,7 +153,19 @@ def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
         )
     for block in blocks[:segments]:
         _checkpoint_forward(block)
+    _without_cache(model)
     return blocks[:segments]
+
+
+def _without_cache(model: nn.Module) -> None:
+    """Turn off a Hugging Face model's key/value cache, as its own gradient checkpointing does:
+    a cache that a block's forward fills is filled again when the block is recomputed, so the
+    recomputation saves other tensors than the forward did (T5's decoder: "A different number
+    of tensors was saved"). Training never reads the cache."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            config.use_cache = False  # type: ignore[union-attr]
 
 
 def _checkpoint_forward(block: nn.Module) -> None:

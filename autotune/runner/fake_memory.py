@@ -139,6 +139,29 @@ def _peak_tracker() -> Any:
     return PeakTracker()
 
 
+def _concrete_scalars() -> Any:
+    """A dispatch mode, entered inside the fake mode, under which a value read out of a tensor
+    (``.item()``) is 1 (``True``, ``1.0``) instead of an unknown symbol. For the optimizer's step
+    only: an optimizer's values decide its numbers, not what it allocates, and some branch on
+    them (torch's Adafactor: ``min(lr, 1 / step.item() ** 0.5)``), which stops a trace; a
+    model's forward keeps its unknowns, since its branches may decide its memory."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ConcreteScalars(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            if func is torch.ops.aten._local_scalar_dense.default:
+                tensor = args[0]
+                if tensor.dtype is torch.bool:
+                    return True
+                return 1.0 if tensor.is_floating_point() or tensor.is_complex() else 1
+            return func(*args, **(kwargs or {}))
+
+    return ConcreteScalars()  # type: ignore[no-untyped-call]
+
+
 def _data_dependent_error() -> type[Exception]:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
@@ -282,7 +305,8 @@ def _trace(
                 loss = loss_fn(wrapped(*args, **kwargs), target)
             loss.backward()
             backward = _by_kind(tracker.get_tracker_snapshot("peak"))
-            optimizer.step()  # the first step creates the optimizer's state
+            with _concrete_scalars():
+                optimizer.step()  # the first step creates the optimizer's state
             stepped = _by_kind(tracker.get_tracker_snapshot("peak"))
             optimizer.zero_grad(set_to_none=True)
             state = _by_kind(tracker.get_tracker_snapshot("current")).get("OPT", 0)

@@ -139,3 +139,21 @@ def test_too_many_segments_or_no_blocks_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="has no repeated blocks"):
         apply_checkpointing(nn.Linear(2, 2), 1)
     assert apply_checkpointing(_Stack(), 0) == []
+
+
+def test_a_hugging_face_decoder_with_its_cache_on_is_checkpointed_without_it() -> None:
+    """T5's decoder fills its key/value cache in forward (``use_cache`` is on by default), and
+    fills it again when a checkpointed block is recomputed: backward failed with "A different
+    number of tensors was saved". Checkpointing turns the cache off, as Hugging Face's own
+    gradient checkpointing does; training never reads it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(
+        vocab_size=64, d_model=16, d_ff=32, num_layers=2, num_heads=2, d_kv=8,
+        decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.T5ForConditionalGeneration(config)
+    assert len(apply_checkpointing(model, 4)) == 4  # both stacks' T5Blocks
+    assert model.config.use_cache is False
+    ids = torch.randint(0, 64, (2, 8))
+    model(input_ids=ids, labels=ids[:, :4].contiguous()).loss.backward()
+    assert all(p.grad is not None for p in model.decoder.block.parameters())

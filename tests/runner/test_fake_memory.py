@@ -7,7 +7,8 @@ import pytest
 
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
-from tests.fixtures.optimizers import PARAMETER_BYTES
+from tests.fixtures.optimizers import BLOCKS, PARAMETER_BYTES
+from tests.fixtures.optimizers import WIDTH as WIDE_WIDTH
 from tests.fixtures.traced import WIDTH
 
 WIDE = WorkloadSpec(model="tests.fixtures.optimizers:Wide")
@@ -24,6 +25,18 @@ def test_parameters_gradients_and_the_users_optimizer_state_are_counted_exactly(
     # exp_avg and exp_avg_sq, and the step's foreach temporaries at its peak
     assert 2 * PARAMETER_BYTES <= adamw.optimizer_bytes <= 3 * PARAMETER_BYTES
     assert adamw.total_bytes - sgd.total_bytes >= 2 * PARAMETER_BYTES
+
+
+def test_an_optimizer_that_branches_on_values_in_its_step_is_traced() -> None:
+    # Adafactor (seen on a user's T5) stopped the trace at min(lr, 1 / step.item() ** 0.5): in
+    # the step, a value read out is concrete, since an optimizer's values decide its numbers,
+    # not what it allocates. At the step's peak: its factored state (a row and a column per
+    # matrix, a second moment per bias) and one matrix's variance estimate (row @ column).
+    factored = 2 * BLOCKS * WIDE_WIDTH * 4 + BLOCKS * WIDE_WIDTH * 4
+    optimizer = "tests.fixtures.optimizers:adafactor"
+    peak = trace_step(WIDE.model_copy(update={"optimizer": optimizer}), 8)
+    assert peak.optimizer_bytes == pytest.approx(factored + WIDE_WIDTH**2 * 4, rel=0.01)
+    assert peak.optimizer_bytes < PARAMETER_BYTES / 3  # AdamW's: twice the parameters
 
 
 def test_frozen_parameters_hold_no_gradient_and_no_optimizer_state() -> None:
