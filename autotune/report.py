@@ -8,6 +8,7 @@ from autotune.records import TrialRecord, exclusion_lines
 from autotune.result import TrialResult
 from autotune.search.log import stored_records
 from autotune.search.plan import Plan
+from autotune.search.race import race_runs
 from autotune.search.storage import open_storage
 from autotune.secrets import mask_url
 from autotune.units import format_bytes
@@ -91,6 +92,12 @@ def baseline_cells(r: Recommendation) -> tuple[str, str]:
     if r.baseline_failed:
         return f"{r.baseline.status}", "-"
     speed = f"{r.baseline_samples_per_s:,.1f}" if r.baseline_samples_per_s else "-"
+    raced = race_runs(r.trials, r.baseline.config) if r.baseline.config else {}
+    if r.baseline_samples_per_s and raced and len(raced) != len(r.samples_per_s_runs):
+        # It left the race before the recommended did: its mean and the recommended's cover
+        # different rounds (a slow stretch in one and not the other), while the speed-up
+        # pairs the rounds both ran. Say so rather than let the two means read as a ratio.
+        speed += f" ({len(raced)} race runs)"
     return speed, "1.00x" if r.baseline_samples_per_s else "-"
 
 

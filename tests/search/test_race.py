@@ -93,4 +93,8 @@ def test_a_search_whose_machine_slows_after_the_baseline_left_recommends_the_rac
     assert race.last_round(records, base) == 3 < race.last_round(records, recommendation.config)
     assert (recommendation.config.comm_hook, recommendation.config.num_workers) == ("fp16", 0)
     assert recommendation.speedup is not None and recommendation.speedup > 1.02
-    assert "numerics changed: comm_hook=fp16" in format_recommendation(recommendation)
+    text = format_recommendation(recommendation)
+    assert "numerics changed: comm_hook=fp16" in text
+    # the baseline's mean (its three rounds before the slow stretch) reads above the pick's,
+    # whose speed-up pairs those rounds: its cell says how many runs it rests on
+    assert "(4 race runs, spread" in text and "(3 race runs)" in text
