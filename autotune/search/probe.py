@@ -211,13 +211,13 @@ def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
     """(number, class names) of the user's model's repeated blocks (the names comma-separated:
     an encoder's and a decoder's layers are two classes); None if the model cannot be built on
     the meta device."""
-    from autotune.runner.checkpointing import block_classes, find_repeated_blocks  # torch
+    from autotune.runner import checkpointing  # imports torch
 
     built = _meta_model(model_reference)
     if built is None:
         return None
-    blocks = find_repeated_blocks(built[1])
-    return len(blocks), block_classes(blocks)
+    blocks = checkpointing.find_repeated_blocks(built[1])
+    return len(blocks), checkpointing.block_classes(blocks)
 
 
 def feeds_images(workload: WorkloadSpec) -> bool | None:
