@@ -48,8 +48,10 @@ def gpt2_small() -> Any:
 def gpt2_tiny() -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=8192)
-    config.bos_token_id = config.eos_token_id = 0
+    # GPT-2's token ids 50256 lie outside this vocabulary (transformers warns on each build)
+    config = GPT2Config(
+        n_layer=4, n_head=4, n_embd=256, vocab_size=8192, bos_token_id=0, eos_token_id=0
+    )
     return GPT2LMHeadModel(config)
 
 
