@@ -111,6 +111,20 @@ def _executor_lines(executor: Executor) -> dict[str, str]:
     return lines | ({"shipped": f"{shipped} to every Ray node"} if shipped else {})
 
 
+def _check_split(global_batch_size: int | None, devices: int, source: str) -> None:
+    """Every configuration of the search, the baseline first, splits the global batch evenly
+    over the devices: one that cannot leaves nothing to run."""
+    if global_batch_size is None or global_batch_size % devices == 0:
+        return
+    larger = (global_batch_size // devices + 1) * devices
+    given = "" if source == "given" else f" ({source.split(':')[0]})"
+    raise ConfigError(
+        f"global batch {global_batch_size}{given} does not split evenly over {devices} devices: "
+        f"use a multiple of {devices} (such as {larger}) with --global-batch-size, or --devices "
+        "with a number that divides it"
+    )
+
+
 def run_search(
     workload: WorkloadSpec, settings: SearchSettings, reporter: Reporter
 ) -> Recommendation:
@@ -123,6 +137,7 @@ def run_search(
     platform = detect_platform(device)
     count = platform.device_count if device == "cuda" else usable_cpus()
     devices = _devices(settings, count, device)
+    _check_split(settings.global_batch_size, devices, batch_source)
     budget = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
     fingerprint = {
         "platform": platform.fingerprint(),

@@ -12,8 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from autotune.config import TrainConfig
-from autotune.errors import AutotuneError, ConfigError
+from autotune.errors import AutotuneError, ConfigError, describe_validation_error
 from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
@@ -217,8 +219,9 @@ class Tuner:
                     accum = predicted
             try:
                 config = TrainConfig(**self.proposer.completer()(self._baseline_values(accum)))
-            except ValueError as error:
-                raise ConfigError(f"no baseline configuration is possible: {error}") from None
+            except ValidationError as error:
+                reason = describe_validation_error(error, "baseline configuration", TrainConfig)
+                raise ConfigError(f"no baseline configuration is possible: {reason}") from None
             trial = self._claim(config)
             if trial is None:  # another driver measured it meanwhile
                 done = self.log.measured().get(config.key())

@@ -28,6 +28,10 @@ SEARCH = [*SMALL_SEARCH, "--devices", "2", "--quiet"]
         (["--storage", "nosuchdb://x/y"], "--storage 'nosuchdb://x/y' cannot be opened"),
         (["--time-budget", "soon"], "time_budget_s='soon': 'soon' is not a duration; use e.g."),
         (["--trials", "0"], "trials=0"),
+        (  # a global batch two ranks cannot split: every configuration invalid
+            ["--global-batch-size", "7"],
+            "global batch 7 does not split evenly over 2 devices: use a multiple of 2 (such as 8)",
+        ),
     ],
 )
 def test_bad_search_input_is_one_line(

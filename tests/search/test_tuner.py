@@ -10,6 +10,7 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.errors import ConfigError
 from autotune.recommendation import Recommendation
 from autotune.records import TrialRecord
 from autotune.report import format_recommendation, format_study
@@ -516,3 +517,12 @@ def test_the_baseline_column_shows_the_largest_peak_of_its_runs_as_the_recommend
     row = next(line for line in format_recommendation(recommendation).splitlines()
                if line.startswith("peak memory"))  # fmt: skip
     assert row.split()[2:4] == row.split()[4:6]  # recommended and baseline: one figure
+
+
+def test_a_baseline_that_cannot_be_built_is_one_line_naming_the_value() -> None:
+    tuner = make_tuner(FakeExecutor(steady), SPACE, global_batch_size=7)  # 2 ranks
+    with pytest.raises(ConfigError) as raised:
+        tuner.baseline()
+    message = str(raised.value)
+    assert "global_batch_size=7 is not divisible by world_size * grad_accum_steps" in message
+    assert "\n" not in message and "pydantic" not in message
