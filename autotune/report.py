@@ -9,7 +9,7 @@ from autotune.result import TrialResult
 from autotune.search.log import stored_records
 from autotune.search.plan import Plan
 from autotune.search.race import race_runs
-from autotune.search.storage import open_storage
+from autotune.search.storage import NO_STUDY_YET, open_storage
 from autotune.secrets import mask_url
 from autotune.units import format_bytes
 
@@ -315,8 +315,10 @@ def format_study(storage: str, study_name: str | None) -> str:
     """Every trial of a stored study, one line each."""
     import optuna
 
-    backend = open_storage(storage)
+    backend = open_storage(storage, existing=True)
     names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
+    if not names:
+        raise ConfigError(f"storage {mask_url(storage)!r} holds no study yet: {NO_STUDY_YET}")
     if study_name is None:
         if len(names) != 1:
             return f"studies in {mask_url(storage)}:\n" + "\n".join(f"  {n}" for n in names)

@@ -197,3 +197,27 @@ def test_every_command_prints_its_help(command: str, capsys: pytest.CaptureFixtu
         main([command, "--help"])
     assert raised.value.code == 0
     assert "--" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["show", "report", "export"])
+def test_reading_a_storage_that_is_not_there_creates_nothing(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a typo in --storage once created an empty database and `show` listed no study, exit 0
+    missing = tmp_path / "typo.db"
+    assert exit_code([command, "--storage", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--storage '{missing}': no such file" in err and len(err.strip().splitlines()) == 1
+    assert not missing.exists()
+
+
+def test_a_storage_without_a_study_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import optuna
+
+    empty = tmp_path / "empty.db"
+    optuna.storages.RDBStorage(f"sqlite:///{empty}")
+    for command in ("show", "export"):
+        assert exit_code([command, "--storage", str(empty)]) == 2
+        assert "holds no study yet" in capsys.readouterr().err

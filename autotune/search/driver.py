@@ -34,7 +34,7 @@ from autotune.search.probe import (
 from autotune.search.progress import Reporter
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace, load_space
-from autotune.search.storage import open_storage
+from autotune.search.storage import NO_STUDY_YET, open_storage
 from autotune.search.study import model_hash, open_study
 from autotune.search.tuner import Tuner
 from autotune.secrets import mask_url
@@ -225,9 +225,11 @@ def load_recommendation(storage: str, study_name: str | None) -> Recommendation:
     """The recommendation stored by a finished search."""
     import optuna
 
-    backend = open_storage(storage)
+    backend = open_storage(storage, existing=True)
     summaries = optuna.get_all_study_summaries(backend)
     names = [s.study_name for s in summaries]
+    if not names:
+        raise ConfigError(f"storage {mask_url(storage)!r} holds no study yet: {NO_STUDY_YET}")
     if study_name is None:
         if len(names) != 1:
             raise ConfigError(

@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError, ConfigError
@@ -115,8 +116,6 @@ def claims(study: Any) -> dict[str, int]:
 
 def storage_url(storage: str) -> str:
     """A plain file path becomes a SQLite URL; URLs pass through."""
-    from pathlib import Path
-
     if "://" in storage:
         return storage
     return f"sqlite:///{Path(storage).expanduser().resolve()}"
@@ -209,11 +208,21 @@ def _patient_class() -> type:
     return type("PatientStorage", (RDBStorage,), namespace)
 
 
+NO_STUDY_YET = "a search stores its study there (autotune search --storage PATH)"
+
+
 def open_storage(
-    storage: str, wait_s: float = 0.0, say: Callable[[str], None] | None = None
+    storage: str,
+    wait_s: float = 0.0,
+    say: Callable[[str], None] | None = None,
+    existing: bool = False,
 ) -> Any:
-    """The study's storage; one line naming the driver to install when it is missing."""
+    """The study's storage; one line naming the driver to install when it is missing.
+    ``existing``: for a command that reads what a search stored, a SQLite file that is not
+    there is an error (opening it would create an empty one)."""
     url = storage_url(storage)
+    if existing and url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        raise ConfigError(f"--storage {storage!r}: no such file; {NO_STUDY_YET}")
     engine = {} if url.startswith("sqlite") else {"engine_kwargs": {"pool_pre_ping": True}}
     try:
         try:
