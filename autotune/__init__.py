@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from autotune.api import run_trial, tune
+    from autotune.api import plan, run_trial, tune
     from autotune.config import TrainConfig, load_config
     from autotune.recommendation import Recommendation
     from autotune.result import TrialResult
@@ -24,6 +24,7 @@ _LAZY = {
     "TrialOptions": "autotune.runner.request",
     "WorkloadSpec": "autotune.runner.workload",
     "run_trial": "autotune.api",
+    "plan": "autotune.api",
     "tune": "autotune.api",
     "Recommendation": "autotune.recommendation",
 }
@@ -36,6 +37,7 @@ __all__ = [
     "WorkloadSpec",
     "__version__",
     "load_config",
+    "plan",
     "run_trial",
     "tune",
 ]

@@ -186,6 +186,15 @@ def test_import_autotune_is_cheap() -> None:
     assert process.stdout.strip() == "[]"
 
 
+def test_the_commands_that_measure_or_predict_have_python_twins_at_the_top_level() -> None:
+    import autotune
+    import autotune.api
+
+    twins = {"trial": "run_trial", "search": "tune", "plan": "plan"}
+    for name in twins.values():
+        assert name in autotune.__all__ and getattr(autotune, name) is getattr(autotune.api, name)
+
+
 def test_example_config_in_the_repo_is_valid() -> None:
     config = load_config(Path("examples/trial.yaml"))
     assert config.global_batch_size > 0
