@@ -91,6 +91,26 @@ def _offload(config: TrainConfig, device: torch.device) -> Any:
     return CPUOffloadPolicy(pin_memory=device.type == "cuda")
 
 
+def replicated_scalars(model: nn.Module) -> list[nn.Parameter]:
+    """The model's 0-dim trainable parameters (CLIP's ``logit_scale``), which FSDP2 cannot
+    shard ("fully_shard doesn't support scalar parameters"): left out of ``fully_shard``, kept
+    whole on every rank, their gradients averaged over the ranks as each backward accumulates
+    them, as DDP does for every parameter. Averaging after each micro-step of an accumulation
+    is averaging the sum, so accumulation needs nothing more."""
+    import torch.distributed as dist
+
+    scalars = [p for p in model.parameters() if p.dim() == 0 and p.requires_grad]
+
+    def average(param: torch.Tensor) -> None:
+        assert param.grad is not None
+        dist.all_reduce(param.grad)  # gloo has no AVG: sum, then divide
+        param.grad.div_(dist.get_world_size())
+
+    for param in scalars:
+        param.register_post_accumulate_grad_hook(average)  # type: ignore[no-untyped-call]
+    return scalars
+
+
 def wrap_model(
     model: nn.Module, config: TrainConfig, device: torch.device, hooks: HookCounter
 ) -> nn.Module:
@@ -102,6 +122,8 @@ def wrap_model(
         _move(model, device)
         mesh = init_device_mesh(device.type, (config.world_size,))
         policy, offload = _mixed_precision(config), _offload(config, device)
+        scalars = replicated_scalars(model)
+        ignored = set(scalars) or None
         for block in find_repeated_blocks(model):
             fully_shard(
                 block,
@@ -109,8 +131,11 @@ def wrap_model(
                 reshard_after_forward=config.reshard_after_forward,
                 mp_policy=policy,
                 offload_policy=offload,
+                ignored_params=ignored,
             )
-        fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)
+        fully_shard(
+            model, mesh=mesh, mp_policy=policy, offload_policy=offload, ignored_params=ignored
+        )
         return model
     _move(model, device)
     if config.parallel == "dp":

@@ -78,3 +78,56 @@ def test_cpu_offload_reaches_every_fully_sharded_module() -> None:
     assert len(policies) == 4 and all(isinstance(p, CPUOffloadPolicy) for p in policies)
     assert not any(p.pin_memory for p in policies)  # nothing to pin for on a CPU
     model(torch.randn(2, 2048)).sum().backward()  # and it trains
+
+
+class _Scaled(torch.nn.Module):
+    """Blocks and a 0-dim parameter, as CLIP's ``logit_scale``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x * self.scale
+
+
+def _scalar_rank(rank: int, store_path: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    torch.manual_seed(0)  # the same model on both ranks
+    config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
+    model = wrap_model(_Scaled(), config, torch.device("cpu"), HookCounter())
+    x = torch.full((2, 8), float(rank + 1))  # each rank its own data
+    with torch.no_grad():  # what this rank alone would give the scale
+        local = (model(x) / model.scale).sum().item()
+    for _ in range(2):  # two micro-steps accumulate
+        model(x).sum().backward()
+    grads = [torch.zeros(()) for _ in range(2)]
+    dist.all_gather(grads, model.scale.grad)
+    locals_ = [torch.zeros(()) for _ in range(2)]
+    dist.all_gather(locals_, torch.tensor(local))
+    sharded = isinstance(model.blocks[0].weight, DTensor)
+    if rank == 0:
+        torch.save({"grads": grads, "locals": locals_, "sharded": sharded}, out)
+    dist.destroy_process_group()
+
+
+def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_ranks(
+    tmp_path: object,
+) -> None:
+    # fully_shard refuses 0-dim parameters: a search of a Hugging Face CLIP lost FSDP to
+    # "fully_shard doesn't support scalar parameters. Change logit_scale to a 1D tensor".
+    import torch.multiprocessing as mp
+
+    out = f"{tmp_path}/result.pt"
+    mp.spawn(_scalar_rank, args=(f"{tmp_path}/store", out), nprocs=2)
+    result = torch.load(out)
+    grads, local = result["grads"], result["locals"]
+    assert result["sharded"]  # the blocks are still FSDP's
+    assert float(grads[0]) == float(grads[1])  # the replicas stay equal
+    # two micro-steps of each rank's own gradient, averaged over the ranks
+    assert float(grads[0]) == pytest.approx(2 * (float(local[0]) + float(local[1])) / 2)
