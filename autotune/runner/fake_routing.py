@@ -17,7 +17,7 @@ traced at the uniform share).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -32,6 +32,10 @@ class _Values:
     spread: int = 0
     chance: float = 0.0
     trials: int = 1
+    index: int = 0
+    of: int = 0
+    """Counts read one by one (``.tolist()``): this one's position among ``of`` counts, so
+    that their rounding sums to the whole (100 tokens over 7 experts: 15, 15, 14, ...)."""
 
     def nonzero_share(self) -> float:
         if self.spread:
@@ -104,9 +108,11 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
             return _grouped_mm_output(*args, **kwargs)  # its fake kernel knows bf16 only
         out = func(*args, **kwargs)
-        if func is _aten.unbind.int and known:
-            for part in out:
-                self.known[part] = self.known[args[0]]
+        if func is _aten.unbind.int and known:  # .tolist(): one value each, in order
+            whole: _Values = self.known[args[0]]
+            counts = args[0].dim() == 1 and not whole.spread
+            for index, part in enumerate(out):
+                self.known[part] = replace(whole, index=index, of=len(out)) if counts else whole
             return out
         values = self._values(func, args, kwargs, out)
         if values is not None:
@@ -123,6 +129,9 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if values.spread:
             return 0.0 if tensor.is_floating_point() else 0
         count = values.chance * values.trials
+        if values.of:  # largest remainder: the first counts take the rounding's leftovers
+            total = round(count * values.of)
+            count = total // values.of + (values.index < total % values.of)
         return float(count) if tensor.is_floating_point() else round(count)
 
     def _values(self, func: Any, args: Any, kwargs: Any, out: Any) -> _Values | None:

@@ -176,6 +176,26 @@ def test_tokens_per_expert_counted_and_split_as_torchtitan_loops_over_experts() 
     assert routing.estimated == 1 + 8 + 8 + 1  # the bincount, each value read, the selection
 
 
+def test_counts_that_do_not_divide_evenly_still_sum_to_the_tokens() -> None:
+    """100 choices over 7 experts: each count read as 14 summed to 98 and torch.split refused
+    them; the counts now take the rounding's leftovers in turn (15, 15, 14, ...)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from autotune.runner.fake_routing import UniformRouting
+
+    with FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True), UniformRouting():
+        _, chosen = torch.topk(torch.randn(50, 7), 2, dim=-1)
+        flat = chosen.view(-1)
+        counts = torch.bincount(flat, minlength=7).tolist()
+        histogram = torch.histc(flat.float(), bins=7, min=0, max=6).tolist()
+        parts = torch.split(torch.randn(100, 4), [int(c) for c in counts])
+    assert counts == [15, 15, 14, 14, 14, 14, 14]
+    assert sum(histogram) == 100.0 and max(histogram) - min(histogram) == 1.0
+    assert sum(p.shape[0] for p in parts) == 100
+
+
 def test_the_fake_grouped_mm_still_refuses_fp32() -> None:
     """Pins why ``fake_routing`` shapes ``torch._grouped_mm`` itself for fp32: once the fake
     kernel takes fp32, the override can go. Its shapes match the CPU kernel's."""
