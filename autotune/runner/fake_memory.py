@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.errors import WorkloadError
 from autotune.runner.optimizer import default_optimizer, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -90,17 +91,34 @@ def _fake_batch(dataset: Any, micro_batch: int, mode: Any) -> Any:
 def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
     import torch
 
-    with mode:
-        module, model = load_model(spec.model)
+    try:
+        with mode:
+            module, model = load_model(spec.model)
+    except WorkloadError as error:
+        if not isinstance(error.__cause__, _data_dependent_error()):
+            raise
+        # A constructor that reads its initial values (Hugging Face ViT's trunc_normal_
+        # draws again until no value lies out of range) cannot run on fake tensors; on the
+        # meta device initialisation is skipped, and the shapes are the same.
+        with torch.device("meta"):
+            module, model = load_model(spec.model)
+
+    def fake(tensor: Any) -> Any:
+        if tensor.is_meta:  # shapes only: an empty fake tensor of the same shape, on the CPU
+            with mode:
+                return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        return mode.from_tensor(tensor)
+
     if not all(isinstance(p, _fake_tensor_class()) for p in model.parameters()):
-        # The reference named an instance built before: trace a fake copy of it.
+        # The reference named an instance built before, or it was built on the meta device:
+        # trace a fake copy of it.
         for sub in model.modules():
             for name, p in list(sub.named_parameters(recurse=False)):
-                fake = mode.from_tensor(p.detach())
-                sub._parameters[name] = torch.nn.Parameter(fake, requires_grad=p.requires_grad)
+                copy = fake(p.detach())
+                sub._parameters[name] = torch.nn.Parameter(copy, requires_grad=p.requires_grad)
             for name, b in list(sub.named_buffers(recurse=False)):
                 if b is not None:
-                    sub._buffers[name] = mode.from_tensor(b)
+                    sub._buffers[name] = fake(b)
     return module, model
 
 
