@@ -1,0 +1,49 @@
+"""Hugging Face models of ten families (tests/fixtures/hf_zoo.py): each one's repeated blocks are
+found and its training step is traced under fake tensors, or it says in one line why not."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.runner.checkpointing import block_classes, find_repeated_blocks
+from autotune.runner.fake_memory import DATA_DEPENDENT, TraceError, trace_step
+from autotune.runner.workload import WorkloadSpec, load_model
+from tests.fixtures.hf_zoo import FAMILIES
+
+pytest.importorskip("transformers")
+
+BLOCKS = {
+    "qwen2": "Qwen2DecoderLayer", "gpt_neox": "GPTNeoXLayer", "roberta": "RobertaLayer",
+    "distilbert": "TransformerBlock", "bart": "BartEncoderLayer,BartDecoderLayer",
+    "t5": "T5Block", "whisper": "WhisperEncoderLayer,WhisperDecoderLayer", "vit": "ViTLayer",
+    "swin": "SwinStage", "wav2vec2": "Wav2Vec2EncoderLayer",
+}  # fmt: skip
+"""Each family's blocks: those its ``_no_split_modules`` declares, both stacks of an
+encoder-decoder (Swin declares its stages)."""
+TRACE_STOPS = {"wav2vec2": DATA_DEPENDENT}
+"""Wav2Vec2 masks time steps by a random boolean index in training (SpecAugment): a size no
+routing decides."""
+
+
+def _spec(family: str) -> WorkloadSpec:
+    return WorkloadSpec(
+        model=f"tests.fixtures.hf_zoo:{family}", data=f"tests.fixtures.hf_zoo:data_{family}"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_has_its_blocks_and_a_traced_step(family: str) -> None:
+    _, model = load_model(_spec(family).model)
+    blocks = find_repeated_blocks(model)
+    assert block_classes(blocks) == BLOCKS[family]
+    if family in TRACE_STOPS:
+        with pytest.raises(TraceError, match="depends on tensor values"):
+            trace_step(_spec(family), 4, "bf16", len(blocks))
+        return
+    fp32 = trace_step(_spec(family), 4)
+    checkpointed = trace_step(_spec(family), 4, "bf16", len(blocks))  # T5: its cache off
+    assert fp32.parameters_bytes == sum(
+        t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())
+    )
+    assert 0 < checkpointed.total_bytes < fp32.total_bytes
