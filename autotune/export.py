@@ -99,10 +99,28 @@ def optimizer_note(r: Recommendation) -> str:
 def notes_for(target: Exported, fmt: str) -> list[str]:
     """What ``fmt`` cannot express of the configuration (for yaml/json/torchrun: only which
     optimizer a recommendation was measured with)."""
-    notes = trainer_settings(target, fmt)[1] if fmt in ("hf", "lightning", "accelerate") else []
+    trainer = fmt in ("hf", "lightning", "accelerate")
+    notes = trainer_settings(target, fmt)[1] if trainer else []
+    if (
+        trainer
+        and isinstance(target, Recommendation)
+        and target.config.parallel == "fsdp"
+        and target.scalar_parameters
+    ):
+        notes.append(scalar_note(target.scalar_parameters))
     if isinstance(target, Recommendation) and target.optimizer:
         notes.append(optimizer_note(target))
     return notes
+
+
+def scalar_note(names: list[str]) -> str:
+    """What another trainer's FSDP2 meets where the trials' did not."""
+    return (
+        f"FSDP2's fully_shard refuses 0-dim parameters ({', '.join(names)}): the trials passed "
+        "them as fully_shard(..., ignored_params=...) and averaged their gradients over the "
+        "ranks (autotune.apply does the same); do so where this trainer shards the model, or "
+        "make each a 1-element tensor"
+    )
 
 
 def torchrun_command(target: Exported, script: str, config_file: str) -> str:

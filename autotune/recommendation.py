@@ -157,6 +157,12 @@ class Recommendation(BaseModel):
     block_class: str | None = Field(
         None, description="Class names of the model's repeated blocks, comma-separated."
     )
+    scalar_parameters: list[str] = Field(
+        default_factory=list,
+        description="The model's 0-dim trainable parameters, which FSDP2's fully_shard refuses "
+        "(the trials and autotune.apply keep them whole on every rank; other trainers' FSDP "
+        "meets the refusal).",
+    )
     global_batch_source: str = Field(
         "given",
         description="Where the global batch came from: given, the model's module, or "

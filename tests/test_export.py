@@ -380,3 +380,20 @@ def test_the_html_report_says_caveats_in_the_text_reports_order() -> None:
     assert page.index("first caveat") < page.index("second caveat")
     assert text.index("first caveat") < text.index("second caveat")
     assert page.index("numerics") < page.index("first caveat")
+
+
+def test_a_trainer_s_fsdp_is_told_of_the_scalar_parameters_fully_shard_refuses() -> None:
+    sharded = _recommendation(SHARDED).model_copy(update={"scalar_parameters": ["logit_scale"]})
+    for fmt in ("hf", "lightning", "accelerate"):
+        assert any("0-dim parameters (logit_scale)" in n for n in notes_for(sharded, fmt))
+        assert "# note: FSDP2's fully_shard refuses 0-dim parameters" in render(sharded, fmt)
+    replicated = _recommendation(HOOKED).model_copy(update={"scalar_parameters": ["logit_scale"]})
+    assert not any("0-dim" in n for n in notes_for(replicated, "accelerate"))  # DDP takes them
+
+
+def test_the_search_names_a_model_s_scalar_parameters() -> None:
+    from autotune.search.probe import scalar_parameters
+
+    assert scalar_parameters("tests.fixtures.traced:Stack") == []
+    pytest.importorskip("transformers")
+    assert scalar_parameters("tests.fixtures.hf_zoo:clip") == ["logit_scale"]

@@ -30,6 +30,7 @@ from autotune.search.probe import (
     optimizer_flags,
     repeated_blocks,
     restrict_space,
+    scalar_parameters,
 )
 from autotune.search.progress import Reporter
 from autotune.search.settings import SearchSettings
@@ -203,6 +204,7 @@ def run_search(
             update={
                 "model": workload.model,
                 "block_class": blocks[1] if blocks else None,
+                "scalar_parameters": scalar_parameters(workload.model),
                 "global_batch_source": batch_source,
                 "optimizer": verification_optimizer(recommendation),
                 "optimizer_source": optimizer_source,

@@ -220,6 +220,15 @@ def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
     return len(blocks), checkpointing.block_classes(blocks)
 
 
+def scalar_parameters(model_reference: str) -> list[str]:
+    """The names of the model's 0-dim trainable parameters (CLIP's ``logit_scale``), from a
+    build on the meta device; [] if it cannot be built there."""
+    built = _meta_model(model_reference)
+    if built is None:
+        return []
+    return [n for n, p in built[1].named_parameters() if p.dim() == 0 and p.requires_grad]
+
+
 def feeds_images(workload: WorkloadSpec) -> bool | None:
     """Whether the model's samples hold an image (a 3-D floating tensor: a 4-D batch), from a
     build on the meta device and one sample; None when that cannot be told here."""

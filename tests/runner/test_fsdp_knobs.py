@@ -113,6 +113,7 @@ def _scalar_rank(rank: int, store_path: str, out: str) -> None:
     sharded = isinstance(model.blocks[0].weight, DTensor)
     if rank == 0:
         torch.save({"grads": grads, "locals": locals_, "sharded": sharded}, out)
+    dist.barrier()  # neither rank leaves while the other still talks to it (gloo aborts)
     dist.destroy_process_group()
 
 

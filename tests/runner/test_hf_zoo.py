@@ -16,7 +16,7 @@ BLOCKS = {
     "qwen2": "Qwen2DecoderLayer", "gpt_neox": "GPTNeoXLayer", "roberta": "RobertaLayer",
     "distilbert": "TransformerBlock", "bart": "BartEncoderLayer,BartDecoderLayer",
     "t5": "T5Block", "whisper": "WhisperEncoderLayer,WhisperDecoderLayer", "vit": "ViTLayer",
-    "swin": "SwinStage", "wav2vec2": "Wav2Vec2EncoderLayer",
+    "swin": "SwinStage", "clip": "CLIPEncoderLayer", "wav2vec2": "Wav2Vec2EncoderLayer",
 }  # fmt: skip
 """Each family's blocks: those its ``_no_split_modules`` declares, both stacks of an
 encoder-decoder (Swin declares its stages)."""
