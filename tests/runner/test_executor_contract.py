@@ -128,10 +128,15 @@ def _replay(case: Case) -> ReplayExecutor:
 
 
 def _rank_actors() -> set[int]:
+    """This test session's rank actors: the Ray instance it started runs under it, so a search
+    running beside the suite on the same machine is not counted."""
     found = set()
-    for process in psutil.process_iter(["cmdline"]):
-        if "_RankActor" in " ".join(process.info["cmdline"] or []):
-            found.add(process.pid)
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "_RankActor" in " ".join(process.cmdline()):
+                found.add(process.pid)
+        except psutil.Error:  # gone meanwhile
+            continue
     return found
 
 
