@@ -91,15 +91,20 @@ def _offload(config: TrainConfig, device: torch.device) -> Any:
     return CPUOffloadPolicy(pin_memory=device.type == "cuda")
 
 
-def replicated_scalars(model: nn.Module) -> list[nn.Parameter]:
-    """The model's 0-dim trainable parameters (CLIP's ``logit_scale``), which FSDP2 cannot
-    shard ("fully_shard doesn't support scalar parameters"): left out of ``fully_shard``, kept
-    whole on every rank, their gradients averaged over the ranks as each backward accumulates
-    them, as DDP does for every parameter. Averaging after each micro-step of an accumulation
-    is averaging the sum, so accumulation needs nothing more."""
+def scalar_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The model's 0-dim trainable parameters by name (CLIP's ``logit_scale``), which FSDP2
+    cannot shard ("fully_shard doesn't support scalar parameters")."""
+    return {n: p for n, p in model.named_parameters() if p.dim() == 0 and p.requires_grad}
+
+
+def average_scalar_gradients(model: nn.Module) -> list[nn.Parameter]:
+    """Keep the model's ``scalar_parameters`` out of ``fully_shard``, whole on every rank, with
+    their gradients averaged over the ranks as each backward accumulates them, as DDP does for
+    every parameter; return them (``fully_shard``'s ``ignored_params``). Averaging after each
+    micro-step of an accumulation is averaging the sum, so accumulation needs nothing more."""
     import torch.distributed as dist
 
-    scalars = [p for p in model.parameters() if p.dim() == 0 and p.requires_grad]
+    scalars = list(scalar_parameters(model).values())
 
     def average(param: torch.Tensor) -> None:
         assert param.grad is not None
@@ -122,8 +127,7 @@ def wrap_model(
         _move(model, device)
         mesh = init_device_mesh(device.type, (config.world_size,))
         policy, offload = _mixed_precision(config), _offload(config, device)
-        scalars = replicated_scalars(model)
-        ignored = set(scalars) or None
+        ignored = set(average_scalar_gradients(model)) or None
         for block in find_repeated_blocks(model):
             fully_shard(
                 block,

@@ -223,10 +223,10 @@ def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
 def scalar_parameters(model_reference: str) -> list[str]:
     """The names of the model's 0-dim trainable parameters (CLIP's ``logit_scale``), from a
     build on the meta device; [] if it cannot be built there."""
+    from autotune.runner import training  # imports torch
+
     built = _meta_model(model_reference)
-    if built is None:
-        return []
-    return [n for n, p in built[1].named_parameters() if p.dim() == 0 and p.requires_grad]
+    return list(training.scalar_parameters(built[1])) if built is not None else []
 
 
 def feeds_images(workload: WorkloadSpec) -> bool | None:
