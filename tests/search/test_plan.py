@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,17 +90,25 @@ def test_nothing_fitting_says_what_needs_least(
     assert "nothing fits: the least memory is fsdpx2 amp=bf16 ckpt=4 accum=2" in out
 
 
-def test_offloading_fsdp_shards_is_planned_as_a_way_to_fit(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _offload_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], memory: str, global_batch: int
+) -> dict[str, Any]:
+    """``plan --json`` of FSDP over 2 devices with and without CPU offload."""
     space = tmp_path / "space.yaml"
     space.write_text(
         "parallel: [fsdp]\nworld_size: [2]\n"
         "fsdp_cpu_offload: {choices: [false, true], when: {parallel: [fsdp]}}\n"
     )
-    argv = ["plan", "--model", MODEL, "--devices", "2", "--device-memory", "1MiB", "--json"]
-    assert main([*argv, "--space", str(space), "--global-batch-size", "8192"]) == 0
-    rows = json.loads(capsys.readouterr().out)["configurations"]
+    argv = ["plan", "--model", MODEL, "--devices", "2", "--device-memory", memory, "--json"]
+    assert main([*argv, "--space", str(space), "--global-batch-size", str(global_batch)]) == 0
+    plan: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return plan
+
+
+def test_offloading_fsdp_shards_is_planned_as_a_way_to_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = _offload_plan(tmp_path, capsys, "1MiB", 8192)["configurations"]
     peaks = {r["config"]["fsdp_cpu_offload"]: r["predicted_peak_bytes"] for r in rows}
     state = 3 * 4 * (256 * 1024 + 1024 + 1024 * 256 + 256) * 4 // 2  # params, grads, 2 moments
     assert peaks[False] - peaks[True] == pytest.approx(state, rel=0.01)
@@ -108,14 +117,7 @@ def test_offloading_fsdp_shards_is_planned_as_a_way_to_fit(
 def test_the_largest_micro_batch_that_fits_is_shown_without_offload_where_that_fits_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    space = tmp_path / "space.yaml"
-    space.write_text(
-        "parallel: [fsdp]\nworld_size: [2]\n"
-        "fsdp_cpu_offload: {choices: [false, true], when: {parallel: [fsdp]}}\n"
-    )
-    argv = ["plan", "--model", MODEL, "--devices", "2", "--device-memory", "80GiB", "--json"]
-    assert main([*argv, "--space", str(space), "--global-batch-size", "64"]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    plan = _offload_plan(tmp_path, capsys, "80GiB", 64)
     assert all(r["fits"] for r in plan["configurations"])  # offloaded or not: both fit
     (best,) = plan["largest_micro_batch"].values()
     assert best["config"]["fsdp_cpu_offload"] is False  # offloading costs time, saves none here
