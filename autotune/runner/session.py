@@ -178,10 +178,16 @@ class Training:
         every rank finish its collectives before any rank closes its connections: a rank that
         tore down first could still abort a peer mid-receive."""
         if self.owns_process_group and dist.is_initialized():
-            gc.collect()
-            dist.barrier()
-            dist.destroy_process_group()
+            leave_process_group()
             self.owns_process_group = False
+
+
+def leave_process_group() -> None:
+    """Destroy this process's gloo/NCCL group the way ``Training.close`` explains: collect the
+    cyclic garbage holding collective work, wait for every rank, then tear down."""
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def prepare(

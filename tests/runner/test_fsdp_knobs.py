@@ -11,6 +11,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy
 from torch.distributed.tensor import DTensor
 
 from autotune.config import TrainConfig
+from autotune.runner.session import leave_process_group
 from autotune.runner.training import HookCounter, wrap_model
 from tests.fixtures.traced import WideBlocks
 
@@ -113,8 +114,7 @@ def _scalar_rank(rank: int, store_path: str, out: str) -> None:
     sharded = isinstance(model.blocks[0].weight, DTensor)
     if rank == 0:
         torch.save({"grads": grads, "locals": locals_, "sharded": sharded}, out)
-    dist.barrier()  # neither rank leaves while the other still talks to it (gloo aborts)
-    dist.destroy_process_group()
+    leave_process_group()  # a bare barrier and destroy aborted a rank about one run in 12
 
 
 def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_ranks(
