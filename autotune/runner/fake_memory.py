@@ -51,6 +51,7 @@ class TensorPeak:
     backward_bytes: int = 0  # forward and backward's peak beside the optimizer state (0: total's)
     backward_gradients_bytes: int = 0  # the gradients at that moment
     routed_sizes: int = 0  # sizes a mixture of experts' routing decides, taken at uniform routing
+    drawn_branches: int = 0  # branches a random draw decides (LayerDrop), taken at their likeliest
 
     @property
     def accumulating_bytes(self) -> int:
@@ -180,6 +181,22 @@ def _concrete_scalars() -> Any:
     return ConcreteScalars()  # type: ignore[no-untyped-call]
 
 
+def _fake_limits() -> tuple[type[Exception], ...]:
+    """What fake tensors raise where a real run would not (an op they lack, a size the data
+    decides); anything else raised in the trace may be the model's own error."""
+    from torch._subclasses import fake_tensor as fake
+
+    return (
+        fake.UnsupportedFakeTensorException,
+        fake.DynamicOutputShapeException,
+        fake.DataDependentOutputException,
+        fake.UnsupportedOperatorException,
+        fake.UnsupportedMutationAliasingException,
+        fake.MetadataMismatchError,
+        _data_dependent_error(),
+    )
+
+
 def _data_dependent_error() -> type[Exception]:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
@@ -191,6 +208,12 @@ UNIFORM_ROUTING = (
     "(what the experts hold sums the same under any split; a trial's measured peak shows the rest)"
 )
 """Said wherever a prediction rests on ``autotune.runner.fake_routing``'s estimate."""
+
+LIKELIEST_DRAWS = (
+    "a branch a random draw decides (LayerDrop's skip) traced at its likeliest outcome: "
+    "a layer dropped with a chance below one half runs, the most memory such a step takes"
+)
+"""Said wherever a traced step took a random draw's likeliest branch."""
 
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
@@ -250,8 +273,13 @@ def trace_step(
     """The peak of one training step of ``spec``'s model on one device, traced on the CPU.
 
     Raises ``TraceError`` (one line) when the model defeats the fake tensors."""
+    import logging
     import warnings
 
+    # A meta kernel that fails logs its traceback before raising; the one line below says it.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         with warnings.catch_warnings():  # the tracker's own notes on hooks it skipped
             warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
@@ -265,7 +293,12 @@ def trace_step(
         raise TraceError(DATA_DEPENDENT) from error
     except Exception as error:  # a private tool's failure is the caller's cue to fall back
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise TraceError(f"{type(error).__name__}: {text}"[:300]) from error
+        line = f"{type(error).__name__}: {text}"[:300]
+        if not isinstance(error, (*_fake_limits(), WorkloadError)):  # the model's shapes, say
+            line += " (if the model raises this when it runs too, the model is at fault)"
+        raise TraceError(line) from error
+    finally:
+        fake_log.setLevel(level)
 
 
 def _trace(
@@ -341,4 +374,5 @@ def _trace(
         backward_bytes=int(steady_backward.get("Total", 0)),
         backward_gradients_bytes=int(steady_backward.get("GRAD", 0)),
         routed_sizes=routing.estimated,
+        drawn_branches=routing.drawn,
     )

@@ -9,6 +9,13 @@ dimension of D are taken as spread evenly over the D values, so ``indices == e``
 its share, and "count > 0" holds as often as a count is non-zero. A load-balancing loss trains
 routing towards that; what the trials measure shows an imbalance (the calibration follows it).
 
+Two more things a training step reads from values it does not have are given theirs: a uniform
+random draw (``torch.rand``) compared with p is true with chance p, and a branch on it takes its
+likeliest side (Wav2Vec2's LayerDrop, ``torch.rand([]) < 0.1``, skips no layer); a masked
+assignment ``x[mask] = v`` (its SpecAugment) holds ``x``'s memory whatever the mask selects, and
+backward's selection of ``v``'s gradient by that mask is taken at every element, an upper bound
+of a transient the size of ``v``'s broadcast.
+
 A ``nonzero`` whose mask came from anything else keeps its unknown size, and the trace fails as
 before (the search then predicts by its fit over trials). ``torch.utils._python_dispatch`` is
 private: ``tests/runner/test_fake_memory.py`` pins what is relied on (a Mixtral-style layer
@@ -32,6 +39,9 @@ class _Values:
     spread: int = 0
     chance: float = 0.0
     trials: int = 1
+    draw: bool = False
+    """Decided by a uniform random draw in [0, 1) (``torch.rand``): the draw itself, or whether
+    it lies below p, true with ``chance`` p."""
     index: int = 0
     of: int = 0
     """Counts read one by one (``.tolist()``): this one's position among ``of`` counts, so
@@ -61,6 +71,12 @@ _INDICES = {
 _ARG = {_aten.argmax.default, _aten.argmin.default}
 _SUM = {_aten.sum.dim_IntList, _aten.sum.default}
 _NONZERO_TEST = {_aten.gt.Scalar, _aten.ne.Scalar}
+_DRAWS = {_aten.rand.default, _aten.rand_like.default, _aten.uniform_.default}
+_BELOW = {
+    _aten.lt.Scalar: True, _aten.le.Scalar: True, _aten.gt.Scalar: False, _aten.ge.Scalar: False,
+}  # fmt: skip
+"""Comparisons of a draw with a probability, and whether they hold below it."""
+_MASKED_ASSIGN = {_aten.index_put_.default, _aten.index_put.default}
 _COMPARE = {
     _aten.eq.Tensor: True, _aten.eq.Scalar: True, _aten.ne.Tensor: False, _aten.ne.Scalar: False,
 }  # fmt: skip
@@ -77,7 +93,9 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         from torch.utils.weak import WeakIdKeyDictionary
 
         self.known: Any = WeakIdKeyDictionary()
+        self.assigned: Any = WeakIdKeyDictionary()  # masks a masked assignment used
         self.estimated = 0
+        self.drawn = 0  # branches a random draw decided, taken at their likeliest
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -85,14 +103,14 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func is _aten.nonzero.default and known:
             mask = args[0]
             rows = round(mask.numel() * self.known[mask].nonzero_share())
-            self.estimated += 1
+            self._count(self.known[mask])
             out = torch.empty((rows, mask.dim()), dtype=torch.long, device=mask.device)
             self.known[out] = _Values(spread=max(mask.shape, default=1))  # coordinates
             return out
         if func is _aten.masked_select.default and args[1] in self.known:
             values, mask = args
             selected = max(values.numel(), mask.numel()) * self.known[mask].nonzero_share()
-            self.estimated += 1
+            self._count(self.known[mask])
             return torch.empty(round(selected), dtype=values.dtype, device=values.device)
         if func is _aten.bincount.default and known and self.known[args[0]].spread:
             indices = args[0]  # its length is the largest index's, a value: the spread's here
@@ -103,8 +121,17 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.estimated += 1
             return out
         if func is _aten._local_scalar_dense.default and known:
-            self.estimated += 1
+            self._count(self.known[args[0]])
             return self._likeliest(args[0])
+        if func in _MASKED_ASSIGN and any(_is_mask(i) for i in args[1]):
+            # x[mask] = v (Wav2Vec2's SpecAugment): x holds the same memory however many
+            # elements the mask selects; backward selects v's gradient by the same mask
+            for index in args[1]:
+                if _is_mask(index):
+                    self.assigned[index] = True
+            return args[0] if func is _aten.index_put_.default else torch.empty_like(args[0])
+        if func is _aten.index.Tensor and any(i in self.assigned for i in args[1] if _is_mask(i)):
+            return _selected_by_every_element(*args)
         if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
             return _grouped_mm_output(*args, **kwargs)  # its fake kernel knows bf16 only
         out = func(*args, **kwargs)
@@ -119,11 +146,19 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.known[out[_INDICES[func]] if func in _INDICES else out] = values
         return out
 
+    def _count(self, values: _Values) -> None:
+        if values.draw:
+            self.drawn += 1
+        else:
+            self.estimated += 1
+
     def _likeliest(self, tensor: Any) -> bool | int | float:
         """A value read out of routing (an expert's index to select its weights, whether a
         count is zero, a count to split by): its likeliest under uniform routing. An index
         selects one of equally shaped slices, so any index in range holds the same memory."""
         values: _Values = self.known[tensor]
+        if values.draw and tensor.is_floating_point():
+            return 0.5  # a draw read as a number: its median
         if tensor.dtype is torch.bool:
             return values.nonzero_share() >= 0.5
         if values.spread:
@@ -139,6 +174,12 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func in _INDICES or func in _ARG:
             dim = _dim(func, args, kwargs)
             return _Values(spread=source.numel() if dim is None else source.shape[dim])
+        if func in _DRAWS:
+            return _Values(draw=True)
+        drawn = source in self.known and self.known[source].draw
+        if func in _BELOW and drawn and source.is_floating_point():
+            chance = min(1.0, max(0.0, float(args[1])))  # LayerDrop: rand([]) < p skips
+            return _Values(chance=chance if _BELOW[func] else 1.0 - chance, draw=True)
         if func is _aten.arange.default:  # one_hot compares indices with arange(classes)
             return _Values(spread=out.numel())
         if func in _SAME_VALUES:
@@ -159,6 +200,26 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             trials = max(1, source.numel() // max(1, out.numel()))
             return _Values(chance=self.known[source].chance, trials=trials)
         return None
+
+
+def _is_mask(index: Any) -> bool:
+    return isinstance(index, torch.Tensor) and index.dtype is torch.bool
+
+
+def _selected_by_every_element(values: Any, indices: Any) -> Any:
+    """``values[mask]`` as if the mask selected every element: at most what it holds (the
+    gradient of what a masked assignment wrote, a transient the size of the assigned value)."""
+    shape: list[int] = []
+    dim = 0
+    for index in indices:
+        if _is_mask(index):
+            shape.append(index.numel())
+            dim += index.dim()
+        else:  # a full slice (None) or an integer index keeps its dimension's size here
+            shape.append(values.shape[dim])
+            dim += 1
+    shape.extend(values.shape[dim:])
+    return torch.empty(shape, dtype=values.dtype, device=values.device)
 
 
 def _grouped_mm_output(

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
-from autotune.runner.fake_memory import UNIFORM_ROUTING, TensorPeak, TraceError, trace_step
+from autotune.runner.fake_memory import (
+    LIKELIEST_DRAWS,
+    UNIFORM_ROUTING,
+    TensorPeak,
+    TraceError,
+    trace_step,
+)
 from autotune.runner.workload import WorkloadSpec
 
 MEMORY_FIELDS = {
@@ -339,9 +345,16 @@ class MemoryModel:
 
     @property
     def assumption(self) -> str | None:
-        """What the traces assumed of the data (a mixture of experts' routing), or None."""
-        routed = any(t.routed_sizes for t in self._traces.values())
-        return UNIFORM_ROUTING if routed else None
+        """What the traces assumed of values they do not have (a mixture of experts' routing,
+        a random draw's branch), or None."""
+        said = [UNIFORM_ROUTING] if self.routed else []
+        said += [LIKELIEST_DRAWS] if any(t.drawn_branches for t in self._traces.values()) else []
+        return "; ".join(said) or None
+
+    @property
+    def routed(self) -> bool:
+        """Whether the traces estimated a mixture of experts' routing."""
+        return any(t.routed_sizes for t in self._traces.values())
 
     def _trace(self, micro_batch: int, amp: str, segments: int, impl: str) -> TensorPeak | None:
         key = (micro_batch, precision(amp), segments, impl)
@@ -439,7 +452,7 @@ class MemoryModel:
         )
         source = "fake-tensor trace" + ("" if exact in self._traces else ", interpolated")
         source += ", compile predicted as eager" if config.compile != "off" else ""
-        source += ", routing taken as uniform" if self.assumption else ""
+        source += ", routing taken as uniform" if self.routed else ""
         source += f", {calibration.describe()}"
         return Prediction(per_device * self.devices_counted(config), shown, source)
 
@@ -451,7 +464,7 @@ class MemoryModel:
         """What ``config``'s measured peak does not cover on this device, for the
         recommendation (from what the traces found: run ``predict`` first)."""
         cpu_autocast = self.device_type == "cpu" and traced_amp(config) != "off"
-        if cpu_autocast and self.assumption is not None:
+        if cpu_autocast and self.routed:
             return [CPU_KERNEL_CACHES.format(growth=CPU_KERNEL_CACHE_GROWTH)]
         return []
 

@@ -78,6 +78,17 @@ def test_a_model_the_fake_tensors_cannot_trace_raises_one_line() -> None:
     assert "\n" not in str(raised.value)
 
 
+def test_an_error_of_the_model_itself_is_named_as_possibly_its_own_and_prints_nothing(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # A shape the model gets wrong fails a meta kernel's check: fake tensors are not at fault,
+    # and torch's own log of the failure (a traceback on stderr) is not the user's to read.
+    with pytest.raises(TraceError, match="must have same reduction dim") as raised:
+        trace_step(WorkloadSpec(model="tests.fixtures.traced:Mismatched"), 2)
+    assert "\n" not in str(raised.value) and "the model is at fault" in str(raised.value)
+    assert capfd.readouterr().err == ""
+
+
 def test_a_size_no_routing_rule_decides_falls_back_in_one_line_and_prints_nothing(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
@@ -126,6 +137,19 @@ def test_a_model_whose_constructor_reads_its_values_is_built_on_meta_and_traced(
     traced = trace_step(spec, 8)
     assert traced.parameters_bytes == STACK_PARAMETER_BYTES
     real = _real_step_peak(InitReadsValues(), torch.randn(8, 256))
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_layerdrop_and_a_masked_assignment_are_traced_as_a_step_that_drops_nothing() -> None:
+    # Hugging Face Wav2Vec2 in training fell back to the fit: LayerDrop branches on a draw,
+    # SpecAugment assigns through a random mask and backward selects by it.
+    import torch
+
+    from tests.fixtures.traced import Dropped
+
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.traced:Dropped"), 8)
+    assert traced.drawn_branches == 4 and traced.routed_sizes == 0  # one draw per layer
+    real = _real_step_peak(Dropped(layerdrop=0.0), torch.randn(8, 32, 256))  # every layer runs
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
 
 

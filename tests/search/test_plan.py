@@ -80,6 +80,16 @@ def test_a_mixture_of_experts_plan_says_it_took_routing_as_uniform(
     assert json.loads(capsys.readouterr().out)["assumption"] is None
 
 
+def test_a_plan_that_took_a_random_draws_branch_says_so_and_not_routing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["plan", "--model", "tests.fixtures.traced:Dropped", "--devices", "2"]
+    assert main([*argv, "--device-memory", "80GiB", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert "LayerDrop" in plan["assumption"] and "routing" not in plan["assumption"]
+    assert not any("routing" in r["source"] for r in plan["configurations"])
+
+
 def test_nothing_fitting_says_what_needs_least(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
