@@ -9,6 +9,7 @@ from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.optimizers import BLOCKS, PARAMETER_BYTES
 from tests.fixtures.optimizers import WIDTH as WIDE_WIDTH
+from tests.fixtures.real_step import real_step_peak
 from tests.fixtures.traced import WIDTH
 
 WIDE = WorkloadSpec(model="tests.fixtures.optimizers:Wide")
@@ -102,30 +103,6 @@ def test_a_size_no_routing_rule_decides_falls_back_in_one_line_and_prints_nothin
     assert capfd.readouterr().err == ""
 
 
-def _real_step_peak(model: object, *args: object, **kwargs: object) -> int:
-    """The tensors' peak of a real second training step (AdamW), as MemTracker counts it."""
-    import torch
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    assert isinstance(model, torch.nn.Module)
-    optimizer = torch.optim.AdamW(model.parameters())
-
-    def step() -> None:
-        out = model(*args, **kwargs)
-        loss = out.loss if hasattr(out, "loss") else out.square().mean()
-        del out  # as a trial's step: the logits are not held through backward
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()  # the optimizer's state exists from here on
-    tracker = MemTracker()
-    tracker.track_external(model, optimizer)
-    with tracker:
-        step()
-    return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
-
-
 def test_a_model_whose_constructor_reads_its_values_is_built_on_meta_and_traced() -> None:
     # Hugging Face ViT could not be built under fake tensors (trunc_normal_'s mask.any()), so
     # every ViT fell back to the fit over trials; its shapes are the same on the meta device.
@@ -136,7 +113,7 @@ def test_a_model_whose_constructor_reads_its_values_is_built_on_meta_and_traced(
     spec = WorkloadSpec(model="tests.fixtures.traced:InitReadsValues")
     traced = trace_step(spec, 8)
     assert traced.parameters_bytes == STACK_PARAMETER_BYTES
-    real = _real_step_peak(InitReadsValues(), torch.randn(8, 256))
+    real = real_step_peak(InitReadsValues(), torch.randn(8, 256))
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
 
 
@@ -149,7 +126,7 @@ def test_layerdrop_and_a_masked_assignment_are_traced_as_a_step_that_drops_nothi
 
     traced = trace_step(WorkloadSpec(model="tests.fixtures.traced:Dropped"), 8)
     assert traced.drawn_branches == 4 and traced.routed_sizes == 0  # one draw per layer
-    real = _real_step_peak(Dropped(layerdrop=0.0), torch.randn(8, 32, 256))  # every layer runs
+    real = real_step_peak(Dropped(layerdrop=0.0), torch.randn(8, 32, 256))  # every layer runs
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
 
 
@@ -163,7 +140,7 @@ def test_a_mixture_of_experts_is_traced_at_uniform_routing() -> None:
 
     torch.manual_seed(0)
     tokens = 256
-    real = _real_step_peak(Routed(), torch.randn(tokens, 8, WIDTH))
+    real = real_step_peak(Routed(), torch.randn(tokens, 8, WIDTH))
     traced = trace_step(WorkloadSpec(model="tests.fixtures.traced:Routed"), tokens)
     # the experts hit; per expert its tokens and its index, read to select a mask and 2 weights
     assert traced.routed_sizes == 1 + Routed.experts * (1 + 3)
@@ -183,7 +160,7 @@ def test_hugging_face_mixtral_is_traced_as_a_real_step_measures(experts: str) ->
     torch.manual_seed(0)
     model = hf_models.mixtral_tiny(experts)
     batch = torch.randint(0, model.config.vocab_size, (4, hf_models.SEQ_LEN))
-    real = _real_step_peak(model, input_ids=batch, labels=batch)
+    real = real_step_peak(model, input_ids=batch, labels=batch)
     name = "mixtral_tiny" if experts == "grouped_mm" else "mixtral_tiny_eager"
     traced = trace_step(WorkloadSpec(model=f"examples.hf_models:{name}"), 4)
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
