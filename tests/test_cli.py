@@ -230,3 +230,29 @@ def test_a_storage_without_a_study_says_so(
     for command in ("show", "export"):
         assert exit_code([command, "--storage", str(empty)]) == 2
         assert "holds no study yet" in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_stops_a_search_before_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A search once ran to its end and then failed on --out's missing folder ("[Errno 2]").
+    import autotune.cli as cli
+
+    def no_search(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the search started")
+
+    monkeypatch.setattr(cli, "tune", no_search)
+    (tmp_path / "taken").write_text("")
+    search = ["search", "--model", "tests.fixtures.models:Small", "--global-batch-size", "8"]
+    for flag, path, said in (
+        ("--out", tmp_path, "is a folder"),
+        ("--out", tmp_path / "taken" / "best.yaml", "its folder cannot be made"),
+        ("--report", tmp_path / "taken" / "r.html", "its folder cannot be made"),
+    ):
+        assert exit_code([*search, flag, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and str(path) in err and len(err.strip().splitlines()) == 1
+    # a folder that is only missing is made, as a user writing to runs/best.yaml expects
+    with pytest.raises(AssertionError, match="the search started"):
+        exit_code([*search, "--out", str(tmp_path / "runs" / "best.yaml")])
+    assert (tmp_path / "runs").is_dir()

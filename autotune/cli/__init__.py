@@ -186,6 +186,29 @@ def _check_cost_flags(args: argparse.Namespace) -> None:
         raise AutotuneError(f"--price-per-device-hour {args.price_per_device_hour} is negative")
 
 
+def _check_outputs(*flags: tuple[str, str | None]) -> None:
+    """Make sure each ``(flag, path)`` given can be written before any work starts (its folder
+    made if missing): a search of hours must not end on a path that cannot be."""
+    import os
+
+    for flag, path in flags:
+        if not path:
+            continue
+        target = Path(path)
+        if target.is_dir():
+            raise AutotuneError(f"{flag} {path!r} is a folder; give a file name")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise AutotuneError(
+                f"{flag} {path!r}: its folder cannot be made ({error.strerror or error})"
+            ) from None
+        if not os.access(target.parent, os.W_OK) or (
+            target.exists() and not os.access(target, os.W_OK)
+        ):
+            raise AutotuneError(f"{flag} {path!r} cannot be written (permission denied)")
+
+
 def _costs(args: argparse.Namespace, recommendation: Any) -> str | None:
 
     if args.train_samples is None:
@@ -196,6 +219,7 @@ def _costs(args: argparse.Namespace, recommendation: Any) -> str | None:
 def _report(args: argparse.Namespace) -> int:
 
     _check_cost_flags(args)
+    _check_outputs(("--out", args.out))
     costs = _costs(args, load_recommendation(args.storage, args.study_name))
     print(f"wrote {write_report(args.storage, args.study_name, args.out, costs)}")
     return EXIT_OK
@@ -204,6 +228,7 @@ def _report(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
 
     _check_cost_flags(args)
+    _check_outputs(("--out", args.out), ("--report", args.report))
     checked = make_settings(given(args, "set_"))
     reporter = make_reporter(args.quiet, checked.budget.trials)  # --json: progress on stderr
     recommendation = tune(
@@ -235,6 +260,7 @@ def _search(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     target: TrainConfig | Recommendation
+    _check_outputs(("--out", args.out))
     if args.config:
         target = load_config(args.config)
         config_file = args.config_file or args.config
@@ -311,6 +337,7 @@ def _trial(args: argparse.Namespace) -> int:
         values["global_batch_size"] = declared_global_batch_size(args.model)
 
     config = as_config(make_config(values, source=source))
+    _check_outputs(("--out", args.out))
     options = given(args, "opt_")
     result = run_trial(
         args.model,

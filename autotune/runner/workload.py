@@ -133,18 +133,36 @@ def resolve_reference(reference: str, what: str) -> tuple[Any, Any]:
     value: Any = module
     for part in attribute.split("."):
         if not hasattr(value, part):
-            public = sorted(
-                n
-                for n, v in vars(module).items()
-                if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
-            )
-            hint = ", ".join(public[:12]) + (", ..." if len(public) > 12 else "")
             raise WorkloadError(
                 f"{what}: module {location!r} has no attribute {attribute!r}"
-                + (f"; it defines: {hint}" if hint else "")
+                + _candidates(module, part)
             )
         value = getattr(value, part)
     return module, value
+
+
+def _candidates(module: Any, missing: str) -> str:
+    """What ``module`` offers in place of ``missing``: the names it exports (``__all__``; else
+    those it defines itself), the close ones first."""
+    import difflib
+
+    exported = getattr(module, "__all__", None)
+    names = sorted(
+        exported
+        if isinstance(exported, (list, tuple))
+        else (
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
+    )
+    lowered = {n.lower(): n for n in names}  # "adamw" is AdamW before it is Adam
+    close = [lowered[n] for n in difflib.get_close_matches(missing.lower(), lowered, n=3)]
+    if close:
+        return "; did you mean " + " or ".join(repr(n) for n in close) + "?"
+    if not names:
+        return ""
+    return "; it defines: " + ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
 
 
 def _call_factory(factory: Any, reference: str, what: str, *args: Any) -> Any:

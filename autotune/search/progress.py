@@ -76,7 +76,23 @@ class LineReporter(Reporter):
 
     def resumed(self, measured: int) -> None:
         self.done = measured
-        self._line(f"resuming: {measured} trial(s) of the budget already stored")
+        if self.trials and measured >= self.trials:
+            self._line(
+                f"resuming: {measured} trial(s) already stored, the budget of {self.trials} "
+                "spent: no new search trials (--trials more, or --new-study to start again)"
+            )
+        else:
+            self._line(f"resuming: {measured} trial(s) of the budget already stored")
+
+    @property
+    def counted(self) -> str:
+        """Trials done against the budget: "5/10", or "8 (budget 2)" once a resumed study
+        holds more than this run's budget."""
+        if not self.trials:
+            return str(self.done)
+        if self.done > self.trials:
+            return f"{self.done} (budget {self.trials})"
+        return f"{self.done}/{self.trials}"
 
     def phase(self, text: str) -> None:
         self._line(text)
@@ -87,11 +103,9 @@ class LineReporter(Reporter):
     def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
         if record.counts_toward_budget:  # what the tuner's trial budget counts
             self.done += 1
-        budget = f"/{self.trials}" if self.trials else ""
         best_text = f"{best.samples_per_s:,.1f} samples/s" if best and best.samples_per_s else "-"
-        self._line(
-            f"  #{record.number} {_outcome(record)}  [trials {self.done}{budget}, best {best_text}]"
-        )
+        counted = f"[trials {self.counted}, best {best_text}]"
+        self._line(f"  #{record.number} {_outcome(record)}  {counted}")
 
 
 class RichReporter(LineReporter):
@@ -112,10 +126,8 @@ class RichReporter(LineReporter):
         self.console.log(f"[dim]{elapsed:6.0f}s[/] {text}", markup=True, highlight=False)
 
     def trial_started(self, role: str, config: TrainConfig) -> None:
-        budget = f"/{self.trials}" if self.trials else ""
         self.status.update(
-            f"trials {self.done}{budget} | best {self.best_text} | running "
-            f"{role}: {config.summary()}"
+            f"trials {self.counted} | best {self.best_text} | running {role}: {config.summary()}"
         )
 
     def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:

@@ -67,6 +67,7 @@ def test_a_model_file_s_optimizer_and_dataset_are_named_by_the_file(tmp_path: Pa
         ("tests.fixtures.optimizers:NOT_CALLABLE", "is a int, expected a factory"),
         ("tests.fixtures.optimizers:missing", "has no attribute 'missing'"),
         ("nowhere:sgd", "--optimizer: no module named 'nowhere'"),
+        ("torch.optim:Adamw", "has no attribute 'Adamw'; did you mean 'AdamW' or"),  # __all__'s
     ],
 )
 def test_a_bad_optimizer_reference_is_one_line(reference: str, expected: str) -> None:

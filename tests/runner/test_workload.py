@@ -15,6 +15,7 @@ from autotune.runner.workload import WorkloadSpec, build_workload, check_workloa
     [
         ("no_such_pkg.models:Net", "--model: no module named 'no_such_pkg.models'"),
         ("tests.fixtures.models:Nope", "module 'tests.fixtures.models' has no attribute 'Nope'"),
+        ("tests.fixtures.models:small", "has no attribute 'small'; did you mean 'Small'"),
         ("tests/fixtures/missing.py:Net", "file 'tests/fixtures/missing.py' does not exist"),
         (
             "tests/fixtures/broken_import.py:Net",

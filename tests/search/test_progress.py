@@ -38,14 +38,24 @@ def test_plain_lines_say_done_budget_best_and_outcome() -> None:
     assert "#4 crashed: rank 1: killed by SIGABRT  [trials 2/10" in lines[2]
 
 
-def test_a_resumed_study_counts_on_from_its_stored_trials() -> None:
+@pytest.mark.parametrize(
+    ("trials", "stored", "said", "counted"),
+    [
+        (10, 4, "resuming: 4 trial(s) of the budget already stored", "[trials 5/10, best"),
+        # a study of 8 resumed with --trials 2 once printed "[trials 8/2, ...]"
+        (2, 8, "8 trial(s) already stored, the budget of 2 spent: no new search trials",
+         "[trials 9 (budget 2), best"),
+    ],
+)  # fmt: skip
+def test_a_resumed_study_counts_on_from_its_stored_trials(
+    trials: int, stored: int, said: str, counted: str
+) -> None:
     stream = io.StringIO()
-    reporter = LineReporter(stream, trials=10)
-    reporter.resumed(4)
-    reporter.trial_finished(_record(5, 120.0), _record(5, 120.0))
+    reporter = LineReporter(stream, trials=trials)
+    reporter.resumed(stored)
+    reporter.trial_finished(_record(stored + 1, 120.0), _record(stored + 1, 120.0))
     lines = stream.getvalue().splitlines()
-    assert "resuming: 4 trial(s) of the budget already stored" in lines[0]
-    assert "[trials 5/10, best 120.0 samples/s]" in lines[1]
+    assert said in lines[0] and counted in lines[1]
 
 
 def test_quiet_is_silent_and_pipes_get_lines(monkeypatch: pytest.MonkeyPatch) -> None:
