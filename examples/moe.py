@@ -21,7 +21,8 @@ class Expert(nn.Module):
         self.w3 = nn.Linear(dim, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return out
 
 
 class SparseMoE(nn.Module):
@@ -63,7 +64,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
         x = x + self.attn(h, h, h, attn_mask=causal, need_weights=False)[0]
-        return x + self.moe(self.ln2(x))
+        out: torch.Tensor = x + self.moe(self.ln2(x))
+        return out
 
 
 class MoEDecoder(nn.Module):
@@ -83,7 +85,7 @@ class MoEDecoder(nn.Module):
             x = block(x, causal)
         logits = self.head(self.norm(x))
         ce = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
-        aux = sum(b.moe.aux_loss for b in self.blocks)
+        aux = sum(block.moe.aux_loss for block in self.blocks if isinstance(block, Block))
         return {"loss": ce + 0.01 * aux, "logits": logits}
 
 

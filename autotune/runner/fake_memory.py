@@ -52,6 +52,14 @@ class TensorPeak:
     backward_gradients_bytes: int = 0  # the gradients at that moment
     routed_sizes: int = 0  # sizes a mixture of experts' routing decides, taken at uniform routing
     drawn_branches: int = 0  # branches a random draw decides (LayerDrop), taken at their likeliest
+    unused_parameters: int = 0  # trainable parameters the traced step left without a gradient
+
+    @property
+    def needs_unused_parameters(self) -> bool:
+        """Whether DDP needs ``find_unused_parameters``: the step left a parameter without a
+        gradient (an unused head), or a random draw decides a branch (LayerDrop skips layers
+        in some steps, whose parameters then get none)."""
+        return self.unused_parameters > 0 or self.drawn_branches > 0
 
     @property
     def accumulating_bytes(self) -> int:
@@ -356,6 +364,7 @@ def _trace(
                 loss = loss_fn(wrapped(*args, **kwargs), target)
             loss.backward()
             backward = _by_kind(tracker.get_tracker_snapshot("peak"))
+            unused = sum(1 for p in model.parameters() if p.requires_grad and p.grad is None)
             with _concrete_scalars():
                 optimizer.step()  # the first step creates the optimizer's state
             stepped = _by_kind(tracker.get_tracker_snapshot("peak"))
@@ -375,4 +384,5 @@ def _trace(
         backward_gradients_bytes=int(steady_backward.get("GRAD", 0)),
         routed_sizes=routing.estimated,
         drawn_branches=routing.drawn,
+        unused_parameters=unused,
     )

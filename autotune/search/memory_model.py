@@ -352,6 +352,11 @@ class MemoryModel:
         return "; ".join(said) or None
 
     @property
+    def needs_unused_parameters(self) -> bool:
+        """Whether a trace showed DDP to need ``find_unused_parameters`` (``TensorPeak``'s)."""
+        return any(t.needs_unused_parameters for t in self._traces.values())
+
+    @property
     def routed(self) -> bool:
         """Whether the traces estimated a mixture of experts' routing."""
         return any(t.routed_sizes for t in self._traces.values())

@@ -63,6 +63,8 @@ class Proposer:
         self.hold_s = hold_s
         """How long a proposal is claimed for (another driver of the study leaves it alone)."""
         self._proposed: set[str] = set()
+        self.traced_unused = False
+        """Set when the memory trace showed a step to leave parameters without a gradient."""
 
     def _next_move(self) -> dict[str, Any] | None:
         """The climb's next point (``autotune.search.climb``), or None to let the sampler
@@ -83,9 +85,10 @@ class Proposer:
 
     @property
     def find_unused_parameters(self) -> bool:
-        """Whether DDP needs ``find_unused_parameters``: a DDP run without it failed because a
-        step left parameters without a gradient (read from the log, so a resumed search knows)."""
-        return any(needs_unused_parameters(r) for r in self.log.records)
+        """Whether DDP needs ``find_unused_parameters``: the memory trace showed it before any
+        trial (``traced_unused``), or a DDP run without it failed because a step left
+        parameters without a gradient (read from the log, so a resumed search knows)."""
+        return self.traced_unused or any(needs_unused_parameters(r) for r in self.log.records)
 
     def completer(self) -> Complete:
         """Knob values -> with the fields the search sets: ``fixed``, and DDP's

@@ -144,6 +144,12 @@ class Tuner:
             )
         if self.memory.assumption is not None and not assumed_before:
             self.reporter.phase(f"memory: {self.memory.assumption}")
+        if self.memory.needs_unused_parameters and not self.proposer.traced_unused:
+            self.proposer.traced_unused = True
+            self.reporter.phase(
+                "the traced step leaves some parameters without a gradient, or a random draw "
+                "decides a branch (LayerDrop): DDP trials run with find_unused_parameters=True"
+            )
         return prediction
 
     def predicted_fits(self, prediction: Prediction | None) -> bool | None:

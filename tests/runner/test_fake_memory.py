@@ -126,8 +126,16 @@ def test_layerdrop_and_a_masked_assignment_are_traced_as_a_step_that_drops_nothi
 
     traced = trace_step(WorkloadSpec(model="tests.fixtures.traced:Dropped"), 8)
     assert traced.drawn_branches == 4 and traced.routed_sizes == 0  # one draw per layer
+    assert traced.needs_unused_parameters  # a dropped layer leaves DDP parameters unused
     real = real_step_peak(Dropped(layerdrop=0.0), torch.randn(8, 32, 256))  # every layer runs
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_parameters_a_step_leaves_without_a_gradient_are_counted() -> None:
+    head = trace_step(WorkloadSpec(model="tests.fixtures.models:AuxHead"), 4)
+    assert head.unused_parameters == 2 and head.needs_unused_parameters  # its weight and bias
+    small = trace_step(WorkloadSpec(model="tests.fixtures.models:Small"), 4)
+    assert small.unused_parameters == 0 and not small.needs_unused_parameters
 
 
 def test_a_mixture_of_experts_is_traced_at_uniform_routing() -> None:
