@@ -215,7 +215,13 @@ def errors(points: list[GridPoint], workload: WorkloadSpec | None = None) -> lis
     trial and with all others."""
     usable = [p for p in points if p.tensors_bytes is not None and p.measured_bytes]
     calibration_points = [
-        Point(p.tensors_bytes or 0, p.workers, p.measured_bytes or 0, p.unsharded_bytes)
+        Point(
+            p.tensors_bytes or 0,
+            p.workers,
+            p.measured_bytes or 0,
+            p.unsharded_bytes,
+            p.values.get("compile", "off") != "off",
+        )
         for p in usable
     ]
     prior = prior_for(usable[0].device if usable else "cpu", workload)
@@ -226,14 +232,14 @@ def errors(points: list[GridPoint], workload: WorkloadSpec | None = None) -> lis
         measured = cal.measured_bytes
         row = asdict(point)
         row["predicted_before_bytes"] = prior.apply(
-            cal.tensors_bytes, cal.workers, cal.unsharded_bytes
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled
         )
         row["before_any"] = (measured - row["predicted_before_bytes"]) / measured
         row["predicted_after_one_bytes"] = first.apply(
-            cal.tensors_bytes, cal.workers, cal.unsharded_bytes
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled
         )
         row["predicted_left_out_bytes"] = others.apply(
-            cal.tensors_bytes, cal.workers, cal.unsharded_bytes
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled
         )
         row["after_one"] = (measured - row["predicted_after_one_bytes"]) / measured
         row["left_out"] = (measured - row["predicted_left_out_bytes"]) / measured

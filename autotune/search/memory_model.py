@@ -28,7 +28,7 @@ Where the model defeats the fake tensors, ``predict`` returns None and says why
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
@@ -155,10 +155,13 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
 @dataclass(frozen=True)
 class Calibration:
     """``measured per device = scale * tensors + offset + workers * per_worker
-    + build_scale * unsharded`` (bytes), where ``unsharded`` is, for FSDP, the whole model a
-    rank builds before sharding it: freed, but still held (the heap's pages on CPU, the caching
-    allocator's reserve on CUDA). On CPU the prior's scale holds the heap's share
-    (``CPU_HEAP_SHARE``)."""
+    + build_scale * unsharded + compiled * compile_bytes`` (bytes), where ``unsharded`` is, for
+    FSDP, the whole model a rank builds before sharding it: freed, but still held (the heap's
+    pages on CPU, the caching allocator's reserve on CUDA), and ``compiled`` is 1 for a
+    ``torch.compile`` run: the trace is eager, and a compiled rank holds more (on CPU, Inductor's
+    modules and caches: about 280 MiB a rank on a Hugging Face Mamba) or, its kernels fused,
+    fewer intermediates; learnt from compiled trials, 0 until one ran. On CPU the prior's scale
+    holds the heap's share (``CPU_HEAP_SHARE``)."""
 
     scale: float = 1.0
     offset_bytes: int = 0
@@ -167,6 +170,8 @@ class Calibration:
     trials: int = 0
     errors: tuple[float, ...] = ()  # leave-one-out relative errors over those trials
     prior_margin: tuple[float, float] = PRIOR_MARGIN  # before any trial, after one
+    compile_bytes: int = 0
+    compiled_trials: int = 0  # how many of the trials compiled: 0, and compile_bytes is a prior
 
     @property
     def margin(self) -> float:
@@ -189,18 +194,25 @@ class Calibration:
             if self.errors
             else f"error not measured yet (taken as up to {self.margin:.0%} high)"
         )
+        compiled = (
+            f" + {self.compile_bytes / 2**20:,.0f} MiB compiled" if self.compiled_trials else ""
+        )
         return (
             f"calibrated on {self.trials} trial(s): x{self.scale:.2f} + "
             f"{self.offset_bytes / 2**20:,.0f} MiB + {self.per_worker_bytes / 2**20:,.0f} MiB "
-            f"per DataLoader worker + x{self.build_scale:.1f} FSDP's unsharded build, {error}"
+            f"per DataLoader worker + x{self.build_scale:.1f} FSDP's unsharded build{compiled}, "
+            f"{error}"
         )
 
-    def apply(self, tensors_bytes: int, workers: int, unsharded_bytes: int = 0) -> int:
+    def apply(
+        self, tensors_bytes: int, workers: int, unsharded_bytes: int = 0, compiled: bool = False
+    ) -> int:
         return int(
             self.scale * tensors_bytes
             + self.offset_bytes
             + workers * self.per_worker_bytes
             + self.build_scale * unsharded_bytes
+            + (self.compile_bytes if compiled else 0)
         )
 
 
@@ -213,6 +225,7 @@ class Point:
     workers: int
     measured_bytes: int
     unsharded_bytes: int = 0
+    compiled: bool = False
 
 
 def fit(points: Sequence[Point], prior: Calibration) -> Calibration:
@@ -226,27 +239,29 @@ def fit(points: Sequence[Point], prior: Calibration) -> Calibration:
         for i, left_out in enumerate(points):
             held = _solve([p for j, p in enumerate(points) if j != i], prior)
             predicted = held.apply(
-                left_out.tensors_bytes, left_out.workers, left_out.unsharded_bytes
+                left_out.tensors_bytes,
+                left_out.workers,
+                left_out.unsharded_bytes,
+                left_out.compiled,
             )
             errors.append((left_out.measured_bytes - predicted) / left_out.measured_bytes)
     solved = _solve(points, prior)
-    return Calibration(
-        solved.scale,
-        solved.offset_bytes,
-        solved.per_worker_bytes,
-        solved.build_scale,
-        len(points),
-        tuple(errors),
-        prior.prior_margin,
+    return replace(
+        solved,
+        trials=len(points),
+        errors=tuple(errors),
+        prior_margin=prior.prior_margin,
+        compiled_trials=sum(p.compiled for p in points),
     )
 
 
 _GIB = float(2**30)
-_RIDGE = (2e-3, 1e-4, 2e-3, 1e-5)
-"""Pull towards the prior of (scale, per-worker GiB, build scale, offset GiB): weak enough
-that a few trials of different kinds decide, strong enough to settle what they cannot."""
-_BOUNDS = ((0.8, 3.0), (0.0, 8.0), (0.0, 8.0), (-8.0, 64.0))
-"""Physical ranges of those coefficients (per-worker and offset in GiB)."""
+_RIDGE = (2e-3, 1e-4, 2e-3, 1e-5, 1e-4)
+"""Pull towards the prior of (scale, per-worker GiB, build scale, offset GiB, compiled GiB):
+weak enough that a few trials of different kinds decide, strong enough to settle what they
+cannot (no compiled trial: the compiled part stays the prior's)."""
+_BOUNDS = ((0.8, 3.0), (0.0, 8.0), (0.0, 8.0), (-8.0, 64.0), (-64.0, 64.0))
+"""Physical ranges of those coefficients (per-worker, offset and compiled in GiB)."""
 
 
 def _solve(points: Sequence[Point], prior: Calibration) -> Calibration:
@@ -256,11 +271,20 @@ def _solve(points: Sequence[Point], prior: Calibration) -> Calibration:
     import numpy as np
 
     x = np.array(
-        [[p.tensors_bytes / _GIB, p.workers, p.unsharded_bytes / _GIB, 1.0] for p in points]
+        [
+            [p.tensors_bytes / _GIB, p.workers, p.unsharded_bytes / _GIB, 1.0, float(p.compiled)]
+            for p in points
+        ]
     )
     y = np.array([p.measured_bytes / _GIB for p in points])
     theta0 = np.array(
-        [prior.scale, prior.per_worker_bytes / _GIB, prior.build_scale, prior.offset_bytes / _GIB]
+        [
+            prior.scale,
+            prior.per_worker_bytes / _GIB,
+            prior.build_scale,
+            prior.offset_bytes / _GIB,
+            prior.compile_bytes / _GIB,
+        ]
     )
     fixed: dict[int, float] = {}
     for _ in range(len(_BOUNDS)):
@@ -282,6 +306,7 @@ def _solve(points: Sequence[Point], prior: Calibration) -> Calibration:
         per_worker_bytes=int(theta[1] * _GIB),
         build_scale=theta[2],
         offset_bytes=int(theta[3] * _GIB),
+        compile_bytes=int(theta[4] * _GIB),
     )
 
 
@@ -295,7 +320,7 @@ class Prediction:
 
     @property
     def tensors_bytes(self) -> int:
-        beyond = ("process", "workers", "fsdp unsharded build")
+        beyond = ("process", "workers", "fsdp unsharded build", "compiled")
         return sum(v for k, v in self.parts.items() if k not in beyond)
 
 
@@ -418,7 +443,8 @@ class MemoryModel:
             per_device = record.memory_used_bytes // self.devices_counted(record.config)
             workers = self.workers(record.config)
             unsharded = self.unsharded(record.config)
-            points.append(Point(sum(parts.values()), workers, per_device, unsharded))
+            compiled = record.config.compile != "off"
+            points.append(Point(sum(parts.values()), workers, per_device, unsharded, compiled))
         self.calibration = fit(points, self.prior)
         return self.calibration
 
@@ -442,10 +468,13 @@ class MemoryModel:
         tensors = sum(parts.values())
         workers = self.workers(config)
         unsharded = self.unsharded(config)
-        per_device = calibration.apply(tensors, workers, unsharded)
+        compiled = config.compile != "off"
+        per_device = calibration.apply(tensors, workers, unsharded, compiled)
         shown = dict(parts)
         if unsharded:
             shown["fsdp unsharded build"] = int(calibration.build_scale * unsharded)
+        if compiled and calibration.compiled_trials:
+            shown["compiled"] = calibration.compile_bytes
         if workers:
             shown["workers"] = workers * calibration.per_worker_bytes
         shown["process"] = per_device - sum(shown.values())
@@ -456,7 +485,12 @@ class MemoryModel:
             config.optimizer_impl,
         )
         source = "fake-tensor trace" + ("" if exact in self._traces else ", interpolated")
-        source += ", compile predicted as eager" if config.compile != "off" else ""
+        if compiled:
+            source += (
+                ", compiled as eager plus what compiled trials added"
+                if calibration.compiled_trials
+                else ", compile predicted as eager (no compiled trial yet)"
+            )
         source += ", routing taken as uniform" if self.routed else ""
         source += f", {calibration.describe()}"
         return Prediction(per_device * self.devices_counted(config), shown, source)
