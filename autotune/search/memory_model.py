@@ -159,7 +159,7 @@ class Calibration:
     FSDP, the whole model a rank builds before sharding it: freed, but still held (the heap's
     pages on CPU, the caching allocator's reserve on CUDA), and ``compiled`` is 1 for a
     ``torch.compile`` run: the trace is eager, and a compiled rank holds more (on CPU, Inductor's
-    modules and caches: about 280 MiB a rank on a Hugging Face Mamba) or, its kernels fused,
+    modules and caches: 145 MiB a rank in a search of a Hugging Face Mamba) or, its kernels fused,
     fewer intermediates; learnt from compiled trials, 0 until one ran. On CPU the prior's scale
     holds the heap's share (``CPU_HEAP_SHARE``)."""
 
