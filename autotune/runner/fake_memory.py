@@ -53,6 +53,7 @@ class TensorPeak:
     routed_sizes: int = 0  # sizes a mixture of experts' routing decides, taken at uniform routing
     drawn_branches: int = 0  # branches a random draw decides (LayerDrop), taken at their likeliest
     unused_parameters: int = 0  # trainable parameters the traced step left without a gradient
+    sampled_selections: int = 0  # selections by the batch's values, at the first sample's share
 
     @property
     def needs_unused_parameters(self) -> bool:
@@ -79,22 +80,28 @@ class TensorPeak:
         )
 
 
-def _fake_batch(dataset: Any, micro_batch: int, mode: Any) -> Any:
-    """A batch of ``micro_batch`` samples shaped like the dataset's first, as fake tensors:
-    its values never matter, only shapes and dtypes."""
+def _fake_batch(dataset: Any, micro_batch: int, mode: Any) -> tuple[Any, list[Any]]:
+    """A batch of ``micro_batch`` samples shaped like the dataset's first, as fake tensors, and
+    the first sample's own values of its integer and boolean tensors (labels, token ids, masks)
+    beside each, as NumPy arrays: where a selection counts such values (DeBERTa's loss keeps
+    the rows whose label is not negative), the trace takes the share the first sample shows."""
     import torch
     from torch.utils.data import IterableDataset, default_collate
 
     sample = next(iter(dataset)) if isinstance(dataset, IterableDataset) else dataset[0]
     one = default_collate([sample])
+    observed: list[Any] = []
 
     def widen(tensor: Any) -> Any:
         with mode:
-            return torch.zeros(
+            fake = torch.zeros(
                 (micro_batch, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
             )
+        if not tensor.is_floating_point() and not tensor.is_complex():
+            observed.append((fake, tensor.detach().cpu().numpy()))
+        return fake
 
-    return torch.utils._pytree.tree_map_only(torch.Tensor, widen, one)
+    return torch.utils._pytree.tree_map_only(torch.Tensor, widen, one), observed
 
 
 def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
@@ -223,6 +230,12 @@ LIKELIEST_DRAWS = (
 )
 """Said wherever a traced step took a random draw's likeliest branch."""
 
+SAMPLE_SHARES = (
+    "a selection by the batch's own values (DeBERTa's loss keeps the rows whose label is not "
+    "negative) traced at the share the dataset's first sample shows"
+)
+"""Said wherever a traced step sized a selection by the first sample's values."""
+
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
     "a value, or nonzero / torch.where(mask) / masked_select of a mask other than a mixture "
@@ -338,7 +351,7 @@ def _trace(
     dataset, _ = load_dataset(spec, module, model)
     loss_fn, _ = load_loss(spec, module)
     factory, _ = load_optimizer(spec, module)
-    batch = _fake_batch(dataset, micro_batch, mode)
+    batch, observed = _fake_batch(dataset, micro_batch, mode)
     config = TrainConfig(
         global_batch_size=micro_batch, amp=amp, checkpoint_segments=segments, device="cpu"
     )
@@ -357,6 +370,8 @@ def _trace(
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)
         routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
+        for fake, values in observed:
+            routing.observe(fake, values)
         with routing, tracker:
             args, kwargs, target = split_batch(batch)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
@@ -384,5 +399,6 @@ def _trace(
         backward_gradients_bytes=int(steady_backward.get("GRAD", 0)),
         routed_sizes=routing.estimated,
         drawn_branches=routing.drawn,
+        sampled_selections=routing.sampled,
         unused_parameters=unused,
     )

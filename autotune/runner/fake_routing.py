@@ -9,6 +9,10 @@ dimension of D are taken as spread evenly over the D values, so ``indices == e``
 its share, and "count > 0" holds as often as a count is non-zero. A load-balancing loss trains
 routing towards that; what the trials measure shows an imbalance (the calibration follows it).
 
+A comparison of the batch's own integer or boolean values (labels, token ids, masks) with a
+number holds as often as it does in the dataset's first sample (DeBERTa's loss keeps the rows
+whose label is not negative: all of them), and a value read from them is the first sample's.
+
 Two more things a training step reads from values it does not have are given theirs: a uniform
 random draw (``torch.rand``) compared with p is true with chance p, and a branch on it takes its
 likeliest side (Wav2Vec2's LayerDrop, ``torch.rand([]) < 0.1``, skips no layer); a masked
@@ -24,7 +28,7 @@ traced at the uniform share).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -42,6 +46,10 @@ class _Values:
     draw: bool = False
     """Decided by a uniform random draw in [0, 1) (``torch.rand``): the draw itself, or whether
     it lies below p, true with ``chance`` p."""
+    sampled: bool = False
+    """Decided by the batch's own values, at the share the dataset's first sample shows."""
+    observed: Any = field(default=None, compare=False)
+    """The first sample's values of a batch tensor (a NumPy array), for comparisons to count."""
     index: int = 0
     of: int = 0
     """Counts read one by one (``.tolist()``): this one's position among ``of`` counts, so
@@ -76,6 +84,11 @@ _BELOW = {
     _aten.lt.Scalar: True, _aten.le.Scalar: True, _aten.gt.Scalar: False, _aten.ge.Scalar: False,
 }  # fmt: skip
 """Comparisons of a draw with a probability, and whether they hold below it."""
+_OBSERVED_COMPARE = {
+    _aten.ge.Scalar: "__ge__", _aten.gt.Scalar: "__gt__", _aten.le.Scalar: "__le__",
+    _aten.lt.Scalar: "__lt__", _aten.eq.Scalar: "__eq__", _aten.ne.Scalar: "__ne__",
+}  # fmt: skip
+"""Comparisons a batch tensor's observed values answer (NumPy's, outside the fake mode)."""
 _MASKED_ASSIGN = {_aten.index_put_.default, _aten.index_put.default}
 _COMPARE = {
     _aten.eq.Tensor: True, _aten.eq.Scalar: True, _aten.ne.Tensor: False, _aten.ne.Scalar: False,
@@ -96,6 +109,11 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.assigned: Any = WeakIdKeyDictionary()  # masks a masked assignment used
         self.estimated = 0
         self.drawn = 0  # branches a random draw decided, taken at their likeliest
+        self.sampled = 0  # sizes the batch's values decided, at the first sample's share
+
+    def observe(self, tensor: Any, values: Any) -> None:
+        """``tensor`` (of the fake batch) holds values like ``values`` (the first sample's)."""
+        self.known[tensor] = _Values(observed=values, sampled=True)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -149,6 +167,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _count(self, values: _Values) -> None:
         if values.draw:
             self.drawn += 1
+        elif values.sampled:
+            self.sampled += 1
         else:
             self.estimated += 1
 
@@ -157,6 +177,9 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         count is zero, a count to split by): its likeliest under uniform routing. An index
         selects one of equally shaped slices, so any index in range holds the same memory."""
         values: _Values = self.known[tensor]
+        if values.observed is not None and values.observed.size:
+            first: bool | int | float = values.observed.flat[0].item()  # the first sample's
+            return first
         if values.draw and tensor.is_floating_point():
             return 0.5  # a draw read as a number: its median
         if tensor.dtype is torch.bool:
@@ -176,6 +199,10 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return _Values(spread=source.numel() if dim is None else source.shape[dim])
         if func in _DRAWS:
             return _Values(draw=True)
+        observed = self.known[source].observed if source in self.known else None
+        if func in _OBSERVED_COMPARE and observed is not None and observed.size:
+            held = getattr(observed, _OBSERVED_COMPARE[func])(args[1])
+            return _Values(chance=float(held.mean()), sampled=True)
         drawn = source in self.known and self.known[source].draw
         if func in _BELOW and drawn and source.is_floating_point():
             chance = min(1.0, max(0.0, float(args[1])))  # LayerDrop: rand([]) < p skips
@@ -186,7 +213,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             same: _Values | None = self.known.get(source)
             return same
         if func in _NONZERO_TEST and args[1] == 0 and source in self.known:
-            return _Values(chance=self.known[source].nonzero_share())  # "count > 0"
+            counts = self.known[source]  # "count > 0"
+            return _Values(chance=counts.nonzero_share(), draw=counts.draw, sampled=counts.sampled)
         if func in _COMPARE:
             # values spread evenly over D, compared with one value in range: equal 1 in D
             spread = max((self.known[a].spread for a in args[:2] if a in self.known), default=0)
@@ -197,8 +225,11 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             bins = kwargs.get("bins", args[1] if len(args) > 1 else 100)
             return _Values(chance=1 / max(1, bins), trials=source.numel())  # tokens per expert
         if func in _SUM and source in self.known and not self.known[source].spread:
+            mask = self.known[source]
+            if mask.observed is not None:
+                return None  # a sum of the batch's own values: not a count of a mask
             trials = max(1, source.numel() // max(1, out.numel()))
-            return _Values(chance=self.known[source].chance, trials=trials)
+            return _Values(chance=mask.chance, trials=trials, draw=mask.draw, sampled=mask.sampled)
         return None
 
 

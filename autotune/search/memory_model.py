@@ -34,6 +34,7 @@ from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.runner.fake_memory import (
     LIKELIEST_DRAWS,
+    SAMPLE_SHARES,
     UNIFORM_ROUTING,
     TensorPeak,
     TraceError,
@@ -374,6 +375,7 @@ class MemoryModel:
         a random draw's branch), or None."""
         said = [UNIFORM_ROUTING] if self.routed else []
         said += [LIKELIEST_DRAWS] if any(t.drawn_branches for t in self._traces.values()) else []
+        said += [SAMPLE_SHARES] if any(t.sampled_selections for t in self._traces.values()) else []
         return "; ".join(said) or None
 
     @property

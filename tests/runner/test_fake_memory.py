@@ -138,6 +138,19 @@ def test_parameters_a_step_leaves_without_a_gradient_are_counted() -> None:
     assert small.unused_parameters == 0 and not small.needs_unused_parameters
 
 
+def test_a_selection_by_the_batchs_labels_is_traced_at_the_first_samples_share() -> None:
+    # DeBERTa-v2's classification loss fell back to the fit: (labels >= 0).nonzero() counts
+    # values a fake batch does not have. Half of these positions are unlabelled (-100).
+    from torch.utils.data import default_collate
+
+    from tests.fixtures.labelled import HalfLabelled, LabelFiltered
+
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.labelled:LabelFiltered"), 8)
+    assert traced.sampled_selections == 1 and traced.routed_sizes == traced.drawn_branches == 0
+    batch = default_collate([HalfLabelled()[i] for i in range(8)])
+    assert traced.total_bytes == real_step_peak(LabelFiltered(), **batch)
+
+
 def test_a_mixture_of_experts_is_traced_at_uniform_routing() -> None:
     """Every token reaches its two experts whatever the router's split, so what the experts
     hold for backward sums to the same bytes as under any routing: the trace's estimate (each

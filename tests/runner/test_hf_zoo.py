@@ -25,11 +25,10 @@ BLOCKS = {
 }  # fmt: skip
 """Each family's blocks: those its ``_no_split_modules`` declares, both stacks of an
 encoder-decoder (Swin declares its stages)."""
-TRACE_STOPS = {"deberta_v2": "depends on tensor values"}
-"""Families whose step cannot be traced, and the one line that says why: DeBERTa-v2's
-classification loss keeps the rows whose label is not negative (``(labels >= 0).nonzero()``), a
-count of values the fake batch does not have. (Wav2Vec2 was one until its LayerDrop and
-SpecAugment were traced: ``autotune.runner.fake_routing``.)"""
+TRACE_STOPS: dict[str, str] = {}
+"""Families whose step cannot be traced, and the one line that says why. (Wav2Vec2 was one
+until its LayerDrop and SpecAugment were traced, DeBERTa-v2 until the rows its loss keeps by
+their labels were: ``autotune.runner.fake_routing``.)"""
 
 
 def _spec(family: str) -> WorkloadSpec:
