@@ -201,8 +201,11 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return _Values(draw=True)
         observed = self.known[source].observed if source in self.known else None
         if func in _OBSERVED_COMPARE and observed is not None and observed.size:
-            held = getattr(observed, _OBSERVED_COMPARE[func])(args[1])
-            return _Values(chance=float(held.mean()), sampled=True)
+            try:  # a number NumPy cannot compare with (a symbol) leaves the size unknown
+                held = getattr(observed, _OBSERVED_COMPARE[func])(args[1])
+                return _Values(chance=float(held.mean()), sampled=True)
+            except (TypeError, AttributeError):
+                return None
         drawn = source in self.known and self.known[source].draw
         if func in _BELOW and drawn and source.is_floating_point():
             chance = min(1.0, max(0.0, float(args[1])))  # LayerDrop: rand([]) < p skips
