@@ -146,10 +146,12 @@ class Tuner:
             self.reporter.phase(f"memory: {self.memory.assumption}")
         if self.memory.needs_unused_parameters and not self.proposer.traced_unused:
             self.proposer.traced_unused = True
-            self.reporter.phase(
-                "the traced step leaves some parameters without a gradient, or a random draw "
-                "decides a branch (LayerDrop): DDP trials run with find_unused_parameters=True"
-            )
+            if self.devices > 1:  # one device: no DDP trial to say it of
+                self.reporter.phase(
+                    "the traced step leaves some parameters without a gradient, or a random "
+                    "draw decides a branch (LayerDrop): DDP trials run with "
+                    "find_unused_parameters=True"
+                )
         return prediction
 
     def predicted_fits(self, prediction: Prediction | None) -> bool | None:
