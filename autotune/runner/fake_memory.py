@@ -238,8 +238,8 @@ SAMPLE_SHARES = (
 
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
-    "a value, or nonzero / torch.where(mask) / masked_select of a mask other than a mixture "
-    "of experts' routing)"
+    "a value, or nonzero / torch.where(mask) / masked_select of a mask that is not a mixture "
+    "of experts' routing, a random draw or a comparison of the batch's own values)"
 )
 """The one line for a trace stopped by data: the guard's expression means little to a user."""
 
