@@ -357,6 +357,15 @@ def format_plan(plan: Plan, model: str) -> str:
         ),
         f"process beyond the tensors: {plan.calibration}",
         *([f"assumed: {plan.assumption}"] if plan.assumption else []),
+        *(
+            [
+                "DDP needs find_unused_parameters=True: the traced step leaves some parameters "
+                "without a gradient, or a random draw decides a branch (autotune trial "
+                "--find-unused-parameters; a search sets it itself)"
+            ]
+            if plan.needs_find_unused_parameters and plan.devices > 1
+            else []
+        ),
         *(f"left out: {line}" for line in plan.left_out),
     ]
     if plan.trace_error:

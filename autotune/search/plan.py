@@ -67,6 +67,8 @@ class Plan:
     calibration: str = ""
     left_out: list[str] = field(default_factory=list)
     """Choices of the space this model cannot take, each with why (one line each)."""
+    needs_find_unused_parameters: bool = False
+    """The trace showed DDP to need ``find_unused_parameters`` (``TensorPeak``'s reasons)."""
 
     def fitting(self) -> list[PlanRow]:
         return [r for r in self.rows if r.fits(self.limit_bytes)]
@@ -104,6 +106,7 @@ class Plan:
                 "trace_error": self.trace_error,
                 "assumption": self.assumption,
                 "left_out": self.left_out,
+                "needs_find_unused_parameters": self.needs_find_unused_parameters,
                 "configurations": [_row_json(r, self.limit_bytes) for r in self.rows],
                 "largest_micro_batch": {
                     f"{mode} {precision}": _row_json(r, self.limit_bytes)
@@ -206,6 +209,7 @@ def make_plan(
         trace_error=model.trace_error,
         assumption=model.assumption,
         left_out=left_out,
+        needs_find_unused_parameters=model.needs_unused_parameters,
         calibration=calibrated.describe()
         if calibrated.trials
         else (

@@ -88,6 +88,12 @@ def test_a_plan_that_took_a_random_draws_branch_says_so_and_not_routing(
     plan = json.loads(capsys.readouterr().out)
     assert "LayerDrop" in plan["assumption"] and "routing" not in plan["assumption"]
     assert not any("routing" in r["source"] for r in plan["configurations"])
+    assert plan["needs_find_unused_parameters"]  # a dropped layer's parameters get no gradient
+    assert main([*argv, "--device-memory", "80GiB"]) == 0
+    assert "DDP needs find_unused_parameters=True" in capsys.readouterr().out
+    dense = ["plan", "--model", MODEL, "--devices", "2", "--device-memory", "80GiB", "--json"]
+    assert main(dense) == 0
+    assert json.loads(capsys.readouterr().out)["needs_find_unused_parameters"] is False
 
 
 def test_nothing_fitting_says_what_needs_least(
