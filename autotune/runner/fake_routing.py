@@ -11,7 +11,8 @@ routing towards that; what the trials measure shows an imbalance (the calibratio
 
 A comparison of the batch's own integer or boolean values (labels, token ids, masks) with a
 number holds as often as it does in the dataset's first sample (DeBERTa's loss keeps the rows
-whose label is not negative: all of them), and a value read from them is the first sample's.
+whose label is not negative: all of them; ``x[attention_mask.bool()]`` keeps the unpadded
+share), and a value read from them is the first sample's.
 
 Two more things a training step reads from values it does not have are given theirs: a uniform
 random draw (``torch.rand``) compared with p is true with chance p, and a branch on it takes its
@@ -56,6 +57,8 @@ class _Values:
     that their rounding sums to the whole (100 tokens over 7 experts: 15, 15, 14, ...)."""
 
     def nonzero_share(self) -> float:
+        if self.observed is not None and self.observed.size:
+            return float((self.observed != 0).mean())  # the first sample's
         if self.spread:
             return 1.0 - 1.0 / self.spread  # one of the values is zero
         return 1.0 - (1.0 - self.chance) ** self.trials
@@ -149,7 +152,14 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     self.assigned[index] = True
             return args[0] if func is _aten.index_put_.default else torch.empty_like(args[0])
         if func is _aten.index.Tensor and any(i in self.assigned for i in args[1] if _is_mask(i)):
-            return _selected_by_every_element(*args)
+            return _selected(*args)
+        if func is _aten.index.Tensor and any(_is_mask(i) and i in self.known for i in args[1]):
+            # x[mask] with a mask the trace knows the share of (the batch's attention mask:
+            # unpadding): that share of the mask's elements
+            masks = [self.known[i] for i in args[1] if _is_mask(i) and i in self.known]
+            for known_mask in masks:
+                self._count(known_mask)
+            return _selected(args[0], args[1], share=min(m.nonzero_share() for m in masks))
         if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
             return _grouped_mm_output(*args, **kwargs)  # its fake kernel knows bf16 only
         out = func(*args, **kwargs)
@@ -240,14 +250,15 @@ def _is_mask(index: Any) -> bool:
     return isinstance(index, torch.Tensor) and index.dtype is torch.bool
 
 
-def _selected_by_every_element(values: Any, indices: Any) -> Any:
-    """``values[mask]`` as if the mask selected every element: at most what it holds (the
-    gradient of what a masked assignment wrote, a transient the size of the assigned value)."""
+def _selected(values: Any, indices: Any, share: float = 1.0) -> Any:
+    """``values[mask]`` as if the mask selected ``share`` of its elements; every element by
+    default, at most what it holds (the gradient of what a masked assignment wrote, a transient
+    the size of the assigned value)."""
     shape: list[int] = []
     dim = 0
     for index in indices:
         if _is_mask(index):
-            shape.append(index.numel())
+            shape.append(round(index.numel() * share))
             dim += index.dim()
         else:  # a full slice (None) or an integer index keeps its dimension's size here
             shape.append(values.shape[dim])

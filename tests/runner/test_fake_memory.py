@@ -151,6 +151,20 @@ def test_a_selection_by_the_batchs_labels_is_traced_at_the_first_samples_share()
     assert traced.total_bytes == real_step_peak(LabelFiltered(), **batch)
 
 
+def test_unpadding_by_the_batchs_attention_mask_is_traced_at_the_first_samples_share() -> None:
+    from torch.utils.data import default_collate
+
+    from tests.fixtures.labelled import HalfPadded, Unpadded
+
+    spec = WorkloadSpec(
+        model="tests.fixtures.labelled:Unpadded", data="tests.fixtures.labelled:padded_data"
+    )
+    traced = trace_step(spec, 8)
+    assert traced.sampled_selections == 1
+    batch = default_collate([HalfPadded()[i] for i in range(8)])
+    assert traced.total_bytes == real_step_peak(Unpadded(), **batch)
+
+
 def test_a_mixture_of_experts_is_traced_at_uniform_routing() -> None:
     """Every token reaches its two experts whatever the router's split, so what the experts
     hold for backward sums to the same bytes as under any routing: the trace's estimate (each
