@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from autotune.bench.memory_prediction import machine
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.driver import load_recommendation
-from autotune.search.memory_model import MemoryModel, Point, fit, prior_for
+from autotune.search.memory_model import MemoryModel, fit, prior_for
 
 
 def main() -> None:
@@ -38,19 +39,13 @@ def main() -> None:
     sys.path.insert(0, ".")  # the search's directory, where its model's module lies
     spec = WorkloadSpec(model=args.model, data=args.data, search_path=(str(Path.cwd()),))
     model = MemoryModel(spec, args.device, prior_for(args.device, spec))
-    trials = [t for t in load_recommendation(args.storage, args.study).trials if t.config]
+    trials = load_recommendation(args.storage, args.study).trials
     points, configs = [], []
     for trial in trials:
-        assert trial.config is not None
-        parts = model.device_tensors(trial.config)
-        if trial.status != "ok" or trial.memory_used_bytes is None or parts is None:
+        point = model.point(trial)
+        if point is None or trial.config is None:  # a point has a config: for the type checker
             continue
-        compiled = trial.config.compile != "off" and not args.without_compile
-        per_device = trial.memory_used_bytes // model.devices_counted(trial.config)
-        unsharded = model.unsharded(trial.config)
-        points.append(
-            Point(sum(parts.values()), model.workers(trial.config), per_device, unsharded, compiled)
-        )
+        points.append(replace(point, compiled=False) if args.without_compile else point)
         configs.append(f"#{trial.number} {trial.config.summary()}")
     calibration = fit(points, model.prior)
     rows = []

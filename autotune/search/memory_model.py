@@ -435,20 +435,25 @@ class MemoryModel:
 
     def calibrate(self, records: Iterable[TrialRecord]) -> Calibration:
         """Fit the process's share to every trial that ran to the end and was measured."""
-        points = []
-        for record in records:
-            if record.status != "ok" or record.memory_used_bytes is None or not record.config:
-                continue
-            parts = self.device_tensors(record.config)
-            if parts is None:
-                continue
-            per_device = record.memory_used_bytes // self.devices_counted(record.config)
-            workers = self.workers(record.config)
-            unsharded = self.unsharded(record.config)
-            compiled = record.config.compile != "off"
-            points.append(Point(sum(parts.values()), workers, per_device, unsharded, compiled))
+        points = [p for p in map(self.point, records) if p is not None]
         self.calibration = fit(points, self.prior)
         return self.calibration
+
+    def point(self, record: TrialRecord) -> Point | None:
+        """What ``record`` tells the calibration (its traced tensors beside what one device
+        measured), or None: it did not run to the end, or its configuration cannot be traced."""
+        if record.status != "ok" or record.memory_used_bytes is None or not record.config:
+            return None
+        parts = self.device_tensors(record.config)
+        if parts is None:
+            return None
+        return Point(
+            sum(parts.values()),
+            self.workers(record.config),
+            record.memory_used_bytes // self.devices_counted(record.config),
+            self.unsharded(record.config),
+            record.config.compile != "off",
+        )
 
     def devices_counted(self, config: TrainConfig) -> int:
         """How many devices a measured figure sums: on CPU all ranks share one host."""
