@@ -6,6 +6,7 @@ from autotune.errors import ConfigError
 from autotune.recommendation import ROUNDS_IN_REACH, Recommendation
 from autotune.records import TrialRecord, exclusion_lines
 from autotune.result import TrialResult
+from autotune.runner.fake_memory import UNUSED_PARAMETERS
 from autotune.search.log import stored_records
 from autotune.search.plan import Plan
 from autotune.search.race import race_runs
@@ -359,8 +360,7 @@ def format_plan(plan: Plan, model: str) -> str:
         *([f"assumed: {plan.assumption}"] if plan.assumption else []),
         *(
             [
-                "DDP needs find_unused_parameters=True: the traced step leaves some parameters "
-                "without a gradient, or a random draw decides a branch (autotune trial "
+                f"DDP needs find_unused_parameters=True: {UNUSED_PARAMETERS} (autotune trial "
                 "--find-unused-parameters; a search sets it itself)"
             ]
             if plan.needs_find_unused_parameters and plan.devices > 1

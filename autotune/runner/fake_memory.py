@@ -230,6 +230,13 @@ LIKELIEST_DRAWS = (
 )
 """Said wherever a traced step took a random draw's likeliest branch."""
 
+UNUSED_PARAMETERS = (
+    "the traced step leaves some parameters without a gradient, or a random draw decides a "
+    "branch (LayerDrop)"
+)
+"""Why DDP needs ``find_unused_parameters`` (``TensorPeak.needs_unused_parameters``), said by
+the search and the plan."""
+
 SAMPLE_SHARES = (
     "a selection by the batch's own values (DeBERTa's loss keeps the rows whose label is not "
     "negative) traced at the share the dataset's first sample shows"

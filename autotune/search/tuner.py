@@ -20,6 +20,7 @@ from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
 from autotune.runner.executor import Executor, PlacementError, run_to_end
+from autotune.runner.fake_memory import UNUSED_PARAMETERS
 from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
@@ -148,9 +149,7 @@ class Tuner:
             self.proposer.traced_unused = True
             if self.devices > 1:  # one device: no DDP trial to say it of
                 self.reporter.phase(
-                    "the traced step leaves some parameters without a gradient, or a random "
-                    "draw decides a branch (LayerDrop): DDP trials run with "
-                    "find_unused_parameters=True"
+                    f"{UNUSED_PARAMETERS}: DDP trials run with find_unused_parameters=True"
                 )
         return prediction
 
