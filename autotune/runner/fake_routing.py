@@ -209,15 +209,15 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return _Values(spread=source.numel() if dim is None else source.shape[dim])
         if func in _DRAWS:
             return _Values(draw=True)
-        observed = self.known[source].observed if source in self.known else None
+        info: _Values | None = self.known.get(source) if source is not None else None
+        observed = info.observed if info is not None else None
         if func in _OBSERVED_COMPARE and observed is not None and observed.size:
             try:  # a number NumPy cannot compare with (a symbol) leaves the size unknown
                 held = getattr(observed, _OBSERVED_COMPARE[func])(args[1])
                 return _Values(chance=float(held.mean()), sampled=True)
             except (TypeError, AttributeError):
                 return None
-        drawn = source in self.known and self.known[source].draw
-        if func in _BELOW and drawn and source.is_floating_point():
+        if func in _BELOW and info is not None and info.draw and source.is_floating_point():
             chance = min(1.0, max(0.0, float(args[1])))  # LayerDrop: rand([]) < p skips
             return _Values(chance=chance if _BELOW[func] else 1.0 - chance, draw=True)
         if func is _aten.arange.default:  # one_hot compares indices with arange(classes)
