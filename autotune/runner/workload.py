@@ -142,8 +142,8 @@ def resolve_reference(reference: str, what: str) -> tuple[Any, Any]:
 
 
 def _candidates(module: Any, missing: str) -> str:
-    """What ``module`` offers in place of ``missing``: the names it exports (``__all__``; else
-    those it defines itself), the close ones first."""
+    """What ``module`` offers in place of ``missing``, from the names it exports (``__all__``;
+    else those it defines itself): the close ones where there are any, else the first dozen."""
     import difflib
 
     exported = getattr(module, "__all__", None)
