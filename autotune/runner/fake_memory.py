@@ -138,6 +138,13 @@ def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
     return module, model
 
 
+def _dense_parts(tensor: Any) -> tuple[Any, ...]:
+    """What holds ``tensor``'s memory: itself, or a sparse COO tensor's indices and values."""
+    if tensor.is_sparse:
+        return (tensor._indices(), tensor._values())
+    return (tensor,)
+
+
 def _peak_tracker() -> Any:
     """``MemTracker`` keeping the device's peak only: its per-module statistics walk every
     module at every op, half of a trace's time, and nothing here reads them."""
@@ -160,6 +167,20 @@ def _peak_tracker() -> Any:
                 if not param.requires_grad and param not in handles:
                     handles[param] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        # A sparse COO tensor (an ``EmbeddingBag(sparse=True)``'s gradient) has no storage of
+        # its own, which the tracker asks every tensor for: it holds its indices and values.
+        def _track(self, reftype: Any, t: Any) -> None:
+            for part in _dense_parts(t):
+                super()._track(reftype, part)
+
+        def _update_and_maybe_create_winfos(
+            self, t: Any, reftype: Any, update_existing: bool = False
+        ) -> set[Any]:
+            found: set[Any] = set()
+            for part in _dense_parts(t):
+                found |= super()._update_and_maybe_create_winfos(part, reftype, update_existing)
+            return found
 
         def _delete_callback(self, winfo: Any, w_st: Any) -> None:
             # A storage whose size depends on the data (a mixture of experts' routing) cannot
@@ -217,6 +238,9 @@ def _data_dependent_error() -> type[Exception]:
 
     return GuardOnDataDependentSymNode
 
+
+MODEL_AT_FAULT = " (if the model raises this when it runs too, the model is at fault)"
+"""Said after a trace error that is not one of fake tensors' limits: the model's own, maybe."""
 
 UNIFORM_ROUTING = (
     "a mixture of experts' routing traced as uniform, each expert its share of the tokens "
@@ -290,6 +314,17 @@ def _bytes(tensors: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _gradient_bytes(model: Any) -> int:
+    """Every trainable parameter's gradient after backward: the parameter's size, or what a
+    sparse one holds (a lookup's, one entry per index: a small share of its table)."""
+    total = 0
+    for p in model.parameters():
+        if p.requires_grad:
+            sparse = p.grad is not None and p.grad.is_sparse
+            total += _bytes(_dense_parts(p.grad)) if sparse else _bytes([p])
+    return total
+
+
 def trace_step(
     spec: WorkloadSpec,
     micro_batch_size: int,
@@ -323,7 +358,7 @@ def trace_step(
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         line = f"{type(error).__name__}: {text}"[:300]
         if not isinstance(error, (*_fake_limits(), WorkloadError)):  # the model's shapes, say
-            line += " (if the model raises this when it runs too, the model is at fault)"
+            line += MODEL_AT_FAULT
         raise TraceError(line) from error
     finally:
         fake_log.setLevel(level)
@@ -367,7 +402,6 @@ def _trace(
     parameters = _bytes([*model.parameters(), *model.buffers()])
     block_bytes = max((_bytes(b.parameters()) for b in blocks), default=0)
     in_blocks = sum(_bytes(b.parameters()) for b in blocks)
-    gradients_full = _bytes(p for p in model.parameters() if p.requires_grad)
     dtype = _AMP_DTYPES.get(amp)
     with mode:
         wrapped, _, _, _ = prepare_model(model, config, device)
@@ -387,6 +421,7 @@ def _trace(
             loss.backward()
             backward = _by_kind(tracker.get_tracker_snapshot("peak"))
             unused = sum(1 for p in model.parameters() if p.requires_grad and p.grad is None)
+            gradients_full = _gradient_bytes(model)
             with _concrete_scalars():
                 optimizer.step()  # the first step creates the optimizer's state
             stepped = _by_kind(tracker.get_tracker_snapshot("peak"))

@@ -21,6 +21,12 @@ assignment ``x[mask] = v`` (its SpecAugment) holds ``x``'s memory whatever the m
 backward's selection of ``v``'s gradient by that mask is taken at every element, an upper bound
 of a transient the size of ``v``'s broadcast.
 
+Fake tensors also drop a sparse tensor's entries: an ``EmbeddingBag(sparse=True)``'s gradient,
+or a clone, sum or product of a sparse COO tensor, may come out with none. A lookup's gradient
+gets one entry per index, as the real kernel makes it; any other such output its inputs' (a
+sum: all of both, as a real uncoalesced sum holds; else the largest input's, an upper bound for
+``coalesce``).
+
 A ``nonzero`` whose mask came from anything else keeps its unknown size, and the trace fails as
 before (the search then predicts by its fit over trials). ``torch.utils._python_dispatch`` is
 private: ``tests/runner/test_fake_memory.py`` pins what is relied on (a Mixtral-style layer
@@ -92,6 +98,13 @@ _OBSERVED_COMPARE = {
     _aten.lt.Scalar: "__lt__", _aten.eq.Scalar: "__eq__", _aten.ne.Scalar: "__ne__",
 }  # fmt: skip
 """Comparisons a batch tensor's observed values answer (NumPy's, outside the fake mode)."""
+_EMBEDDING_BACKWARD = {
+    _aten.embedding_backward.default, _aten.embedding_sparse_backward.default,
+    _aten._embedding_bag_backward.default, _aten._embedding_bag_sparse_backward.default,
+}  # fmt: skip
+"""Backwards of a lookup whose sparse gradient holds one entry per index (the second argument)."""
+_SPARSE_SUMS = {_aten.add.Tensor, _aten.sub.Tensor}
+"""Ops whose sparse output holds the entries of both sparse inputs (uncoalesced)."""
 _MASKED_ASSIGN = {_aten.index_put_.default, _aten.index_put.default}
 _COMPARE = {
     _aten.eq.Tensor: True, _aten.eq.Scalar: True, _aten.ne.Tensor: False, _aten.ne.Scalar: False,
@@ -163,6 +176,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
             return _grouped_mm_output(*args, **kwargs)  # its fake kernel knows bf16 only
         out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.is_sparse and not out._nnz():
+            return _with_entries(out, _sparse_entries(func, args))
         if func is _aten.unbind.int and known:  # .tolist(): one value each, in order
             whole: _Values = self.known[args[0]]
             counts = args[0].dim() == 1 and not whole.spread
@@ -265,6 +280,27 @@ def _selected(values: Any, indices: Any, share: float = 1.0) -> Any:
             dim += 1
     shape.extend(values.shape[dim:])
     return torch.empty(shape, dtype=values.dtype, device=values.device)
+
+
+def _sparse_entries(func: Any, args: Any) -> int:
+    """The entries a sparse output of ``func`` holds: its sparse inputs' (see the module)."""
+    if func in _EMBEDDING_BACKWARD:
+        return int(args[1].numel())  # one entry per index looked up, as the real kernel makes
+    counts = [a._nnz() for a in args if isinstance(a, torch.Tensor) and a.is_sparse]
+    return sum(counts) if func in _SPARSE_SUMS else max(counts, default=0)
+
+
+def _with_entries(out: Any, entries: int) -> Any:
+    """``out``, a sparse COO tensor the fake kernel left empty, with ``entries`` entries."""
+    if not entries:
+        return out
+    dims = out.sparse_dim()
+    indices = torch.empty((dims, entries), dtype=torch.long, device=out.device)
+    values = torch.empty((entries, *out.shape[dims:]), dtype=out.dtype, device=out.device)
+    return _aten._sparse_coo_tensor_with_dims_and_tensors(
+        dims, out.dense_dim(), list(out.shape), indices, values,
+        dtype=out.dtype, layout=torch.sparse_coo, device=out.device, is_coalesced=False,
+    )  # fmt: skip
 
 
 def _grouped_mm_output(

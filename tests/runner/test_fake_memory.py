@@ -318,3 +318,42 @@ def test_an_accumulating_step_holds_the_earlier_micro_steps_gradients_as_predict
         # gradient is computed beside the one it is added to: a temporary not counted (4% here)
         assert predicted == peak.total_bytes
         assert 0 < traced - predicted < 0.05 * traced
+
+
+def test_sparse_gradients_of_lookups_are_traced_at_a_real_steps_peak() -> None:
+    # A recommender's EmbeddingBag(sparse=True) stopped the trace (the tracker asked a sparse
+    # gradient for its storage), and fake tensors gave such a gradient no entries.
+    import torch
+
+    from tests.fixtures import sparse
+
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.sparse:Lookups"), 32)
+    batch = torch.stack([sparse.Ids()[i] for i in range(32)])
+    real = real_step_peak(sparse.Lookups(), batch, optimizer="SGD")
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+    # One entry per index looked up, in each table: a small share of the tables' gradients
+    entries = 2 * 32 * sparse.LOOKUPS * (sparse.DIM * 4 + 8)  # values, int64 indices
+    head = (2 * sparse.DIM + 1) * 4
+    assert traced.gradient_bytes_full == entries + head
+
+
+def test_a_sparse_clone_and_sum_keep_their_entries_under_the_trace() -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.runner.fake_routing import UniformRouting
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        a, b = (
+            torch.sparse_coo_tensor(
+                torch.zeros(1, n, dtype=torch.long),
+                torch.zeros(n, 3),
+                (9, 3),
+                check_invariants=False,
+            )
+            for n in (40, 8)
+        )
+        assert a.clone()._nnz() == 0  # fake tensors' own kernel: what this mode mends
+        with UniformRouting():
+            assert a.clone()._nnz() == 40 and (a * 2)._nnz() == 40
+            assert (a + b)._nnz() == 48  # uncoalesced, as a real sum of the two holds
