@@ -20,7 +20,7 @@ from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
 from autotune.runner.executor import Executor, PlacementError, run_to_end
-from autotune.runner.fake_memory import UNUSED_PARAMETERS
+from autotune.runner.fake_memory import MODEL_AT_FAULT, UNUSED_PARAMETERS
 from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
@@ -237,8 +237,24 @@ class Tuner:
                 record = self.log.baseline()
                 continue
             record, _ = self._run_one(config, "baseline", trial=trial)
+            self._stop_if_the_step_fails(record)
             if self._learn_unused_parameters(record):
                 record = None  # the same baseline again, with find_unused_parameters
+
+    def _stop_if_the_step_fails(self, baseline: TrialRecord) -> None:
+        """Stop the search when the baseline failed with the error the traced step raised
+        before any trial (one device, fp32): the step itself fails (the optimizer refuses the
+        model's sparse gradients, say), not a configuration, and every trial would too."""
+        traced = self.memory.trace_error if self.memory is not None else None
+        if baseline.status != "error" or not traced or not baseline.message:
+            return
+        cause = traced.split(MODEL_AT_FAULT)[0].strip()
+        if cause and cause in baseline.message:
+            raise SearchError(
+                f"the training step fails whatever the configuration: {cause} (the baseline, "
+                f"trial {baseline.number}, and the memory trace before it, on one device in "
+                "fp32); fix the model, data, loss or optimizer (--optimizer) and search again"
+            )
 
     def _claim(self, config: TrainConfig) -> Any:
         """A trial claimed for running ``config``, or None after waiting out another driver
@@ -538,6 +554,15 @@ class Tuner:
         does not fit gives way to the next."""
         if not ranked:
             candidates = finalists(self.log.records, self.settings.finishing.top_k)
+            ran = [r for r in self.log.records if r.status in ("ok", "oom", "pruned")]
+            failed = [r for r in self.log.records if r.status in ("error", "crashed")]
+            if not candidates and not ran and failed:  # not memory: nothing ran to show it
+                first = failed[0]
+                raise SearchError(
+                    f"no trial ran: all {len(failed)} failed (trial {first.number}: "
+                    f"{first.message.splitlines()[0][:200] if first.message else first.status}); "
+                    "every trial is stored: see `autotune show`"
+                )
             if not candidates:
                 raise SearchError(
                     "no configuration fits the memory budget of "

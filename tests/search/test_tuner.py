@@ -16,6 +16,7 @@ from autotune.records import TrialRecord
 from autotune.report import format_recommendation, format_study
 from autotune.result import TrialResult
 from autotune.runner.request import TrialOptions
+from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
 from autotune.search.lessons import failing_values
 from autotune.search.progress import Reporter
@@ -138,6 +139,38 @@ def test_every_finalist_failing_in_the_race_ends_clearly_keeping_every_trial() -
     finished = [t for t in study.trials if t.state != optuna.trial.TrialState.RUNNING]
     assert len(finished) == len(study.trials) == len(tuner.log.records)
     assert sum(r.role == "race" for r in tuner.log.records) >= 2
+
+
+def test_a_search_where_every_trial_failed_says_so_not_that_nothing_fits() -> None:
+    # A model whose optimizer refuses its gradients failed every trial, and the search ended
+    # with "no configuration fits the memory budget ...; raise --memory-budget".
+    message = "rank 0: warm-up step 1: RuntimeError: the optimizer refuses these gradients"
+    executor = FakeExecutor(lambda config, before: failed(config, "error", message))
+    with pytest.raises(SearchError) as raised:
+        make_tuner(executor, SPACE, trials=3).run([], "s.db", "s")
+    text = str(raised.value)
+    assert text.startswith(f"no trial ran: all 3 failed (trial 0: {message})")
+    assert "memory" not in text and "autotune show" in text
+
+
+def test_a_baseline_failing_as_the_traced_step_did_ends_the_search_after_one_trial() -> None:
+    # The step itself fails (AdamW refuses sparse gradients), whatever the configuration: the
+    # trace raised it before any trial, the baseline confirms it, and nothing more runs.
+    from autotune.runner.fake_memory import MODEL_AT_FAULT, TraceError, trace_step
+
+    spec = WorkloadSpec(model="tests.fixtures.sparse:Lookups", optimizer="torch.optim:AdamW")
+    with pytest.raises(TraceError) as traced:
+        trace_step(spec, 8)
+    assert str(traced.value).endswith(MODEL_AT_FAULT)
+    cause = str(traced.value).removesuffix(MODEL_AT_FAULT)  # what a rank raises, as it says it
+    rank_says = f"rank 0: warm-up step 1: {cause}"
+    executor = FakeExecutor(lambda config, before: failed(config, "error", rank_says))
+    space = {"parallel": ["ddp", "single"], "world_size": [1, 2], "amp": ["off", "bf16"]}
+    tuner = make_tuner(executor, space, workload=spec, predict_memory=True, global_batch_size=16)
+    with pytest.raises(SearchError, match="fails whatever the configuration") as raised:
+        tuner.run([], "s.db", "s")
+    assert len(executor.runs) == 1 and "sparse gradients" in str(raised.value)
+    assert "\n" not in str(raised.value) and "--optimizer" in str(raised.value)
 
 
 def test_measurements_noisier_than_the_tolerance_are_not_called_verified() -> None:
