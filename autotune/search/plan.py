@@ -28,7 +28,12 @@ from autotune.search.memory_model import (
     fit,
     prior_for,
 )
-from autotune.search.probe import blocks_phrase, repeated_blocks
+from autotune.search.probe import (
+    blocks_phrase,
+    repeated_blocks,
+    sparse_fsdp_reason,
+    sparse_lookups,
+)
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
@@ -187,6 +192,7 @@ def make_plan(
     else:
         raise ConfigError("plan needs a search space or a configuration")
     configs, left_out = _checkpointable(workload, configs, config is not None)
+    configs, left_out = _shardable(workload, configs, config is not None, left_out)
     if config is None and space is not None:
         left_out += _unsplittable(plan_space(space, devices, device_type), global_batch_size)
     model = MemoryModel(workload, device_type, prior_for(device_type, workload))
@@ -266,6 +272,21 @@ def _checkpointable(
     )
     values = ", ".join(str(d) for d in dropped)
     return kept, [f"checkpoint_segments {values}: the model has {blocks}"]
+
+
+def _shardable(
+    workload: WorkloadSpec, configs: list[TrainConfig], one: bool, left_out: list[str]
+) -> tuple[list[TrainConfig], list[str]]:
+    """``configs`` without FSDP where the model's lookups have sparse gradients (as the
+    search's probe drops it), ``left_out`` with a line saying so; for a configuration given
+    alone, a one-line error instead."""
+    lookups = sparse_lookups(workload.model)
+    kept = [c for c in configs if not (lookups and c.parallel == "fsdp")]
+    if len(kept) == len(configs):
+        return configs, left_out
+    if one:
+        raise ConfigError(f"parallel=fsdp: {sparse_fsdp_reason(lookups)}; use ddp or single")
+    return kept, [*left_out, f"parallel fsdp: {sparse_fsdp_reason(lookups)}"]
 
 
 def _calibrate(

@@ -130,6 +130,7 @@ def restrict_space(
     image_batches: bool | None = None,
     optimizer_flags: tuple[str, tuple[str, ...]] | None = None,
     block_class: str = "",
+    sparse_lookups: list[str] | None = None,
 ) -> tuple[SearchSpace, list[Exclusion]]:
     """Drop the choices that cannot work here; return the space and what was dropped."""
     cuda = platform.device_type == "cuda"
@@ -175,6 +176,8 @@ def restrict_space(
         for flag in ("foreach", "fused"):
             if flag not in accepted:
                 drop("optimizer_impl", flag, f"the optimizer {name} takes no {flag} flag")
+    if sparse_lookups:
+        drop("parallel", "fsdp", sparse_fsdp_reason(sparse_lookups))
     if image_batches is False:
         drop("channels_last", True, "the model is not fed 4-D image batches (N, C, H, W)")
     cores = platform.cpu_count
@@ -227,6 +230,29 @@ def scalar_parameters(model_reference: str) -> list[str]:
 
     built = _meta_model(model_reference)
     return list(training.scalar_parameters(built[1])) if built is not None else []
+
+
+def sparse_lookups(model_reference: str) -> list[str]:
+    """The names of the model's lookups with sparse gradients (``nn.Embedding`` or
+    ``nn.EmbeddingBag`` with ``sparse=True``), from a build on the meta device; [] if it
+    cannot be built there."""
+    import torch
+
+    built = _meta_model(model_reference)
+    if built is None:
+        return []
+    lookups = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return [
+        name
+        for name, module in built[1].named_modules()
+        if isinstance(module, lookups) and module.sparse
+    ]
+
+
+def sparse_fsdp_reason(lookups: list[str]) -> str:
+    """Why FSDP is left out for a model with ``lookups`` (``sparse_lookups``)."""
+    shown = ", ".join(lookups[:3]) + (f" and {len(lookups) - 3} more" if len(lookups) > 3 else "")
+    return f"FSDP cannot shard sparse gradients (sparse=True in {shown}; DDP reduces them)"
 
 
 def feeds_images(workload: WorkloadSpec) -> bool | None:

@@ -37,3 +37,16 @@ def test_gradients_become_views_of_the_buckets() -> None:
     parameters = len(list(Stack().parameters()))
     assert _gradient_storages(_wrapped()) == parameters  # each gradient its own copy
     assert _gradient_storages(_wrapped(gradient_as_bucket_view=True)) < parameters / 4
+
+
+def test_ddp_on_gloo_trains_a_model_whose_lookups_have_sparse_gradients() -> None:
+    # A recommender's EmbeddingBag(sparse=True): DDP reduces its sparse gradients (gloo does),
+    # the user's SGD takes them, and the trial measures as any other.
+    from autotune.api import run_trial
+
+    config = {"global_batch_size": 16, "parallel": "ddp", "world_size": 2, "device": "cpu"}
+    result = run_trial(
+        "tests.fixtures.sparse:Lookups", config, warmup_steps=1, measured_steps=2, target_interval=0
+    )
+    assert result.status == "ok", result.message
+    assert result.samples_per_s and result.optimizer == "SGD"

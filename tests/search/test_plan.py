@@ -187,6 +187,26 @@ def test_checkpointing_more_blocks_than_the_model_repeats_is_left_out_not_fatal(
     assert "use 0..4" in err and "Traceback" not in err
 
 
+def test_fsdp_is_left_out_for_a_model_whose_lookups_have_sparse_gradients(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # FSDP's reduce-scatter takes no sparse gradient: its trials failed in their first step.
+    space = tmp_path / "space.yaml"
+    space.write_text("parallel: [single, ddp, fsdp]\nworld_size: [1, 2]\n")
+    argv = ["plan", "--model", "tests.fixtures.sparse:Lookups", "--devices", "2",
+            "--device-memory", "8GiB", "--space", str(space)]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {r["config"]["parallel"] for r in plan["configurations"]} == {"single", "ddp"}
+    reason = "FSDP cannot shard sparse gradients (sparse=True in bag, table; DDP reduces them)"
+    assert plan["left_out"] == [f"parallel fsdp: {reason}"]
+    config = tmp_path / "c.yaml"
+    save_config(TrainConfig(global_batch_size=32, parallel="fsdp", world_size=2), config)
+    assert main([*argv, "--config", str(config)]) == 2  # alone: a one-line error
+    err = capsys.readouterr().err
+    assert f"parallel=fsdp: {reason}; use ddp or single" in err and "Traceback" not in err
+
+
 def test_a_cpu_plan_says_its_workers_are_not_counted_before_a_trial(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from autotune.records import Exclusion, exclusion_lines
 from autotune.runner.platform import detect_platform
-from autotune.search.probe import repeated_blocks, restrict_space
+from autotune.search.probe import repeated_blocks, restrict_space, sparse_lookups
 from autotune.search.space import load_space
 
 
@@ -42,6 +42,18 @@ def test_one_device_leaves_only_single_device_training() -> None:
     )
     assert space.params["parallel"].choices == ("single",)
     assert {e.value for e in dropped if e.knob == "parallel"} == {"ddp", "fsdp"}
+
+
+def test_fsdp_is_dropped_for_a_model_whose_lookups_have_sparse_gradients() -> None:
+    lookups = sparse_lookups("tests.fixtures.sparse:Lookups")
+    assert lookups == ["bag", "table"]
+    assert sparse_lookups("tests.fixtures.traced:Stack") == []
+    space, dropped = restrict_space(
+        load_space("quick"), detect_platform("cpu"), 2, None, False, sparse_lookups=lookups
+    )
+    assert "fsdp" not in space.params["parallel"].choices
+    reasons = {(e.knob, e.value): e.reason for e in dropped}
+    assert reasons[("parallel", "fsdp")].startswith("FSDP cannot shard sparse gradients")
 
 
 def test_repeated_blocks_are_counted_without_building_real_weights() -> None:
