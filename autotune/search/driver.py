@@ -27,11 +27,11 @@ from autotune.runner.workload import (
 )
 from autotune.search.probe import (
     feeds_images,
+    fsdp_refusal,
     optimizer_flags,
     repeated_blocks,
     restrict_space,
     scalar_parameters,
-    sparse_lookups,
 )
 from autotune.search.progress import Reporter
 from autotune.search.settings import SearchSettings
@@ -172,7 +172,7 @@ def run_search(
         image_batches=images,
         optimizer_flags=flags,
         block_class=blocks[1] if blocks else "",
-        sparse_lookups=sparse_lookups(workload.model),
+        fsdp_refusal=fsdp_refusal(workload.model),
     )
     executor = _executor(settings, space, platform, devices)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)

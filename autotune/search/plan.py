@@ -28,12 +28,7 @@ from autotune.search.memory_model import (
     fit,
     prior_for,
 )
-from autotune.search.probe import (
-    blocks_phrase,
-    repeated_blocks,
-    sparse_fsdp_reason,
-    sparse_lookups,
-)
+from autotune.search.probe import blocks_phrase, fsdp_refusal, repeated_blocks
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
@@ -277,16 +272,17 @@ def _checkpointable(
 def _shardable(
     workload: WorkloadSpec, configs: list[TrainConfig], one: bool, left_out: list[str]
 ) -> tuple[list[TrainConfig], list[str]]:
-    """``configs`` without FSDP where the model's lookups have sparse gradients (as the
-    search's probe drops it), ``left_out`` with a line saying so; for a configuration given
+    """``configs`` without FSDP where the model refuses it (``probe.fsdp_refusal``, as the
+    search's probe drops it), ``left_out`` with a line saying why; for a configuration given
     alone, a one-line error instead."""
-    lookups = sparse_lookups(workload.model)
-    kept = [c for c in configs if not (lookups and c.parallel == "fsdp")]
-    if len(kept) == len(configs):
+    if not any(c.parallel == "fsdp" for c in configs):
+        return configs, left_out
+    refusal = fsdp_refusal(workload.model)
+    if refusal is None:
         return configs, left_out
     if one:
-        raise ConfigError(f"parallel=fsdp: {sparse_fsdp_reason(lookups)}; use ddp or single")
-    return kept, [*left_out, f"parallel fsdp: {sparse_fsdp_reason(lookups)}"]
+        raise ConfigError(f"parallel=fsdp: {refusal}; use ddp or single")
+    return [c for c in configs if c.parallel != "fsdp"], [*left_out, f"parallel fsdp: {refusal}"]
 
 
 def _calibrate(

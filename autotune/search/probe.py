@@ -130,7 +130,7 @@ def restrict_space(
     image_batches: bool | None = None,
     optimizer_flags: tuple[str, tuple[str, ...]] | None = None,
     block_class: str = "",
-    sparse_lookups: list[str] | None = None,
+    fsdp_refusal: str | None = None,
 ) -> tuple[SearchSpace, list[Exclusion]]:
     """Drop the choices that cannot work here; return the space and what was dropped."""
     cuda = platform.device_type == "cuda"
@@ -176,8 +176,8 @@ def restrict_space(
         for flag in ("foreach", "fused"):
             if flag not in accepted:
                 drop("optimizer_impl", flag, f"the optimizer {name} takes no {flag} flag")
-    if sparse_lookups:
-        drop("parallel", "fsdp", sparse_fsdp_reason(sparse_lookups))
+    if fsdp_refusal:
+        drop("parallel", "fsdp", fsdp_refusal)
     if image_batches is False:
         drop("channels_last", True, "the model is not fed 4-D image batches (N, C, H, W)")
     cores = platform.cpu_count
@@ -232,27 +232,37 @@ def scalar_parameters(model_reference: str) -> list[str]:
     return list(training.scalar_parameters(built[1])) if built is not None else []
 
 
-def sparse_lookups(model_reference: str) -> list[str]:
-    """The names of the model's lookups with sparse gradients (``nn.Embedding`` or
-    ``nn.EmbeddingBag`` with ``sparse=True``), from a build on the meta device; [] if it
-    cannot be built there."""
-    import torch
+def fsdp_refusal(model_reference: str) -> str | None:
+    """Why FSDP cannot train the model, told from a build on the meta device: a lookup with
+    sparse gradients (``nn.Embedding`` or ``nn.EmbeddingBag`` with ``sparse=True``: FSDP's
+    reduce-scatter takes none), or a unit it shards (a repeated block, or the rest of the
+    model) whose trainable parameters differ in dtype (complex spectral weights beside real
+    ones: FSDP flattens a unit's parameters into one). None when neither holds, or when the
+    model cannot be built there (its trials will tell)."""
+    from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
 
     built = _meta_model(model_reference)
     if built is None:
-        return []
-    lookups = (torch.nn.Embedding, torch.nn.EmbeddingBag)
-    return [
-        name
-        for name, module in built[1].named_modules()
-        if isinstance(module, lookups) and module.sparse
+        return None
+    model = built[1]
+    names = {module: name for name, module in model.named_modules()}
+    lookups = [
+        names[m] for m in model.modules() if getattr(m, "sparse", False) is True and names[m]
     ]
-
-
-def sparse_fsdp_reason(lookups: list[str]) -> str:
-    """Why FSDP is left out for a model with ``lookups`` (``sparse_lookups``)."""
-    shown = ", ".join(lookups[:3]) + (f" and {len(lookups) - 3} more" if len(lookups) > 3 else "")
-    return f"FSDP cannot shard sparse gradients (sparse=True in {shown}; DDP reduces them)"
+    if lookups:
+        shown = ", ".join(lookups[:3]) + (f" and {len(lookups) - 3} more" if lookups[3:] else "")
+        return f"FSDP cannot shard sparse gradients (sparse=True in {shown}; DDP reduces them)"
+    blocks = find_repeated_blocks(model)
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in in_blocks]
+    for name, params in [*((names[b], list(b.parameters())) for b in blocks), ("the rest", rest)]:
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.requires_grad})
+        if len(dtypes) > 1:
+            return (
+                f"FSDP shards a unit's parameters as one, of one dtype, and {name or 'the model'}"
+                f" holds {' and '.join(dtypes)} ones"
+            )
+    return None
 
 
 def feeds_images(workload: WorkloadSpec) -> bool | None:

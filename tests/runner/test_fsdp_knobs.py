@@ -132,3 +132,22 @@ def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_r
     assert float(grads[0]) == float(grads[1])  # the replicas stay equal
     # two micro-steps of each rank's own gradient, averaged over the ranks
     assert float(grads[0]) == pytest.approx(2 * (float(local[0]) + float(local[1])) / 2)
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("tests.fixtures.spectral:Spectral", "uniform original parameter dtype"),
+        ("tests.fixtures.sparse:Lookups", "SparseCPU"),
+    ],
+)
+def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None:
+    # What ``probe.fsdp_refusal`` foresees, pinned on this torch: should FSDP learn to shard a
+    # unit of two dtypes or a sparse gradient, this fails, and the refusal should go.
+    from autotune.api import run_trial
+    from autotune.search.probe import fsdp_refusal
+
+    config = {"global_batch_size": 8, "parallel": "fsdp", "world_size": 2, "device": "cpu"}
+    result = run_trial(model, config, warmup_steps=1, measured_steps=2, target_interval=0)
+    assert result.status == "error" and says in result.message
+    assert fsdp_refusal(model) is not None

@@ -7,7 +7,7 @@ import pytest
 
 from autotune.records import Exclusion, exclusion_lines
 from autotune.runner.platform import detect_platform
-from autotune.search.probe import repeated_blocks, restrict_space, sparse_lookups
+from autotune.search.probe import fsdp_refusal, repeated_blocks, restrict_space
 from autotune.search.space import load_space
 
 
@@ -44,16 +44,24 @@ def test_one_device_leaves_only_single_device_training() -> None:
     assert {e.value for e in dropped if e.knob == "parallel"} == {"ddp", "fsdp"}
 
 
-def test_fsdp_is_dropped_for_a_model_whose_lookups_have_sparse_gradients() -> None:
-    lookups = sparse_lookups("tests.fixtures.sparse:Lookups")
-    assert lookups == ["bag", "table"]
-    assert sparse_lookups("tests.fixtures.traced:Stack") == []
+def test_fsdp_is_dropped_for_a_model_it_cannot_shard_with_why() -> None:
+    # Trials of both failed in their first step: FSDP's reduce-scatter takes no sparse
+    # gradient, and it flattens each unit's parameters into one tensor of one dtype.
+    sparse = fsdp_refusal("tests.fixtures.sparse:Lookups")
+    assert sparse == (
+        "FSDP cannot shard sparse gradients (sparse=True in bag, table; DDP reduces them)"
+    )
+    mixed = fsdp_refusal("tests.fixtures.spectral:Spectral")
+    assert mixed == (
+        "FSDP shards a unit's parameters as one, of one dtype, and layers.0 holds complex64 "
+        "and float32 ones"
+    )
+    assert fsdp_refusal("tests.fixtures.traced:Stack") is None
     space, dropped = restrict_space(
-        load_space("quick"), detect_platform("cpu"), 2, None, False, sparse_lookups=lookups
+        load_space("quick"), detect_platform("cpu"), 2, None, False, fsdp_refusal=sparse
     )
     assert "fsdp" not in space.params["parallel"].choices
-    reasons = {(e.knob, e.value): e.reason for e in dropped}
-    assert reasons[("parallel", "fsdp")].startswith("FSDP cannot shard sparse gradients")
+    assert {(e.knob, e.value): e.reason for e in dropped}[("parallel", "fsdp")] == sparse
 
 
 def test_repeated_blocks_are_counted_without_building_real_weights() -> None:
