@@ -49,6 +49,7 @@ def _workload(
     input_shape: tuple[int, ...] | None,
     input_dtype: str,
     optimizer: str | None = None,
+    collate: str | None = None,
 ) -> WorkloadSpec:
     """The workload references, importable from ranks as from the caller's directory."""
     return WorkloadSpec(
@@ -56,6 +57,7 @@ def _workload(
         data=data,
         loss=loss,
         optimizer=optimizer,
+        collate=collate,
         input_shape=input_shape,
         input_dtype=input_dtype,
         search_path=(os.getcwd(),),
@@ -69,6 +71,7 @@ def run_trial(
     data: str | None = None,
     loss: str | None = None,
     optimizer: str | None = None,
+    collate: str | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
     options: TrialOptions | None = None,
@@ -81,10 +84,13 @@ def run_trial(
     ``option_overrides`` are ``TrialOptions`` fields, e.g. ``measured_steps=20``.
     ``optimizer`` ("module:attr") names a factory taking the parameters and returning a
     ``torch.optim.Optimizer``; without it the model module's ``autotune_optimizer``, else AdamW.
+    ``collate`` ("module:attr") names the DataLoader's ``collate_fn`` (samples -> batch: padding
+    samples of different lengths); without it the model module's ``autotune_collate``, else
+    torch's ``default_collate``.
     A mapping without ``global_batch_size`` takes the model module's
     ``autotune_global_batch_size``.
     """
-    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer)
+    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     check_workload(workload)
     if isinstance(config, dict) and "global_batch_size" not in config:
         config = {**config, "global_batch_size": declared_global_batch_size(model)}
@@ -110,6 +116,7 @@ def tune(
     data: str | None = None,
     loss: str | None = None,
     optimizer: str | None = None,
+    collate: str | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
     progress: bool = False,
@@ -127,7 +134,7 @@ def tune(
     Bad input raises ``AutotuneError`` with a one-line message.
     """
     checked = make_settings({"global_batch_size": global_batch_size, **settings})
-    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer)
+    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     if reporter is None:
         reporter = LineReporter(trials=checked.budget.trials) if progress else Reporter()
     return run_search(workload, checked, reporter)
@@ -147,6 +154,7 @@ def plan(
     data: str | None = None,
     loss: str | None = None,
     optimizer: str | None = None,
+    collate: str | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
 ) -> Plan:
@@ -165,7 +173,7 @@ def plan(
         memory = parse_bytes(device_memory) if isinstance(device_memory, str) else device_memory
     except ValueError as error:
         raise ConfigError(f"--device-memory: {error}") from None
-    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer)
+    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     check_workload(workload)
     chosen = as_config(config) if config is not None else None
     if chosen is not None:

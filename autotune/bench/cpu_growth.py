@@ -36,7 +36,9 @@ work = build_workload(spec)
 model = work.model
 make = work.optimizer or default_optimizer
 optimizer = make(model.parameters())
-loader = DataLoader(work.dataset, batch_size=micro, shuffle=True, drop_last=True)
+loader = DataLoader(
+    work.dataset, batch_size=micro, shuffle=True, drop_last=True, collate_fn=work.collate
+)
 dtype = _AMP_DTYPES.get(amp)
 rows, batches = [], iter(())
 for step in range(1, steps + 1):

@@ -236,6 +236,7 @@ def _search(args: argparse.Namespace) -> int:
         data=args.data,
         loss=args.loss,
         optimizer=args.optimizer,
+        collate=args.collate,
         input_shape=args.input_shape,
         input_dtype=args.input_dtype,
         reporter=reporter,
@@ -302,6 +303,7 @@ def _plan(args: argparse.Namespace) -> int:
         data=args.data,
         loss=args.loss,
         optimizer=args.optimizer,
+        collate=args.collate,
         input_shape=args.input_shape,
         input_dtype=args.input_dtype,
     )
@@ -345,6 +347,7 @@ def _trial(args: argparse.Namespace) -> int:
         data=args.data,
         loss=args.loss,
         optimizer=args.optimizer,
+        collate=args.collate,
         input_shape=args.input_shape,
         input_dtype=args.input_dtype,
         **options,

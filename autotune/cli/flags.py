@@ -98,5 +98,11 @@ def workload_flags(parser: argparse.ArgumentParser) -> None:
         help="'module:attr': a factory taking the parameters and returning a "
         "torch.optim.Optimizer (default: autotune_optimizer in the model's module, else AdamW).",
     )
+    group.add_argument(
+        "--collate",
+        help="'module:attr': collate(samples) -> batch, the DataLoader's collate_fn, e.g. to "
+        "pad samples of different lengths (default: autotune_collate in the model's module, "
+        "else torch's default_collate).",
+    )
     group.add_argument("--input-shape", type=_shape, help="Synthetic sample shape, e.g. 3x32x32.")
     group.add_argument("--input-dtype", default="float32", help="Synthetic sample dtype.")

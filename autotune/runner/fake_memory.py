@@ -26,6 +26,7 @@ from autotune.errors import WorkloadError
 from autotune.runner.optimizer import default_optimizer, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
+    load_collate,
     load_dataset,
     load_loss,
     load_model,
@@ -80,23 +81,38 @@ class TensorPeak:
         )
 
 
-def _fake_batch(dataset: Any, micro_batch: int, mode: Any) -> tuple[Any, list[Any]]:
+COLLATED_SAMPLES = 64
+"""How many of the dataset's first samples a user's collate function is given to shape the
+traced batch (padding to the longest of them, as a batch of those would be)."""
+
+
+def _fake_batch(
+    dataset: Any, micro_batch: int, mode: Any, collate: Any = None
+) -> tuple[Any, list[Any]]:
     """A batch of ``micro_batch`` samples shaped like the dataset's first, as fake tensors, and
     the first sample's own values of its integer and boolean tensors (labels, token ids, masks)
     beside each, as NumPy arrays: where a selection counts such values (DeBERTa's loss keeps
-    the rows whose label is not negative), the trace takes the share the first sample shows."""
+    the rows whose label is not negative), the trace takes the share the first sample shows.
+    With the user's ``collate``, the batch is shaped as it makes one of the first samples (up
+    to ``COLLATED_SAMPLES``: padded to the longest of them), widened to ``micro_batch``."""
+    import itertools
+
     import torch
     from torch.utils.data import IterableDataset, default_collate
 
-    sample = next(iter(dataset)) if isinstance(dataset, IterableDataset) else dataset[0]
-    one = default_collate([sample])
+    count = min(micro_batch, COLLATED_SAMPLES) if collate is not None else 1
+    if isinstance(dataset, IterableDataset):
+        samples = list(itertools.islice(iter(dataset), count))
+    else:
+        samples = [dataset[i] for i in range(min(count, len(dataset)))]
+    one = (collate or default_collate)(samples)
     observed: list[Any] = []
 
     def widen(tensor: Any) -> Any:
+        batched = tensor.dim() > 0 and tensor.shape[0] == len(samples)
+        shape = (micro_batch, *tensor.shape[1:]) if batched else tuple(tensor.shape)
         with mode:
-            fake = torch.zeros(
-                (micro_batch, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
-            )
+            fake = torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)
         if not tensor.is_floating_point() and not tensor.is_complex():
             observed.append((fake, tensor.detach().cpu().numpy()))
         return fake
@@ -393,7 +409,8 @@ def _trace(
     dataset, _ = load_dataset(spec, module, model)
     loss_fn, _ = load_loss(spec, module)
     factory, _ = load_optimizer(spec, module)
-    batch, observed = _fake_batch(dataset, micro_batch, mode)
+    collate, _ = load_collate(spec, module)
+    batch, observed = _fake_batch(dataset, micro_batch, mode, collate)
     config = TrainConfig(
         global_batch_size=micro_batch, amp=amp, checkpoint_segments=segments, device="cpu"
     )

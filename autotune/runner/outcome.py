@@ -41,6 +41,15 @@ UNUSED_PARAMETERS_HINT = (
 )
 
 
+UNEVEN_SAMPLES_ERROR = "stack expects each tensor to be equal size"
+"""What torch's ``default_collate`` says of samples of different shapes."""
+UNEVEN_SAMPLES_HINT = (
+    "if the dataset's samples differ in shape, torch's default_collate cannot stack them: "
+    "give a collate function that pads them (--collate module:attr, or autotune_collate in the "
+    "model's module)"
+)
+
+
 def unused_parameters_failure(config: TrainConfig, message: str) -> bool:
     """Whether a DDP run without ``find_unused_parameters`` failed for parameters a step left
     without a gradient."""
@@ -69,7 +78,9 @@ def assemble_result(
     common = {
         "config": config,
         "platform": platform,
-        "workload": request.workload.model_dump(include={"model", "data", "loss", "optimizer"}),
+        "workload": request.workload.model_dump(
+            include={"model", "data", "loss", "optimizer", "collate"}
+        ),
         "optimizer": next((r.optimizer for r in reports if r.optimizer), ""),
         "warmup_steps": options.warmup_for(request.config),
         "launch_s": launch_s,
@@ -96,6 +107,8 @@ def assemble_result(
     message = f"rank {failure.rank}: {failure.message}"
     if unused_parameters_failure(config, message):
         message = f"{UNUSED_PARAMETERS_HINT}; {message}"
+    if UNEVEN_SAMPLES_ERROR in message and request.workload.collate is None:
+        message = f"{message} ({UNEVEN_SAMPLES_HINT})"
     if failure.status == "timed_out":
         message = f"no result within timeout_s={options.timeout_s:g}; {message}"
     return TrialResult(

@@ -182,6 +182,7 @@ def _measure(
         or (lambda params: default_optimizer(params, options.learning_rate)),
         device=device,
         seed=options.seed,
+        collate=workload.collate,
     )
     report["optimizer"] = type(training.optimizer).__name__
     batches = training.batches()

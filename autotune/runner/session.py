@@ -78,11 +78,16 @@ def init_distributed(config: TrainConfig, device: torch.device, timeout_s: float
 
 
 def make_loader(
-    config: TrainConfig, dataset: Dataset[Any], rank: int, seed: int = 0
+    config: TrainConfig,
+    dataset: Dataset[Any],
+    rank: int,
+    seed: int = 0,
+    collate: Callable[[list[Any]], Any] | None = None,
 ) -> tuple[DataLoader[Any], DistributedSampler[Any] | None]:
     """A DataLoader with the config's worker settings, over this rank's share of ``dataset``:
     a ``DistributedSampler`` shares a map-style dataset out; an ``IterableDataset`` (a stream)
-    yields its own share, reading its rank and its DataLoader worker (README, "Your model")."""
+    yields its own share, reading its rank and its DataLoader worker (README, "Your model").
+    ``collate`` makes a batch of samples (None: torch's ``default_collate``)."""
     replicas = config.world_size if config.parallel in ("ddp", "fsdp") else 1
     sampler: DistributedSampler[Any] | None = None
     if not isinstance(dataset, IterableDataset):
@@ -99,6 +104,7 @@ def make_loader(
         pin_memory=config.pin_memory,
         persistent_workers=config.persistent_workers,
         drop_last=True,
+        collate_fn=collate,
     )
     return loader, sampler
 
@@ -199,12 +205,14 @@ def prepare(
     optimizer: OptimizerFactory | None = None,
     device: torch.device | None = None,
     seed: int = 0,
+    collate: Callable[[list[Any]], Any] | None = None,
 ) -> Training:
     """Apply ``config`` to ``model`` and ``dataset`` in this process (one rank of the job).
 
     ``loss(output, target)`` defaults to the model's own loss or the rules of
     ``autotune.runner.loss.default_loss``; ``optimizer`` is a factory taking the parameters of the
-    wrapped model (AdamW with lr=1e-4 when omitted).
+    wrapped model (AdamW with lr=1e-4 when omitted); ``collate`` makes a batch of samples, the
+    DataLoader's ``collate_fn`` (torch's ``default_collate`` when omitted).
     """
     device = device or device_for(config)
     config = config.resolved(device.type)  # type: ignore[arg-type]
@@ -214,7 +222,7 @@ def prepare(
     wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)
     make_optimizer = optimizer or default_optimizer
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)
-    loader, sampler = make_loader(config, dataset, rank, seed)
+    loader, sampler = make_loader(config, dataset, rank, seed, collate)
     runner = TrainStep(wrapped, opt, loss or default_loss, config, device, hooks)
     return Training(
         config,

@@ -41,6 +41,12 @@ expose when no --optimizer is given."""
 DEFAULT_OPTIMIZER = "AdamW"
 """What trials train with when the user names no optimizer (``TrialOptions.learning_rate``)."""
 
+COLLATE_ATTRIBUTE = "autotune_collate"
+"""Name of the function a model's module may expose to make one batch of samples (the
+DataLoader's ``collate_fn``: padding samples of different lengths) when no --collate is given."""
+
+DEFAULT_COLLATE = "torch's default_collate"
+
 EXAMPLE_INPUT_ATTRIBUTE = "example_input"
 """Name of one example sample (no batch dimension) a model may carry, for synthetic data."""
 
@@ -56,6 +62,11 @@ class WorkloadSpec(BaseModel):
     optimizer: str | None = Field(
         None,
         description="'module:attr' naming a factory: parameters -> torch.optim.Optimizer.",
+    )
+    collate: str | None = Field(
+        None,
+        description="'module:attr' naming collate(samples) -> batch, the DataLoader's "
+        "collate_fn (padding samples of different lengths).",
     )
     input_shape: tuple[int, ...] | None = Field(
         None, description="Shape of one synthetic sample, without the batch dimension."
@@ -77,6 +88,8 @@ class Workload:
     loss_source: str
     optimizer: Callable[[Any], Any] | None = None  # parameters -> Optimizer; None: AdamW
     optimizer_source: str = f"default {DEFAULT_OPTIMIZER}"
+    collate: Callable[[list[Any]], Any] | None = None  # samples -> batch; None: default_collate
+    collate_source: str = DEFAULT_COLLATE
 
 
 def _split_reference(reference: str, what: str) -> tuple[str, str]:
@@ -204,6 +217,7 @@ def check_workload(spec: WorkloadSpec) -> None:
     if spec.data:
         resolve_reference(spec.data, "--data")
     load_loss(spec, module)
+    load_collate(spec, module)
     if spec.input_shape is not None:
         import torch
 
@@ -309,24 +323,45 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     )
 
 
+def _user_function(
+    reference: str | None, flag: str, spec: WorkloadSpec, model_module: Any, attribute: str,
+    expected: str,
+) -> tuple[Callable[..., Any], str] | None:  # fmt: skip
+    """(function, where it came from): the one ``reference`` names (given by ``flag``), else
+    ``attribute`` in the model's module; None when neither. Not callable: one line, naming
+    what was ``expected``."""
+    if reference:
+        _, function = resolve_reference(reference, flag)
+        named, shown = f"{flag} {reference}", f"{flag} {reference!r}"
+    elif hasattr(model_module, attribute):
+        function = getattr(model_module, attribute)
+        named = _beside_model(spec, attribute)
+        shown = repr(named)
+    else:
+        return None
+    if not callable(function):
+        raise WorkloadError(f"{shown} is a {type(function).__name__}, expected {expected}")
+    return function, named
+
+
 def load_loss(spec: WorkloadSpec, model_module: Any) -> tuple[Callable[[Any, Any], Any], str]:
     """The user's loss function (``--loss``, else ``autotune_loss`` in the model's module), or
     the default rules of ``default_loss``."""
-    if spec.loss:
-        _, function = resolve_reference(spec.loss, "--loss")
-        named, shown = f"--loss {spec.loss}", f"--loss {spec.loss!r}"
-    elif hasattr(model_module, LOSS_ATTRIBUTE):
-        function = getattr(model_module, LOSS_ATTRIBUTE)
-        named = _beside_model(spec, LOSS_ATTRIBUTE)
-        shown = repr(named)
-    else:
-        return default_loss, "model output's loss, else default for (input, target)"
-    if not callable(function):
-        raise WorkloadError(
-            f"{shown} is a {type(function).__name__}, expected a callable loss(output, target) "
-            "returning a scalar tensor"
-        )
-    return function, named
+    expected = "a callable loss(output, target) returning a scalar tensor"
+    found = _user_function(spec.loss, "--loss", spec, model_module, LOSS_ATTRIBUTE, expected)
+    return found or (default_loss, "model output's loss, else default for (input, target)")
+
+
+def load_collate(
+    spec: WorkloadSpec, model_module: Any
+) -> tuple[Callable[[list[Any]], Any] | None, str]:
+    """The user's collate function (``--collate``, else ``autotune_collate`` in the model's
+    module) and where it came from; None: torch's ``default_collate``."""
+    expected = "a callable collate(samples) returning a batch"
+    found = _user_function(
+        spec.collate, "--collate", spec, model_module, COLLATE_ATTRIBUTE, expected
+    )
+    return found or (None, DEFAULT_COLLATE)
 
 
 def resolve_optimizer(reference: str) -> Callable[[Any], Any]:
@@ -388,6 +423,13 @@ def describe_optimizer(spec: WorkloadSpec) -> str:
     )
 
 
+def describe_collate(spec: WorkloadSpec) -> str | None:
+    """Where the trials' collate function comes from (None: torch's ``default_collate``)."""
+    module, _ = resolve_reference(spec.model, "--model")
+    function, source = load_collate(spec, module)
+    return source if function is not None else None
+
+
 def build_workload(spec: WorkloadSpec) -> Workload:
     """Import and build everything ``spec`` names; raises WorkloadError with one clear line."""
     for directory in reversed(spec.search_path):
@@ -399,7 +441,11 @@ def build_workload(spec: WorkloadSpec) -> Workload:
         raise WorkloadError(f"the dataset from {data_source} is empty")
     loss, loss_source = load_loss(spec, model_module)
     optimizer, optimizer_source = load_optimizer(spec, model_module)
-    return Workload(model, dataset, loss, data_source, loss_source, optimizer, optimizer_source)
+    collate, collate_source = load_collate(spec, model_module)
+    return Workload(
+        model, dataset, loss, data_source, loss_source, optimizer, optimizer_source,
+        collate, collate_source,
+    )  # fmt: skip
 
 
 class WorkloadCache:
@@ -414,17 +460,10 @@ class WorkloadCache:
 
     def get(self, spec: WorkloadSpec) -> Workload:
         import copy
+        import dataclasses
 
         key = spec.model_dump_json()
         if key not in self._built:
             self._built[key] = build_workload(spec)
         pristine = self._built[key]
-        return Workload(
-            copy.deepcopy(pristine.model),
-            pristine.dataset,
-            pristine.loss,
-            pristine.data_source,
-            pristine.loss_source,
-            pristine.optimizer,
-            pristine.optimizer_source,
-        )
+        return dataclasses.replace(pristine, model=copy.deepcopy(pristine.model))

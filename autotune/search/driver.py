@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import re
 
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, WorkloadError
 from autotune.recommendation import Recommendation
 from autotune.records import exclusion_lines
 from autotune.result import Platform
 from autotune.runner.executor import Executor
 from autotune.runner.launch import LocalExecutor
+from autotune.runner.outcome import UNEVEN_SAMPLES_ERROR, UNEVEN_SAMPLES_HINT
 from autotune.runner.platform import (
     detect_platform,
     native_autocast,
@@ -23,9 +24,11 @@ from autotune.runner.workload import (
     WorkloadSpec,
     check_workload,
     declared_global_batch,
+    describe_collate,
     describe_optimizer,
 )
 from autotune.search.probe import (
+    batch_error,
     feeds_images,
     fsdp_refusal,
     optimizer_flags,
@@ -127,11 +130,24 @@ def _check_split(global_batch_size: int | None, devices: int, source: str) -> No
     )
 
 
+def _check_batches(workload: WorkloadSpec) -> None:
+    """Fail before any trial, in one line, when the DataLoader cannot batch the dataset's
+    first samples (samples of different lengths without a collate function that pads them):
+    every trial would fail in its first step."""
+    unbatched = batch_error(workload)
+    if unbatched is not None:
+        hint = f"; {UNEVEN_SAMPLES_HINT}" if UNEVEN_SAMPLES_ERROR in unbatched else ""
+        raise WorkloadError(
+            f"the DataLoader cannot make a batch of the dataset's first samples: {unbatched}{hint}"
+        )
+
+
 def run_search(
     workload: WorkloadSpec, settings: SearchSettings, reporter: Reporter
 ) -> Recommendation:
     """Search, store every trial, and return (and store) the recommendation."""
     check_workload(workload)
+    _check_batches(workload)
     settings, batch_source = resolve_global_batch(workload, settings)
     space = load_space(settings.space)
     storage = open_storage(settings.study.storage, settings.study.storage_wait_s, reporter.phase)
@@ -147,6 +163,7 @@ def run_search(
         "data": workload.data,
         "loss": workload.loss,
         **({"optimizer": workload.optimizer} if workload.optimizer else {}),
+        **({"collate": workload.collate} if workload.collate else {}),
         "space": space.fingerprint(),
         "devices": devices,
         "global_batch_size": settings.global_batch_size,
@@ -156,6 +173,7 @@ def run_search(
         "seed": settings.measurement.seed,
     }
     optimizer_source = describe_optimizer(workload)
+    collate = describe_collate(workload)
     name = settings.study.study_name or default_study_name(workload, settings)
     study, name, requeued = open_study(storage, name, fingerprint, settings.study.new_study)
 
@@ -185,6 +203,7 @@ def run_search(
             platform=f"{platform.device_name} x{devices} ({platform.backend})",
             **{"global batch": f"{settings.global_batch_size} ({batch_source})"},
             optimizer=optimizer_source,
+            **({"batches": f"made by {collate}"} if collate else {}),
             budget=f"{budget / 2**30:.2f} GiB per device, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
             **({"excluded": "; ".join(exclusion_lines(exclusions))} if exclusions else {}),

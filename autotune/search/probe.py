@@ -21,7 +21,13 @@ from autotune.result import Platform
 from autotune.runner.launch import run_trial
 from autotune.runner.optimizer import accepted_implementations, default_optimizer
 from autotune.runner.request import TrialOptions
-from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, load_optimizer
+from autotune.runner.workload import (
+    WorkloadSpec,
+    load_collate,
+    load_dataset,
+    load_model,
+    load_optimizer,
+)
 from autotune.search.space import SearchSpace
 
 PROBE_MODEL = "workloads.mlp:mlp_tiny"
@@ -285,6 +291,34 @@ def feeds_images(workload: WorkloadSpec) -> bool | None:
     elif isinstance(sample, (list, tuple)):
         found = [v for v in sample if isinstance(v, torch.Tensor)]
     return any(t.dim() == 3 and t.is_floating_point() for t in found)
+
+
+def batch_error(workload: WorkloadSpec, samples: int = 4) -> str | None:
+    """Why the DataLoader cannot make a batch of the dataset's first ``samples`` samples with
+    the workload's collate function (torch's ``default_collate`` stacks samples of one shape
+    only), in one line; None when it can, or when that cannot be told here."""
+    import itertools
+
+    from torch.utils.data import IterableDataset, default_collate
+
+    built = _meta_model(workload.model)
+    if built is None:
+        return None
+    try:
+        dataset, _ = load_dataset(workload, *built)
+        collate, _ = load_collate(workload, built[0])
+        if isinstance(dataset, IterableDataset):
+            first = list(itertools.islice(iter(dataset), samples))
+        else:
+            first = [dataset[i] for i in range(min(samples, len(dataset)))]
+    except Exception:  # the trials will say what is wrong with it
+        return None
+    try:
+        (collate or default_collate)(first)
+    except Exception as error:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"{type(error).__name__}: {text}"[:300]
+    return None
 
 
 def optimizer_flags(workload: WorkloadSpec) -> tuple[str, tuple[str, ...]] | None:

@@ -357,3 +357,27 @@ def test_a_sparse_clone_and_sum_keep_their_entries_under_the_trace() -> None:
         with UniformRouting():
             assert a.clone()._nnz() == 40 and (a * 2)._nnz() == 40
             assert (a + b)._nnz() == 48  # uncoalesced, as a real sum of the two holds
+
+
+def test_a_batch_the_users_collate_function_pads_is_traced_at_a_real_steps_peak() -> None:
+    # Samples of different lengths: the traced batch is the one the collate function makes of
+    # the first samples (padded to the longest of them), as a real step on that batch holds.
+    import torch
+
+    from tests.fixtures import padded
+
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.padded:Tagger"), 8)
+    batch = padded.autotune_collate([padded.Sentences()[i] for i in range(8)])
+    assert batch["ids"].shape[1] == max(padded.length(i) for i in range(8))
+    model = padded.Tagger()
+
+    class WithLoss(torch.nn.Module):  # the user's loss, as the trial computes it
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, **batch: torch.Tensor) -> torch.Tensor:
+            return padded.autotune_loss(self.model(**batch), batch)
+
+    real = real_step_peak(WithLoss(), **batch)
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)

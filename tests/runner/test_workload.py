@@ -7,7 +7,13 @@ import torch
 
 from autotune.errors import WorkloadError
 from autotune.runner.loss import default_loss
-from autotune.runner.workload import WorkloadSpec, build_workload, check_workload, load_model
+from autotune.runner.workload import (
+    WorkloadCache,
+    WorkloadSpec,
+    build_workload,
+    check_workload,
+    load_model,
+)
 
 
 @pytest.mark.parametrize(
@@ -135,3 +141,26 @@ def test_default_loss_rules() -> None:
     assert default_loss(logits, torch.tensor([0, 1])).item() < 1e-3  # cross-entropy
     assert default_loss(torch.ones(2), torch.zeros(2)).item() == 1.0  # mean squared error
     assert default_loss(torch.full((2,), 2.0), None).item() == 4.0  # no target: mean square
+
+
+def test_the_model_modules_collate_function_is_used_unless_collate_is_given() -> None:
+    from torch.utils.data import default_collate
+
+    tagger = WorkloadSpec(model="tests.fixtures.padded:Tagger")
+    workload = build_workload(tagger)
+    assert workload.collate is not None and workload.collate.__name__ == "autotune_collate"
+    assert workload.collate_source == "tests.fixtures.padded:autotune_collate"
+    given = build_workload(
+        WorkloadSpec(model=tagger.model, collate="torch.utils.data:default_collate")
+    )
+    assert given.collate is default_collate
+    assert given.collate_source == "--collate torch.utils.data:default_collate"
+    assert build_workload(WorkloadSpec(model="tests.fixtures.models:Small")).collate is None
+    # a rank running trial after trial gets a fresh model, and the same collate function
+    cache = WorkloadCache()
+    first, second = cache.get(tagger), cache.get(tagger)
+    assert first.collate is not None and first.collate is second.collate
+    assert first.collate.__name__ == "autotune_collate" and first.model is not second.model
+    bad = "tests.fixtures.models:NOT_CALLABLE"
+    with pytest.raises(WorkloadError, match=f"--collate '{bad}' is a int, expected a callable"):
+        check_workload(WorkloadSpec(model=tagger.model, collate=bad))

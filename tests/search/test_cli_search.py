@@ -17,6 +17,7 @@ from tests.helpers import SMALL_SEARCH, cli_here, exit_code, kill_tree, stored_r
 pytestmark = pytest.mark.usefixtures("probe_cache")
 
 SEARCH = [*SMALL_SEARCH, "--devices", "2", "--quiet"]
+DEFAULT_COLLATE = "torch.utils.data:default_collate"
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,12 @@ SEARCH = [*SMALL_SEARCH, "--devices", "2", "--quiet"]
         (["--storage", "nosuchdb://x/y"], "--storage 'nosuchdb://x/y' cannot be opened"),
         (["--time-budget", "soon"], "time_budget_s='soon': 'soon' is not a duration; use e.g."),
         (["--trials", "0"], "trials=0"),
+        (  # samples of different lengths, stacked by torch's default_collate
+            ["--model", "tests.fixtures.padded:Tagger", "--collate", DEFAULT_COLLATE],
+            "the DataLoader cannot make a batch of the dataset's first samples: RuntimeError: "
+            "stack expects each tensor to be equal size",
+        ),
+        (["--collate", "tests.fixtures.models:NOT_CALLABLE"], "expected a callable collate"),
         (  # a global batch two ranks cannot split: every configuration invalid
             ["--global-batch-size", "7"],
             "global batch 7 does not split evenly over 2 devices: use a multiple of 2 (such as 8)",
