@@ -271,10 +271,16 @@ def fsdp_refusal(model_reference: str) -> str | None:
     return None
 
 
-def feeds_images(workload: WorkloadSpec) -> bool | None:
-    """Whether the model's samples hold an image (a 3-D floating tensor: a 4-D batch), from a
-    build on the meta device and one sample; None when that cannot be told here."""
-    import torch
+BATCH_CHECKED = 4
+"""How many of the dataset's first samples the probe reads (and batches, ``batch_error``)."""
+
+
+@functools.cache
+def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None:
+    """The dataset's first ``count`` samples (fewer if it holds fewer), the dataset built once
+    beside the meta-device model; None when that cannot be done here (the trials will say)."""
+    import itertools
+
     from torch.utils.data import IterableDataset
 
     built = _meta_model(workload.model)
@@ -282,9 +288,22 @@ def feeds_images(workload: WorkloadSpec) -> bool | None:
         return None
     try:
         dataset, _ = load_dataset(workload, *built)
-        sample = next(iter(dataset)) if isinstance(dataset, IterableDataset) else dataset[0]
+        if isinstance(dataset, IterableDataset):
+            return tuple(itertools.islice(iter(dataset), count))
+        return tuple(dataset[i] for i in range(min(count, len(dataset))))
     except Exception:  # the trials will say what is wrong with it
         return None
+
+
+def feeds_images(workload: WorkloadSpec) -> bool | None:
+    """Whether the model's samples hold an image (a 3-D floating tensor: a 4-D batch), from a
+    build on the meta device and one sample; None when that cannot be told here."""
+    import torch
+
+    first = _first_samples(workload, BATCH_CHECKED)
+    if not first:
+        return None
+    sample = first[0]
     found = [sample] if isinstance(sample, torch.Tensor) else []
     if isinstance(sample, dict):
         found = [v for v in sample.values() if isinstance(v, torch.Tensor)]
@@ -293,28 +312,19 @@ def feeds_images(workload: WorkloadSpec) -> bool | None:
     return any(t.dim() == 3 and t.is_floating_point() for t in found)
 
 
-def batch_error(workload: WorkloadSpec, samples: int = 4) -> str | None:
-    """Why the DataLoader cannot make a batch of the dataset's first ``samples`` samples with
-    the workload's collate function (torch's ``default_collate`` stacks samples of one shape
-    only), in one line; None when it can, or when that cannot be told here."""
-    import itertools
+def batch_error(workload: WorkloadSpec) -> str | None:
+    """Why the DataLoader cannot make a batch of the dataset's first ``BATCH_CHECKED`` samples
+    with the workload's collate function (torch's ``default_collate`` stacks samples of one
+    shape only), in one line; None when it can, or when that cannot be told here."""
+    from torch.utils.data import default_collate
 
-    from torch.utils.data import IterableDataset, default_collate
-
+    first = _first_samples(workload, BATCH_CHECKED)
     built = _meta_model(workload.model)
-    if built is None:
+    if not first or built is None:
         return None
     try:
-        dataset, _ = load_dataset(workload, *built)
         collate, _ = load_collate(workload, built[0])
-        if isinstance(dataset, IterableDataset):
-            first = list(itertools.islice(iter(dataset), samples))
-        else:
-            first = [dataset[i] for i in range(min(samples, len(dataset)))]
-    except Exception:  # the trials will say what is wrong with it
-        return None
-    try:
-        (collate or default_collate)(first)
+        (collate or default_collate)(list(first))
     except Exception as error:
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return f"{type(error).__name__}: {text}"[:300]
