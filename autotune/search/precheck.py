@@ -64,6 +64,35 @@ def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
     return mean_y - slope * mean_x, slope
 
 
+def _family_points(candidate: TrainConfig, history: list[Observation]) -> list[tuple[int, int]]:
+    """(micro-batch, peak) of the measured trials that differ from ``candidate`` in nothing
+    that moves memory but the micro-batch."""
+    return [
+        (s.config.micro_batch_size, s.peak_bytes)
+        for s in history
+        if s.peak_bytes is not None
+        and _family(s.config) == _family(candidate)
+        and s.config.checkpoint_segments == candidate.checkpoint_segments
+        and s.config.num_workers == candidate.num_workers
+    ]
+
+
+def measured_estimate(candidate: TrainConfig, history: list[Observation]) -> tuple[int, str] | None:
+    """(peak, how it was estimated) of ``candidate`` from measured trials alone, for a model
+    the memory model cannot trace: the median of earlier runs with its memory (a race run of
+    it, say), else the trend's line over its family's micro-batch sizes; None when neither is
+    at hand."""
+    points = _family_points(candidate, history)
+    same = sorted(y for x, y in points if x == candidate.micro_batch_size)
+    if same:
+        return same[len(same) // 2], f"measured trials: {len(same)} earlier run(s) of its memory"
+    line = _fit(points)
+    if line is None:
+        return None
+    predicted = int(line[0] + line[1] * candidate.micro_batch_size)
+    return predicted, f"measured trials: a line over {len(points)} of its family by micro-batch"
+
+
 def precheck(
     candidate: TrainConfig, history: list[Observation], limit_bytes: int, trend: bool = True
 ) -> tuple[str, float] | None:
@@ -80,14 +109,7 @@ def precheck(
             )
     if not trend:
         return None
-    points = [
-        (s.config.micro_batch_size, s.peak_bytes)
-        for s in history
-        if s.peak_bytes is not None
-        and _family(s.config) == _family(candidate)
-        and s.config.checkpoint_segments == candidate.checkpoint_segments
-        and s.config.num_workers == candidate.num_workers
-    ]
+    points = _family_points(candidate, history)
     line = _fit(points)
     if line is not None:
         predicted = line[0] + line[1] * candidate.micro_batch_size

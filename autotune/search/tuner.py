@@ -33,7 +33,7 @@ from autotune.search.lessons import (
 )
 from autotune.search.log import StudyLog, to_record
 from autotune.search.memory_model import MemoryModel, Prediction, prior_for
-from autotune.search.precheck import precheck
+from autotune.search.precheck import measured_estimate, precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
 from autotune.search.recipe import recipe_candidates, recipe_values, simplicity
@@ -153,6 +153,17 @@ class Tuner:
                 )
         return prediction
 
+    def shown_prediction(self, config: TrainConfig) -> Prediction | None:
+        """What a trial of ``config`` is recorded as predicted to hold: the memory model's
+        prediction, else, for a model the fake tensors cannot trace, the measured trials' own
+        estimate (``precheck.measured_estimate``), so that its error is shown too."""
+        prediction = self.predict(config)
+        if prediction is None and self.memory is not None and self.memory.trace_error:
+            found = measured_estimate(config, self.log.observations())
+            if found is not None:
+                prediction = Prediction(found[0], {}, found[1])
+        return prediction
+
     def predicted_fits(self, prediction: Prediction | None) -> bool | None:
         """Whether the prediction itself lies within the limit, no margin (how the baseline and
         the recipe choose their starting point: an engineer takes what is expected to fit).
@@ -180,7 +191,7 @@ class Tuner:
         """Run one trial to its end and store it (the sampler learns from it too), on the
         claimed ``trial`` where one was asked for it."""
         self.reporter.trial_started(role, config)
-        prediction = self.predict(config)
+        prediction = self.shown_prediction(config)
         try:
             # The race's rounds are the evidence, and the verification checks their estimate:
             # both measure a race run's floor (verification ``verify_factor`` times over), as
@@ -483,7 +494,7 @@ class Tuner:
                 proposal, pending = pending, None
                 self.reporter.trial_started("search", request.config)
                 try:
-                    prediction = self.predict(request.config)
+                    prediction = self.shown_prediction(request.config)
                     running[self.executor.submit(request)] = (proposal, prediction)
                     refused = 0
                 except PlacementError as error:

@@ -3,12 +3,15 @@ takes its accumulation from the prediction, and every trial that ran carries its
 
 from __future__ import annotations
 
+from typing import Any
+
 from autotune.config import TrainConfig
 from autotune.result import TrialResult
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.memory_model import CPU_HEAP_SHARE, MemoryModel, device_parts
 from autotune.search.progress import Reporter
-from tests.search.fakes import FakeExecutor, MiB, make_tuner, ok
+from autotune.search.tuner import Tuner
+from tests.search.fakes import FakeExecutor, MiB, Outcome, make_tuner, ok
 
 STACK = WorkloadSpec(model="tests.fixtures.traced:Stack")
 SPACE = {
@@ -142,20 +145,45 @@ def test_a_search_says_once_that_a_fit_over_trials_predicts_a_model_it_cannot_tr
     assert "could not be traced" in lines[0] and "predicting by a fit" in lines[0]
 
 
+def _one_device(outcome: Outcome, model: str, space: dict[str, Any], trials: int) -> Tuner:
+    """A search of ``tests.fixtures.traced``'s ``model`` on one device, memory predicted, a
+    global batch of 64 and a 4,000 MiB limit, over ``space`` with ``trials`` trials."""
+    return make_tuner(
+        FakeExecutor(outcome),
+        {"parallel": ["single"], "world_size": [1], **space},
+        limit_mib=4000,
+        workload=WorkloadSpec(model=f"tests.fixtures.traced:{model}"),
+        predict_memory=True,
+        global_batch_size=64,
+        trials=trials,
+    )
+
+
 def test_a_cpu_bf16_pick_of_a_routed_model_carries_the_memory_caveat() -> None:
     def small(config: TrainConfig, before: int) -> TrialResult:  # bf16 twice as fast
         return ok(config, 2000.0 if config.amp == "bf16" else 1000.0, 400.0)
 
-    space = {"parallel": ["single"], "world_size": [1], "amp": ["bf16"], "grad_accum_steps": [1, 2]}
-    tuner = make_tuner(
-        FakeExecutor(small),
-        space,
-        limit_mib=4000,
-        workload=WorkloadSpec(model="tests.fixtures.traced:Routed"),
-        predict_memory=True,
-        global_batch_size=64,
-        trials=3,
-    )
+    tuner = _one_device(small, "Routed", {"amp": ["bf16"], "grad_accum_steps": [1, 2]}, 3)
     recommendation = tuner.run([], "s.db", "s")
     assert recommendation.config.amp == "bf16"
     assert "lower bound for a long run" in recommendation.memory_caveats[0]
+
+
+def test_a_model_the_trace_cannot_follow_shows_its_trials_estimated_from_measured_ones() -> None:
+    # An LSTM over packed sequences cannot be traced: its trials showed no prediction at all.
+    # Each is now recorded with what the measured trials estimate, said to come from them.
+    def peaks(config: TrainConfig, before: int) -> TrialResult:  # 2 MiB a sample, + 300
+        return ok(config, 1000.0, 300.0 + 2.0 * config.micro_batch_size)
+
+    tuner = _one_device(peaks, "Thresholded", {"grad_accum_steps": [1, 2, 4, 8]}, 4)
+    tuner.references()
+    tuner.search()
+    tuner.race()
+    ran = [r for r in tuner.log.records if r.status == "ok"]
+    assert tuner.memory is not None and tuner.memory.trace_error
+    assert ran[0].predicted_memory_bytes is None  # nothing measured before the first
+    estimated = [r for r in ran if r.predicted_memory_bytes is not None]
+    sources = {r.predicted_memory_source for r in estimated}
+    assert "measured trials: a line over 2 of its family by micro-batch" in sources
+    assert any(s.endswith("earlier run(s) of its memory") for s in sources)  # race runs
+    assert all(r.prediction_error == 0 for r in estimated)  # the line holds exactly here
