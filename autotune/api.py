@@ -22,6 +22,7 @@ from autotune.runner.workload import (
 from autotune.search.driver import resolve_global_batch, run_search
 from autotune.search.log import memory_used
 from autotune.search.plan import Plan, make_plan
+from autotune.search.probe import check_shardable
 from autotune.search.progress import LineReporter, Reporter
 from autotune.search.settings import make_settings
 from autotune.search.space import load_space
@@ -94,7 +95,9 @@ def run_trial(
     check_workload(workload)
     if isinstance(config, dict) and "global_batch_size" not in config:
         config = {**config, "global_batch_size": declared_global_batch_size(model)}
-    return launch(as_config(config), workload, as_options(options, option_overrides))
+    chosen = as_config(config)
+    check_shardable(chosen, model)
+    return launch(chosen, workload, as_options(options, option_overrides))
 
 
 def declared_global_batch_size(model: str) -> int:

@@ -28,7 +28,12 @@ from autotune.search.memory_model import (
     fit,
     prior_for,
 )
-from autotune.search.probe import blocks_phrase, fsdp_refusal, repeated_blocks
+from autotune.search.probe import (
+    blocks_phrase,
+    check_shardable,
+    fsdp_refusal,
+    repeated_blocks,
+)
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
@@ -275,13 +280,13 @@ def _shardable(
     """``configs`` without FSDP where the model refuses it (``probe.fsdp_refusal``, as the
     search's probe drops it), ``left_out`` with a line saying why; for a configuration given
     alone, a one-line error instead."""
+    if one:
+        check_shardable(configs[0], workload.model)
     if not any(c.parallel == "fsdp" for c in configs):
         return configs, left_out
     refusal = fsdp_refusal(workload.model)
     if refusal is None:
         return configs, left_out
-    if one:
-        raise ConfigError(f"parallel=fsdp: {refusal}; use ddp or single")
     return [c for c in configs if c.parallel != "fsdp"], [*left_out, f"parallel fsdp: {refusal}"]
 
 

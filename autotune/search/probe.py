@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig, make_config
+from autotune.errors import ConfigError
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.launch import run_trial
@@ -293,6 +294,13 @@ def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None
         return tuple(dataset[i] for i in range(min(count, len(dataset))))
     except Exception:  # the trials will say what is wrong with it
         return None
+
+
+def check_shardable(config: TrainConfig, model_reference: str) -> None:
+    """A configuration given alone (a trial, a plan of one): one line, before anything runs,
+    where it asks for FSDP and the model refuses it (``fsdp_refusal``)."""
+    if config.parallel == "fsdp" and (refusal := fsdp_refusal(model_reference)):
+        raise ConfigError(f"parallel=fsdp: {refusal}; use ddp or single")
 
 
 def feeds_images(workload: WorkloadSpec) -> bool | None:

@@ -5,14 +5,19 @@ is the memory model's to predict (tests/search/test_memory_model.py) and the all
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy
 from torch.distributed.tensor import DTensor
 
 from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+from autotune.runner.request import TrialOptions
 from autotune.runner.session import leave_process_group
 from autotune.runner.training import HookCounter, wrap_model
+from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.traced import WideBlocks
 
 
@@ -143,11 +148,17 @@ def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_r
 )
 def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None:
     # What ``probe.fsdp_refusal`` foresees, pinned on this torch: should FSDP learn to shard a
-    # unit of two dtypes or a sparse gradient, this fails, and the refusal should go.
+    # unit of two dtypes or a sparse gradient, this fails, and the refusal should go. (The
+    # trial is launched past ``autotune.api.run_trial``, which refuses it in one line.)
     from autotune.api import run_trial
+    from autotune.runner.launch import run_trial as launch
     from autotune.search.probe import fsdp_refusal
 
-    config = {"global_batch_size": 8, "parallel": "fsdp", "world_size": 2, "device": "cpu"}
-    result = run_trial(model, config, warmup_steps=1, measured_steps=2, target_interval=0)
+    config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
+    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    result = launch(config, WorkloadSpec(model=model), options)
     assert result.status == "error" and says in result.message
-    assert fsdp_refusal(model) is not None
+    refusal = fsdp_refusal(model)
+    assert refusal is not None
+    with pytest.raises(ConfigError, match=re.escape(f"parallel=fsdp: {refusal}; use ddp or")):
+        run_trial(model, config)
