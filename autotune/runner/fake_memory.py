@@ -93,8 +93,9 @@ def _fake_batch(
     the first sample's own values of its integer and boolean tensors (labels, token ids, masks)
     beside each, as NumPy arrays: where a selection counts such values (DeBERTa's loss keeps
     the rows whose label is not negative), the trace takes the share the first sample shows.
-    With the user's ``collate``, the batch is shaped as it makes one of the first samples (up
-    to ``COLLATED_SAMPLES``: padded to the longest of them), widened to ``micro_batch``."""
+    With the user's ``collate``, the batch is shaped as it makes a batch of the first samples
+    (up to ``COLLATED_SAMPLES``: padded to the longest of them), widened to ``micro_batch``,
+    and the values are those samples'."""
     import itertools
 
     import torch
