@@ -246,6 +246,8 @@ def fsdp_refusal(model_reference: str) -> str | None:
     model) whose trainable parameters differ in dtype (complex spectral weights beside real
     ones: FSDP flattens a unit's parameters into one). None when neither holds, or when the
     model cannot be built there (its trials will tell)."""
+    import torch
+
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
 
     built = _meta_model(model_reference)
@@ -253,9 +255,9 @@ def fsdp_refusal(model_reference: str) -> str | None:
         return None
     model = built[1]
     names = {module: name for name, module in model.named_modules()}
-    lookups = [
-        names[m] for m in model.modules() if getattr(m, "sparse", False) is True and names[m]
-    ]
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    sparse = [m for m in model.modules() if isinstance(m, kinds) and m.sparse]
+    lookups = [names[m] or "the model" for m in sparse]
     if lookups:
         shown = ", ".join(lookups[:3]) + (f" and {len(lookups) - 3} more" if lookups[3:] else "")
         return f"FSDP cannot shard sparse gradients (sparse=True in {shown}; DDP reduces them)"
