@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +18,33 @@ __all__ = [
     "UNUSED_PARAMETERS_ERROR",
     "FailingValue",
     "accumulation_cut_memory",
+    "failing_alike",
     "failing_values",
     "needs_unused_parameters",
 ]
+
+
+ALIKE_FAILURES = 3
+"""Failed trials of differing configurations, none run, one error: the step fails whatever the
+configuration, and the search stops (``failing_alike``)."""
+_WHERE = re.compile(r"^rank \d+: (?:(?:warm-up|measured) step \d+: )?")
+
+
+def failing_alike(records: list[TrialRecord], parallel_modes: int) -> str | None:
+    """The error every trial so far failed with, when none has run (fit or not) and at least
+    ``ALIKE_FAILURES`` failed with that one error (which rank, which step aside), across every
+    parallel mode of the space (``parallel_modes`` of them) or at least two: not a value's
+    failure, which ``failing_values`` learns from a neighbour that ran, but the step's own (a
+    path the ranks cannot read, say), which would fail every trial left. None otherwise."""
+    measured = [r for r in records if r.counts_toward_budget and r.config is not None]
+    if any(r.status not in ("error", "crashed") for r in measured):
+        return None
+    errors = {_WHERE.sub("", r.message.splitlines()[0]) if r.message else "" for r in measured}
+    modes = {r.config.parallel for r in measured if r.config is not None}
+    alike = len(measured) >= ALIKE_FAILURES and len(errors) == 1 and "" not in errors
+    if not alike or len(modes) < min(2, parallel_modes):
+        return None
+    return errors.pop()
 
 
 def needs_unused_parameters(record: TrialRecord) -> bool:

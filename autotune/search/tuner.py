@@ -28,6 +28,7 @@ from autotune.search import race
 from autotune.search.evidence import finalists, recommend
 from autotune.search.lessons import (
     accumulation_cut_memory,
+    failing_alike,
     failing_values,
     needs_unused_parameters,
 )
@@ -265,6 +266,19 @@ class Tuner:
                 f"the training step fails whatever the configuration: {cause} (the baseline, "
                 f"trial {baseline.number}, and the memory trace before it, on one device in "
                 "fp32); fix the model, data, loss or optimizer (--optimizer) and search again"
+            )
+
+    def _stop_if_every_trial_fails_alike(self) -> None:
+        """Stop the search when every trial so far failed with one error across configurations
+        (``lessons.failing_alike``): the trials left would fail the same way."""
+        modes = self.proposer.space.choices().get("parallel", ("single",))
+        error = failing_alike(self.log.records, len(modes))
+        if error is not None:
+            failed = sum(r.counts_toward_budget for r in self.log.records)
+            raise SearchError(
+                f"every trial failed with the same error whatever its configuration ({failed} "
+                f"trials): {error[:200]}; fix it and search again (every trial is stored: see "
+                "`autotune show`)"
             )
 
     def _claim(self, config: TrainConfig) -> Any:
@@ -522,6 +536,7 @@ class Tuner:
                 self.reporter.trial_finished(record, self.log.best())
                 self._learn_unused_parameters(record)
                 self._learn_failing_values(record)
+                self._stop_if_every_trial_fails_alike()
 
     def race(self) -> list[TrainConfig]:
         """Race the best few, the baseline and the standard recipe in interleaved rounds until

@@ -144,13 +144,43 @@ def test_every_finalist_failing_in_the_race_ends_clearly_keeping_every_trial() -
 def test_a_search_where_every_trial_failed_says_so_not_that_nothing_fits() -> None:
     # A model whose optimizer refuses its gradients failed every trial, and the search ended
     # with "no configuration fits the memory budget ...; raise --memory-budget".
-    message = "rank 0: warm-up step 1: RuntimeError: the optimizer refuses these gradients"
-    executor = FakeExecutor(lambda config, before: failed(config, "error", message))
+    def outcome(config: TrainConfig, before: int) -> TrialResult:  # each its own error
+        return failed(config, "error", f"rank 0: RuntimeError: {config.grad_accum_steps} bad")
+
     with pytest.raises(SearchError) as raised:
-        make_tuner(executor, SPACE, trials=3).run([], "s.db", "s")
+        make_tuner(FakeExecutor(outcome), SPACE, trials=3).run([], "s.db", "s")
     text = str(raised.value)
-    assert text.startswith(f"no trial ran: all 3 failed (trial 0: {message})")
+    assert text.startswith("no trial ran: all 3 failed (trial 0: rank 0: RuntimeError: 1 bad)")
     assert "memory" not in text and "autotune show" in text
+
+
+@pytest.mark.parametrize("modes", [["ddp", "fsdp"], ["ddp"]])
+def test_a_search_whose_trials_all_fail_alike_stops_after_three(modes: list[str]) -> None:
+    # A step that fails whatever the configuration (a path the ranks cannot read) failed every
+    # trial of the budget. Three alike, across the space's parallel modes, end the search.
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        step = 1 + config.grad_accum_steps  # which rank and step it failed in do not matter
+        return failed(config, "error", f"rank {step % 2}: warm-up step {step}: OSError: no data")
+
+    space = {**SPACE, "parallel": modes}
+    executor = FakeExecutor(outcome)
+    with pytest.raises(SearchError, match="every trial failed with the same error") as raised:
+        make_tuner(executor, space, trials=12).run([], "s.db", "s")
+    assert str(raised.value).count("OSError: no data") == 1
+    assert {r.config.parallel for r in executor.runs} == set(modes)
+    assert len(executor.runs) < 12
+
+
+def test_failures_of_one_parallel_mode_alone_do_not_stop_the_search() -> None:
+    # DDP failing alike says nothing of single-device training, which the space also holds.
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        if config.parallel == "ddp":
+            return failed(config, "error", "rank 1: warm-up step 1: RuntimeError: no NCCL")
+        return steady(config, before)
+
+    space = {**SPACE, "parallel": ["ddp", "single"], "world_size": [1, 2]}
+    recommendation = make_tuner(FakeExecutor(outcome), space, trials=8).run([], "s.db", "s")
+    assert recommendation.config.parallel == "single"
 
 
 def test_a_baseline_failing_as_the_traced_step_did_ends_the_search_after_one_trial() -> None:
