@@ -25,26 +25,34 @@ __all__ = [
 
 
 ALIKE_FAILURES = 3
-"""Failed trials of differing configurations, none run, one error: the step fails whatever the
+"""Failed trials, the baseline's among them, none run, one error: the step fails whatever the
 configuration, and the search stops (``failing_alike``)."""
 _WHERE = re.compile(r"^rank \d+: (?:(?:warm-up|measured) step \d+: )?")
 
 
-def failing_alike(records: list[TrialRecord], parallel_modes: int) -> str | None:
-    """The error every trial so far failed with, when none has run (fit or not) and at least
-    ``ALIKE_FAILURES`` failed with that one error (which rank, which step aside), across every
-    parallel mode of the space (``parallel_modes`` of them) or at least two: not a value's
-    failure, which ``failing_values`` learns from a neighbour that ran, but the step's own (a
-    path the ranks cannot read, say), which would fail every trial left. None otherwise."""
+def _error(record: TrialRecord) -> str:
+    """A failure's error, which rank and which step aside."""
+    return _WHERE.sub("", record.message.splitlines()[0]) if record.message else ""
+
+
+def failing_alike(records: list[TrialRecord], parallel_modes: int) -> tuple[str, int] | None:
+    """(the error the baseline failed with, how many trials failed with it), when no trial
+    has run (fit or not) and at least ``ALIKE_FAILURES`` trials, the baseline's included,
+    failed with it (which rank, which step aside) across every parallel mode of the space
+    (``parallel_modes`` of them) or at least two: not a value's failure, which
+    ``failing_values`` learns from a neighbour that ran, but the step's own (a path the ranks
+    cannot read, say), which would fail every trial left. Other failures beside it (the same
+    error as a DataLoader worker words it) do not count either way. None otherwise."""
     measured = [r for r in records if r.counts_toward_budget and r.config is not None]
-    if any(r.status not in ("error", "crashed") for r in measured):
+    baseline = next((r for r in measured if r.role == "baseline"), None)
+    if baseline is None or any(r.status not in ("error", "crashed") for r in measured):
         return None
-    errors = {_WHERE.sub("", r.message.splitlines()[0]) if r.message else "" for r in measured}
-    modes = {r.config.parallel for r in measured if r.config is not None}
-    alike = len(measured) >= ALIKE_FAILURES and len(errors) == 1 and "" not in errors
-    if not alike or len(modes) < min(2, parallel_modes):
+    error = _error(baseline)
+    alike = [r for r in measured if _error(r) == error]
+    modes = {r.config.parallel for r in alike if r.config is not None}
+    if not error or len(alike) < ALIKE_FAILURES or len(modes) < min(2, parallel_modes):
         return None
-    return errors.pop()
+    return error, len(alike)
 
 
 def needs_unused_parameters(record: TrialRecord) -> bool:

@@ -272,12 +272,14 @@ class Tuner:
         """Stop the search when every trial so far failed with one error across configurations
         (``lessons.failing_alike``): the trials left would fail the same way."""
         modes = self.proposer.space.choices().get("parallel", ("single",))
-        error = failing_alike(self.log.records, len(modes))
-        if error is not None:
-            failed = sum(r.counts_toward_budget for r in self.log.records)
+        found = failing_alike(self.log.records, len(modes))
+        if found is not None:
+            error, alike = found
+            ran = sum(r.counts_toward_budget for r in self.log.records)
             raise SearchError(
-                f"every trial failed with the same error whatever its configuration ({failed} "
-                f"trials): {error[:200]}; fix it and search again (every trial is stored: see "
+                f"the training step fails whatever the configuration: {alike} of {ran} trials, "
+                f"the baseline's among them and across parallel modes, failed with {error[:200]}"
+                ", and none ran; fix it and search again (every trial is stored: see "
                 "`autotune show`)"
             )
 
