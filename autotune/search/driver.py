@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import re
 
-from autotune.errors import ConfigError, WorkloadError
+from autotune.errors import ConfigError
 from autotune.recommendation import Recommendation
 from autotune.records import exclusion_lines
 from autotune.result import Platform
 from autotune.runner.executor import Executor
 from autotune.runner.launch import LocalExecutor
-from autotune.runner.outcome import UNEVEN_SAMPLES_ERROR, UNEVEN_SAMPLES_HINT
 from autotune.runner.platform import (
     detect_platform,
     native_autocast,
@@ -28,7 +27,7 @@ from autotune.runner.workload import (
     describe_optimizer,
 )
 from autotune.search.probe import (
-    batch_error,
+    check_batches,
     feeds_images,
     fsdp_refusal,
     optimizer_flags,
@@ -130,24 +129,12 @@ def _check_split(global_batch_size: int | None, devices: int, source: str) -> No
     )
 
 
-def _check_batches(workload: WorkloadSpec) -> None:
-    """Fail before any trial, in one line, when the DataLoader cannot batch the dataset's
-    first samples (samples of different lengths without a collate function that pads them):
-    every trial would fail in its first step."""
-    unbatched = batch_error(workload)
-    if unbatched is not None:
-        hint = f"; {UNEVEN_SAMPLES_HINT}" if UNEVEN_SAMPLES_ERROR in unbatched else ""
-        raise WorkloadError(
-            f"the DataLoader cannot make a batch of the dataset's first samples: {unbatched}{hint}"
-        )
-
-
 def run_search(
     workload: WorkloadSpec, settings: SearchSettings, reporter: Reporter
 ) -> Recommendation:
     """Search, store every trial, and return (and store) the recommendation."""
     check_workload(workload)
-    _check_batches(workload)
+    check_batches(workload)
     settings, batch_source = resolve_global_batch(workload, settings)
     space = load_space(settings.space)
     storage = open_storage(settings.study.storage, settings.study.storage_wait_s, reporter.phase)

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig, make_config
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, WorkloadError
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.launch import run_trial
 from autotune.runner.optimizer import accepted_implementations, default_optimizer
+from autotune.runner.outcome import UNEVEN_SAMPLES_ERROR, UNEVEN_SAMPLES_HINT
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -339,6 +340,18 @@ def batch_error(workload: WorkloadSpec) -> str | None:
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return f"{type(error).__name__}: {text}"[:300]
     return None
+
+
+def check_batches(workload: WorkloadSpec) -> None:
+    """One line, before anything runs, when the DataLoader cannot batch the dataset's first
+    samples (samples of different lengths without a collate function that pads them): every
+    trial would fail in its first step, and a plan would predict batches that cannot be made."""
+    unbatched = batch_error(workload)
+    if unbatched is not None:
+        hint = f"; {UNEVEN_SAMPLES_HINT}" if UNEVEN_SAMPLES_ERROR in unbatched else ""
+        raise WorkloadError(
+            f"the DataLoader cannot make a batch of the dataset's first samples: {unbatched}{hint}"
+        )
 
 
 def optimizer_flags(workload: WorkloadSpec) -> tuple[str, tuple[str, ...]] | None:

@@ -207,6 +207,18 @@ def test_fsdp_is_left_out_for_a_model_whose_lookups_have_sparse_gradients(
     assert f"parallel=fsdp: {reason}; use ddp or single" in err and "Traceback" not in err
 
 
+def test_a_plan_of_samples_the_dataloader_cannot_batch_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["plan", "--model", "tests.fixtures.padded:Tagger", "--devices", "2",
+            "--device-memory", "8GiB"]  # fmt: skip
+    assert main([*argv, "--collate", "torch.utils.data:default_collate"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot make a batch of the dataset's first samples" in err and "--collate" in err
+    assert "Traceback" not in err
+    assert main([*argv, "--json"]) == 0  # its module's collate function pads them
+
+
 def test_a_cpu_plan_says_its_workers_are_not_counted_before_a_trial(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
