@@ -18,6 +18,7 @@ from autotune.search.lessons import needs_unused_parameters
 from autotune.search.log import StudyLog
 from autotune.search.space import SearchSpace
 from autotune.search.storage import UNCLAIMED_S
+from autotune.search.study import ask_fixed
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,7 @@ class Proposer:
     def propose(self) -> Proposal:
         """Ask for a trial and sample every knob whose condition holds."""
         move = self._next_move() if self.climb else None
-        if move is not None:
-            self.study.enqueue_trial(move)
-        trial = self.study.ask()
+        trial = ask_fixed(self.study, move) if move is not None else self.study.ask()
         self.log.claim(trial, None, self.hold_s)  # at once: sampling may take a while
         values: dict[str, Any] = {}
         for name, param in self.space.params.items():

@@ -69,6 +69,23 @@ def open_study(
     return study, name, requeue_abandoned(study)
 
 
+def ask_fixed(study: Any, params: dict[str, Any]) -> Any:
+    """A new trial of ``study`` whose suggestions return ``params`` (the climb's next move):
+    what ``enqueue_trial`` and ``ask`` do, without the queue between them. Through the queue,
+    another driver's ``ask`` of the same study could take the move, and a driver's own ``ask``
+    could pass over it: a move was left waiting in a shared study that no driver would run
+    (1 in 4 runs of two drivers on PostgreSQL). Optuna's storage API (``study._storage``,
+    ``study._study_id``, the trial cache ``ask`` clears) is the one way in;
+    ``tests/search/test_study.py`` pins it."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    study._thread_local.cached_all_trials = None  # as ``ask`` does: the sampler reads afresh
+    template = create_trial(state=TrialState.RUNNING, system_attrs={"fixed_params": params})
+    trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
+    return optuna.Trial(study, trial_id)
+
+
 def make_sampler(seed: int | None) -> Any:
     """The search's sampler: TPE over the joint space (knobs that only exist together are
     modelled together), a few random start-up trials, and lies for trials still running."""

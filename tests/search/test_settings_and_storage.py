@@ -11,7 +11,7 @@ from autotune.errors import ConfigError
 from autotune.search import storage
 from autotune.search.settings import make_settings
 from autotune.search.storage import OWNER_ATTR, UNOWNED_S, claims, open_storage, owner
-from autotune.search.study import open_study, requeue_abandoned
+from autotune.search.study import ask_fixed, open_study, requeue_abandoned
 
 
 @pytest.mark.parametrize(
@@ -84,6 +84,25 @@ def test_trials_left_running_are_failed_and_requeued(tmp_path: Path) -> None:
         study.ask().params == {}
         and study.get_trials()[-1].system_attrs.get("fixed_params") == params
     )
+
+
+def test_a_fixed_move_is_a_running_trial_of_its_own_and_leaves_nothing_queued(
+    tmp_path: Path,
+) -> None:
+    # The climb's move went through Optuna's queue (enqueue_trial, then ask), where another
+    # driver could take it or a driver's own ask pass over it, leaving it waiting forever.
+    # ``ask_fixed`` uses Optuna's storage API for the same trial: this pins what it relies on.
+    study, _, _ = open_study(f"sqlite:///{tmp_path}/s.db", "s", {"a": 1}, False)
+    trial = ask_fixed(study, {"x": 2, "y": "b"})
+    other = study.ask()  # a plain ask finds nothing of it queued
+    assert trial.number == 0 and other.number == 1
+    assert trial.suggest_categorical("x", [1, 2, 3]) == 2
+    assert trial.suggest_categorical("y", ["a", "b"]) == "b"
+    assert trial.suggest_categorical("z", [7]) == 7  # not fixed: sampled as usual
+    study.tell(trial, 1.0)
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states == {0: optuna.trial.TrialState.COMPLETE, 1: optuna.trial.TrialState.RUNNING}
+    assert study.trials[0].params == {"x": 2, "y": "b", "z": 7}
 
 
 def test_a_proposal_is_claimed_before_its_knobs_are_sampled(
