@@ -269,8 +269,8 @@ class Tuner:
             )
 
     def _stop_if_every_trial_fails_alike(self) -> None:
-        """Stop the search when every trial so far failed with one error across configurations
-        (``lessons.failing_alike``): the trials left would fail the same way."""
+        """Stop the search when nothing has run and the baseline's error failed three trials
+        across parallel modes (``lessons.failing_alike``): the trials left would fail alike."""
         modes = self.proposer.space.choices().get("parallel", ("single",))
         found = failing_alike(self.log.records, len(modes))
         if found is not None:
