@@ -22,6 +22,13 @@ class WorkloadError(AutotuneError):
 Model = TypeVar("Model", bound=BaseModel)
 
 
+def error_line(error: BaseException, limit: int = 300) -> str:
+    """``error`` in one line, its type first (``RuntimeError: stack expects ...``): the first
+    line of its message, at most ``limit`` characters in all."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:limit]
+
+
 def describe_validation_error(
     error: ValidationError, source: str, model: type[BaseModel], flat: bool = False
 ) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.errors import WorkloadError
+from autotune.errors import WorkloadError, error_line
 from autotune.runner.optimizer import default_optimizer, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -372,8 +372,7 @@ def trace_step(
     except _data_dependent_error() as error:
         raise TraceError(DATA_DEPENDENT) from error
     except Exception as error:  # a private tool's failure is the caller's cue to fall back
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        line = f"{type(error).__name__}: {text}"[:300]
+        line = error_line(error)
         if not isinstance(error, (*_fake_limits(), WorkloadError)):  # the model's shapes, say
             line += MODEL_AT_FAULT
         raise TraceError(line) from error

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, WorkloadError
+from autotune.errors import ConfigError, WorkloadError, error_line
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
@@ -62,8 +62,8 @@ def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
         isinstance(error, RuntimeError)
         and ("out of memory" in lowered or "can't allocate memory" in lowered)
     ):
-        return "oom", f"{type(error).__name__}: {text}"[:500]
-    return "error", f"{type(error).__name__}: {text}"[:500]
+        return "oom", error_line(error, 500)
+    return "error", error_line(error, 500)
 
 
 def apply_memory_limit(limit: int | None) -> None:

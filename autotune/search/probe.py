@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig, make_config
-from autotune.errors import ConfigError, WorkloadError
+from autotune.errors import ConfigError, WorkloadError, error_line
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.launch import run_trial
@@ -337,8 +337,7 @@ def batch_error(workload: WorkloadSpec) -> str | None:
         collate, _ = load_collate(workload, built[0])
         (collate or default_collate)(list(first))
     except Exception as error:
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return f"{type(error).__name__}: {text}"[:300]
+        return error_line(error)
     return None
 
 
