@@ -26,6 +26,7 @@ from autotune.errors import WorkloadError, error_line
 from autotune.runner.optimizer import default_optimizer, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
+    first_samples,
     load_collate,
     load_dataset,
     load_loss,
@@ -96,16 +97,10 @@ def _fake_batch(
     With the user's ``collate``, the batch is shaped as it makes a batch of the first samples
     (up to ``COLLATED_SAMPLES``: padded to the longest of them), widened to ``micro_batch``,
     and the values are those samples'."""
-    import itertools
-
     import torch
-    from torch.utils.data import IterableDataset, default_collate
+    from torch.utils.data import default_collate
 
-    count = min(micro_batch, COLLATED_SAMPLES) if collate is not None else 1
-    if isinstance(dataset, IterableDataset):
-        samples = list(itertools.islice(iter(dataset), count))
-    else:
-        samples = [dataset[i] for i in range(min(count, len(dataset)))]
+    samples = first_samples(dataset, min(micro_batch, COLLATED_SAMPLES) if collate else 1)
     one = (collate or default_collate)(samples)
     observed: list[Any] = []
 

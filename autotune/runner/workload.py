@@ -344,6 +344,18 @@ def _user_function(
     return function, named
 
 
+def first_samples(dataset: Any, count: int) -> list[Any]:
+    """The first ``count`` samples of ``dataset`` (fewer if it holds fewer): by index, or the
+    first a stream (an ``IterableDataset``) yields."""
+    import itertools
+
+    from torch.utils.data import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        return list(itertools.islice(iter(dataset), count))
+    return [dataset[i] for i in range(min(count, len(dataset)))]
+
+
 def load_loss(spec: WorkloadSpec, model_module: Any) -> tuple[Callable[[Any, Any], Any], str]:
     """The user's loss function (``--loss``, else ``autotune_loss`` in the model's module), or
     the default rules of ``default_loss``."""

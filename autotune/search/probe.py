@@ -25,6 +25,7 @@ from autotune.runner.outcome import UNEVEN_SAMPLES_ERROR, UNEVEN_SAMPLES_HINT
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import (
     WorkloadSpec,
+    first_samples,
     load_collate,
     load_dataset,
     load_model,
@@ -283,18 +284,12 @@ BATCH_CHECKED = 4
 def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None:
     """The dataset's first ``count`` samples (fewer if it holds fewer), the dataset built once
     beside the meta-device model; None when that cannot be done here (the trials will say)."""
-    import itertools
-
-    from torch.utils.data import IterableDataset
-
     built = _meta_model(workload.model)
     if built is None:
         return None
     try:
         dataset, _ = load_dataset(workload, *built)
-        if isinstance(dataset, IterableDataset):
-            return tuple(itertools.islice(iter(dataset), count))
-        return tuple(dataset[i] for i in range(min(count, len(dataset))))
+        return tuple(first_samples(dataset, count))
     except Exception:  # the trials will say what is wrong with it
         return None
 
