@@ -62,8 +62,13 @@ class _Values:
     """Counts read one by one (``.tolist()``): this one's position among ``of`` counts, so
     that their rounding sums to the whole (100 tokens over 7 experts: 15, 15, 14, ...)."""
 
+    @property
+    def seen(self) -> bool:
+        """Whether there are observed values to answer from (not an empty sample's)."""
+        return self.observed is not None and bool(self.observed.size)
+
     def nonzero_share(self) -> float:
-        if self.observed is not None and self.observed.size:
+        if self.seen:
             return float((self.observed != 0).mean())  # the first sample's
         if self.spread:
             return 1.0 - 1.0 / self.spread  # one of the values is zero
@@ -202,7 +207,7 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         count is zero, a count to split by): its likeliest under uniform routing. An index
         selects one of equally shaped slices, so any index in range holds the same memory."""
         values: _Values = self.known[tensor]
-        if values.observed is not None and values.observed.size:
+        if values.seen:
             first: bool | int | float = values.observed.flat[0].item()  # the first sample's
             return first
         if values.draw and tensor.is_floating_point():
@@ -225,10 +230,9 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func in _DRAWS:
             return _Values(draw=True)
         info: _Values | None = self.known.get(source) if source is not None else None
-        observed = info.observed if info is not None else None
-        if func in _OBSERVED_COMPARE and observed is not None and observed.size:
+        if func in _OBSERVED_COMPARE and info is not None and info.seen:
             try:  # a number NumPy cannot compare with (a symbol) leaves the size unknown
-                held = getattr(observed, _OBSERVED_COMPARE[func])(args[1])
+                held = getattr(info.observed, _OBSERVED_COMPARE[func])(args[1])
                 return _Values(chance=float(held.mean()), sampled=True)
             except (TypeError, AttributeError):
                 return None
