@@ -9,7 +9,8 @@ and every failure of theirs becomes ``TraceError`` with one line, for the caller
 over measured trials, ``autotune.search.memory_model``).
 
 The step is the trials' own: the user's model built under the fake mode, checkpointing applied
-by the same code, one forward under the config's autocast, the loss, backward and the user's
+by the same code, one forward under the config's autocast (CUDA's op lists for a CUDA device,
+``autotune.runner.fake_autocast``), the loss, backward and the user's
 optimizer step, twice (the first step creates the optimizer's state, the second holds it beside
 the gradients and activations). One device, as ``parallel=single`` runs it; what DDP and FSDP
 add or shard is arithmetic on these parts (``autotune.search.memory_model``).
@@ -344,8 +345,10 @@ def trace_step(
     checkpoint_segments: int = 0,
     learning_rate: float = 1e-4,
     optimizer_impl: str = "default",
+    device_type: str = "cpu",
 ) -> TensorPeak:
-    """The peak of one training step of ``spec``'s model on one device, traced on the CPU.
+    """The peak of one training step of ``spec``'s model on one ``device_type`` device, traced
+    on the CPU (for ``cuda``, autocast follows CUDA's op lists: ``fake_autocast``).
 
     Raises ``TraceError`` (one line) when the model defeats the fake tensors."""
     import logging
@@ -362,7 +365,13 @@ def trace_step(
             # its data pointer, which a fake tensor warns of: nothing is allocated either way
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             return _trace(
-                spec, micro_batch_size, amp, checkpoint_segments, learning_rate, optimizer_impl
+                spec,
+                micro_batch_size,
+                amp,
+                checkpoint_segments,
+                learning_rate,
+                optimizer_impl,
+                device_type,
             )
     except _data_dependent_error() as error:
         raise TraceError(DATA_DEPENDENT) from error
@@ -382,6 +391,7 @@ def _trace(
     segments: int,
     learning_rate: float,
     implementation: str,
+    device_type: str,
 ) -> TensorPeak:
     import sys
 
@@ -390,6 +400,7 @@ def _trace(
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+    from autotune.runner.fake_autocast import cuda_policy  # imports torch
     from autotune.runner.fake_routing import UniformRouting  # imports torch
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
 
@@ -425,12 +436,15 @@ def _trace(
         routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
         for fake, values in observed:
             routing.observe(fake, values)
-        with routing, tracker:
+        policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
+        with routing, tracker, policy:  # the policy holds for checkpoints' recomputation too
             args, kwargs, target = split_batch(batch)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:
-                loss = loss_fn(wrapped(*args, **kwargs), target)
-            loss.backward()
+                output = wrapped(*args, **kwargs)
+                loss = loss_fn(output, target)
+            loss.backward()  # the output held through it, as the trials' step holds it
+            del output
             backward = _by_kind(tracker.get_tracker_snapshot("peak"))
             unused = sum(1 for p in model.parameters() if p.requires_grad and p.grad is None)
             gradients_full = _gradient_bytes(model)

@@ -325,7 +325,7 @@ class Prediction:
         return sum(v for k, v in self.parts.items() if k not in beyond)
 
 
-_TRACED: dict[tuple[str, int, str, int, str], TensorPeak] = {}
+_TRACED: dict[tuple[str, str, int, str, int, str], TensorPeak] = {}
 """Traces by workload and what they depend on, shared by every model in this process."""
 
 
@@ -391,11 +391,16 @@ class MemoryModel:
     def _trace(self, micro_batch: int, amp: str, segments: int, impl: str) -> TensorPeak | None:
         key = (micro_batch, precision(amp), segments, impl)
         if key not in self._traces and self.trace_error is None:
-            shared = (self.workload.model_dump_json(), *key)
+            shared = (self.workload.model_dump_json(), self.device_type, *key)
             try:
                 if shared not in _TRACED:
                     _TRACED[shared] = trace_step(
-                        self.workload, micro_batch, amp, segments, optimizer_impl=impl
+                        self.workload,
+                        micro_batch,
+                        amp,
+                        segments,
+                        optimizer_impl=impl,
+                        device_type=self.device_type,
                     )
                 self._traces[key] = _TRACED[shared]
             except TraceError as error:
