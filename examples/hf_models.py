@@ -1,7 +1,7 @@
 """Hugging Face models built from their configs (no download), for trying autotune on models
-nobody here wrote: ``--model examples/hf_models.py:gpt2_small`` (also ``bert_base``,
-``llama_small``, and the ``_tiny`` sizes for a quick look; ``mixtral_tiny``, a mixture of
-experts). Needs the ``trainers`` extra
+nobody here wrote: ``--model examples/hf_models.py:gpt2_small`` (``gpt2_small_1k`` on
+1,024-token sequences; also ``bert_base``, ``llama_small``, and the ``_tiny`` sizes for a quick
+look; ``mixtral_tiny``, a mixture of experts). Needs the ``trainers`` extra
 (``pip install -e ".[trainers]"``, which brings transformers).
 
 Batches are dicts of random token ids passed as keyword arguments with ``labels``, so each
@@ -35,7 +35,7 @@ class Tokens(Dataset[dict[str, torch.Tensor]]):
 
 
 def autotune_dataset(model: Any) -> Tokens:
-    return Tokens(model.config.vocab_size)
+    return Tokens(model.config.vocab_size, getattr(model, "autotune_seq_len", SEQ_LEN))
 
 
 def gpt2_small() -> Any:
@@ -43,6 +43,15 @@ def gpt2_small() -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     return GPT2LMHeadModel(GPT2Config(attn_implementation="sdpa"))  # type: ignore[call-arg]
+
+
+def gpt2_small_1k() -> Any:
+    """GPT-2 small on sequences of its full context, 1,024 tokens: the shape of llm.c's GPT-2
+    small run (modded-nanogpt ``records/track_1_short/2024-10-13_llmc``), for comparing
+    tokens per second with it."""
+    model = gpt2_small()
+    model.autotune_seq_len = model.config.n_positions
+    return model
 
 
 def gpt2_tiny() -> Any:
