@@ -6,6 +6,9 @@ space at 64 devices under 30 s).
         [--out results/memory_prediction.json] [--plan-model workloads.gpt:gpt2_124m]
     python scripts/bench_memory_prediction.py --models workloads.gpt:gpt_small --plan-model "" \
         --amp off --malloc-mmap-threshold 4MiB --out results/memory_prediction_fixed_heap.json
+    python scripts/bench_memory_prediction.py --device cuda --plan-model "" --measure-only \
+        --models workloads.convnet:resnet18 --out resnet18_cuda.json   # on a lent GPU; then here:
+    python scripts/bench_memory_prediction.py --rescore resnet18_cuda.json --out SCORED.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
@@ -51,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +151,12 @@ def main() -> None:
         "measured --rounds times each, every run in fresh processes: the measurement's own "
         "spread.",
     )
+    parser.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="Run the grid's trials and trace nothing; score the JSON later, on any machine, "
+        "with --rescore (on a lent GPU, its minutes go to the trials alone).",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument(
@@ -198,7 +208,13 @@ def main() -> None:
         batch, segments = grid_shape(model, args.device)
         configs = grid(batch, segments, devices, args.device, tuple(args.amp))
         workload = WorkloadSpec(model=model, search_path=(os.getcwd(),))
-        points = measure_grid(workload, configs)
+        points = measure_grid(workload, configs, trace=not args.measure_only)
+        if args.measure_only:  # rows for --rescore to trace and score elsewhere
+            report["models"][model] = [asdict(p) for p in points]  # type: ignore[index]
+            for p in points:
+                print(f"{model:32} {p.config:58} measured {(p.measured_bytes or 0) >> 20:,} MiB")
+            _write(args.out, report)
+            continue
         rows = errors(points, workload)
         report["models"][model] = rows  # type: ignore[index]
         _print_rows(model, rows)

@@ -13,7 +13,8 @@
 #
 # What one lease measured (H200, 2026-11-26; results/gpu/): the machine started in about 30 s;
 # the gpu tests ran 17 in about 110 s (the CUDA-graph, FSDP and TF32 ones are the slow ones);
-# the memory grid took about 15 s a configuration (trace and trial); a search of GPT-2 small
+# the memory grid took about 15 s a configuration (a third of it the trace, which now runs
+# here: --measure-only there, --rescore here); a search of GPT-2 small
 # took 17 s for its fp32 baseline and 25-48 s for each compiled trial (9 trials in 290 s). So a
 # default search (20 trials, the race, the verification) does not fit beside the rest: `lease`
 # runs the tests not yet seen passing first, then a search of fewer trials.
@@ -44,9 +45,11 @@ tests() {  # 1. the gpu tests (TESTS: a -k expression; default all)
     | tail -30 || true
 }
 
-memory() {  # 2. predicted against the allocator's peak and reserved peak, and the CPU-made trace
+memory() {  # 2. the allocator's peak and reserved peak of a grid, measured; traced and scored
+            #    back here: bench_memory_prediction.py --rescore memory_prediction_cuda.json
   timeout "${MEMORY_S:-540}" "$PY" scripts/bench_memory_prediction.py --device cuda \
-    --plan-model "" --models ${MEMORY_MODELS:-workloads.gpt:gpt2_124m workloads.convnet:resnet18} \
+    --measure-only --plan-model "" \
+    --models ${MEMORY_MODELS:-workloads.convnet:resnet18 workloads.gpt:gpt2_124m} \
     --amp ${MEMORY_AMP:-off bf16} --out "$OUT/memory_prediction_cuda.json" 2>&1 \
     | tee "$OUT/memory_prediction_cuda.log" | tail -40 || true
 }

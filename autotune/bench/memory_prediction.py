@@ -146,18 +146,23 @@ def fresh_peaks(model: str, rounds: int) -> list[dict[str, Any]]:
 
 
 def measure_grid(
-    workload: WorkloadSpec, configs: list[TrainConfig], timeout_s: float = 1800.0
+    workload: WorkloadSpec,
+    configs: list[TrainConfig],
+    timeout_s: float = 1800.0,
+    trace: bool = True,
 ) -> list[GridPoint]:
     """Trace and run every configuration (a short real trial each), on the configurations'
     device. ``timeout_s`` per trial: a search's 300 s ends GPT-2 small's CPU trials (a step of
-    four 1,024-token sequences takes about a minute on 2 cores)."""
+    four 1,024-token sequences takes about a minute on 2 cores). Without ``trace`` the points
+    carry measurements alone, for ``rescored`` to trace on another machine (a lent GPU's
+    minutes then go to the trials: the trace took a third of each configuration's there)."""
     device = configs[0].device if configs else "cpu"
     model = MemoryModel(workload, device)
     options = TrialOptions(**GRID_OPTIONS, timeout_s=timeout_s)
     points = []
     for config in configs:
         started = time.perf_counter()
-        parts = model.device_tensors(config)
+        parts = model.device_tensors(config) if trace else None
         traced = time.perf_counter()
         result = run_trial(config, workload, options)
         used = memory_used(result, device)
@@ -170,7 +175,7 @@ def measure_grid(
                 tensors_bytes=sum(parts.values()) if parts else None,
                 measured_bytes=used // model.devices_counted(config) if used else None,
                 workers=model.workers(config),
-                unsharded_bytes=model.unsharded(config),
+                unsharded_bytes=model.unsharded(config) if trace else 0,
                 trace_s=traced - started,
                 trial_s=time.perf_counter() - traced,
                 device=device,
