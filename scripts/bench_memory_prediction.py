@@ -73,6 +73,7 @@ from autotune.bench.memory_prediction import (
     repeated_peaks,
     rescored,
     unfinished,
+    within_targets,
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
@@ -98,19 +99,17 @@ def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
             f"{row['after_one']:+8.1%} "
             f"{row['left_out']:+7.1%}" + (f" {allocated:+10.1%}" if allocated is not None else "")
         )
-    allocated = [r["tensors_vs_allocated"] for r in rows if "tensors_vs_allocated" in r]
-    if allocated:
+    counts = within_targets(rows)
+    n = counts["configurations"]
+    if "tensors_vs_allocated" in counts:
         print(
             f"{model}: traced tensors within +-5% of the allocator's peak in "
-            f"{sum(abs(e) <= 0.05 for e in allocated)} of {len(allocated)}"
+            f"{counts['tensors_vs_allocated']} of {n}"
         )
-    within = sum(abs(r["left_out"]) <= 0.10 for r in rows)
-    after_one = sum(abs(r["after_one"]) <= 0.10 for r in rows)
-    before = sum(abs(r["before_any"]) <= 0.10 for r in rows)
     print(
-        f"{model}: within +-10% in {within} of {len(rows)} calibrated on the others, "
-        f"{after_one} of {len(rows)} calibrated on the first alone, {before} of {len(rows)} "
-        "before any trial (the first guess)"
+        f"{model}: within +-10% in {counts['left_out']} of {n} calibrated on the others, "
+        f"{counts['after_one']} of {n} calibrated on the first alone, {counts['before_any']} of "
+        f"{n} before any trial (the first guess)"
     )
 
 

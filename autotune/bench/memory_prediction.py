@@ -257,6 +257,22 @@ def errors(points: list[GridPoint], workload: WorkloadSpec | None = None) -> lis
     return rows
 
 
+def within_targets(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of a grid's scored rows (``errors``) meet the targets: within +-10% calibrated
+    on the others, on the first alone, before any trial; on CUDA, traced tensors within +-5% of
+    the allocator's peak."""
+    counts = {
+        "configurations": len(rows),
+        "left_out": sum(abs(r["left_out"]) <= 0.10 for r in rows),
+        "after_one": sum(abs(r["after_one"]) <= 0.10 for r in rows),
+        "before_any": sum(abs(r["before_any"]) <= 0.10 for r in rows),
+    }
+    allocated = [r["tensors_vs_allocated"] for r in rows if "tensors_vs_allocated" in r]
+    if allocated:
+        counts["tensors_vs_allocated"] = sum(abs(e) <= 0.05 for e in allocated)
+    return counts
+
+
 def machine() -> dict[str, Any]:
     import torch
 
