@@ -54,6 +54,8 @@ def format_trial(result: TrialResult) -> str:
             lines.append(
                 f"  optimizer     {result.optimizer}" + (f" (--optimizer {given})" if given else "")
             )
+        if result.collate:
+            lines.append(f"  collate       {result.collate}")
         if result.compile_s is not None:
             lines.append(
                 f"  compile       {result.compile_s:.1f} s once per run (the first step; in the "

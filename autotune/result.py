@@ -112,6 +112,7 @@ class RankReport(BaseModel):
     )
     torch_threads: int = 0
     optimizer: str = Field("", description="Class of the optimizer the rank trained with.")
+    collate: str = Field("", description="Where the rank's collate function came from.")
     node: str = Field("", description="The Ray node the rank ran on (empty: the local launcher).")
     diagnostics: StepDiagnostics | None = None
 
@@ -128,6 +129,9 @@ class TrialResult(BaseModel):
     workload: dict[str, str | None] = Field(default_factory=dict)
     optimizer: str = Field(
         "", description="Class of the optimizer the trial trained with (empty: not built)."
+    )
+    collate: str = Field(
+        "", description="Where the trial's collate function came from (empty: not built)."
     )
     warmup_steps: int = 0
     measured_steps: int = 0

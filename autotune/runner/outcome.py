@@ -82,6 +82,7 @@ def assemble_result(
             include={"model", "data", "loss", "optimizer", "collate"}
         ),
         "optimizer": next((r.optimizer for r in reports if r.optimizer), ""),
+        "collate": next((r.collate for r in reports if r.collate), ""),
         "warmup_steps": options.warmup_for(request.config),
         "launch_s": launch_s,
         "total_s": total_s,

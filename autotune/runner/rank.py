@@ -185,6 +185,7 @@ def _measure(
         collate=workload.collate,
     )
     report["optimizer"] = type(training.optimizer).__name__
+    report["collate"] = workload.collate_source
     batches = training.batches()
     step = training.runner
     report["build_s"] = time.time() - started

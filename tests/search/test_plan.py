@@ -62,6 +62,7 @@ def test_one_config_as_json_carries_the_predicted_peak_and_its_parts(
     assert out["predicted_peak_bytes"] == sum(parts.values())
     assert parts["ddp buckets"] == 4 * (256 * 1024 + 1024 + 1024 * 256 + 256) * 4
     assert out["fits"] is True and out["source"].startswith("fake-tensor trace")
+    assert out["calibration"].startswith("tensors only, traced under CUDA's autocast op lists")
 
 
 def test_a_mixture_of_experts_plan_says_it_took_routing_as_uniform(
