@@ -515,6 +515,18 @@ class MemoryModel:
     def margin(self) -> float:
         return (self.calibration or self.prior).margin
 
+    def margin_for(self, config: TrainConfig) -> float:
+        """How far above the truth ``config``'s prediction may lie: the measured margin, but
+        for a compiled configuration before any compiled trial has run, no less than the first
+        guess's. Such a prediction is the eager one, and compiling can hold much less: on an
+        H200, GPT-2 small's first compiled trial measured 9,028 MiB against 14,061 predicted
+        (``results/gpu/h200_gpt2_small_search_partial.log``), where eager trials had narrowed
+        the margin to what they showed."""
+        calibration = self.calibration or self.prior
+        if config.compile != "off" and not calibration.compiled_trials:
+            return max(calibration.margin, calibration.prior_margin[0])
+        return calibration.margin
+
     def caveats(self, config: TrainConfig) -> list[str]:
         """What ``config``'s measured peak does not cover on this device, for the
         recommendation (from what the traces found: run ``predict`` first)."""

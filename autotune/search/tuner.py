@@ -171,11 +171,11 @@ class Tuner:
         None: nothing was predicted."""
         return None if prediction is None else prediction.peak_bytes <= self.limit_bytes
 
-    def predicted_over(self, prediction: Prediction | None) -> bool:
-        """Predicted over the limit by more than the prediction's measured error."""
+    def predicted_over(self, prediction: Prediction | None, config: TrainConfig) -> bool:
+        """Predicted over the limit by more than the prediction's error (``margin_for``)."""
         if prediction is None or self.memory is None:
             return False
-        return prediction.peak_bytes * (1 - self.memory.margin) > self.limit_bytes
+        return prediction.peak_bytes * (1 - self.memory.margin_for(config)) > self.limit_bytes
 
     def _learn_memory(self) -> None:
         if self.memory is not None:
@@ -468,14 +468,14 @@ class Tuner:
                 predicted_memory_bytes=int(self.limit_bytes * (1 + violation)),
                 predicted_memory_source="measured trials: " + reason.partition(" exceeds")[0],
             )
-        if prediction is not None and self.memory and self.predicted_over(prediction):
+        if prediction is not None and self.memory and self.predicted_over(prediction, config):
             return TrialRecord(
                 **base,
                 status="skipped",
                 feasible=False,
                 message=f"predicted not to fit: ~{prediction.peak_bytes / 2**20:,.0f} MiB "
                 f"predicted against the limit {self.limit_bytes / 2**20:,.0f} MiB, beyond the "
-                f"prediction's error ({self.memory.margin:.0%})",
+                f"prediction's error ({self.memory.margin_for(config):.0%})",
                 predicted_memory_bytes=prediction.peak_bytes,
                 predicted_memory_source=prediction.source,
             )
