@@ -193,6 +193,15 @@ def test_matmul_precision_high_lets_fp32_matmuls_run_in_tf32() -> None:
     assert not torch.equal(fast, exact)
 
 
+def test_the_fused_optimizer_and_the_users_own_train_on_cuda() -> None:
+    fused = _ok(_trial("tests.fixtures.models:Small", optimizer_impl="fused"))
+    assert fused.optimizer == "AdamW"
+    assert fused.ranks[0].diagnostics is not None
+    assert fused.ranks[0].diagnostics.optimizer_impl == "fused"  # a CUDA-only kernel, applied
+    users = _ok(_trial("tests.fixtures.optimizers:Wide"))
+    assert users.optimizer == "SGD"  # the module's autotune_optimizer, not the default AdamW
+
+
 def _wide_fsdp_peak(**values: object) -> int:
     result = _trial("tests.fixtures.traced:WideBlocks", parallel="fsdp", world_size=1, **values)
     return _ok(result).peak_memory_bytes or 0
