@@ -20,7 +20,7 @@ from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
 from autotune.runner.executor import Executor, PlacementError, run_to_end
-from autotune.runner.fake_memory import MODEL_AT_FAULT, UNUSED_PARAMETERS
+from autotune.runner.fake_memory import MODEL_AT_FAULT
 from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
@@ -33,8 +33,9 @@ from autotune.search.lessons import (
     needs_unused_parameters,
 )
 from autotune.search.log import StudyLog, to_record
+from autotune.search.memory_gate import MemoryGate
 from autotune.search.memory_model import MemoryModel, Prediction, prior_for
-from autotune.search.precheck import measured_estimate, precheck
+from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
 from autotune.search.recipe import recipe_candidates, recipe_values, simplicity
@@ -87,11 +88,11 @@ class Tuner:
         self.proposer = Proposer(
             study, self.log, space, fixed, climb, settings.measurement.prune_ratio, self.hold_s
         )
-        self.memory: MemoryModel | None = None
+        model = None
         if settings.memory.predict_memory:
             prior = prior_for(platform.device_type, workload, executor.rank_imports)
-            self.memory = MemoryModel(workload, platform.device_type, prior)
-            self.memory.calibrate(self.log.records)  # a resumed study's trials, at once
+            model = MemoryModel(workload, platform.device_type, prior)
+        self.gate = MemoryGate(model, self.limit_bytes, self.log, self.proposer, self._say, devices)
         self.started = time.perf_counter()
         self.recipe_config: TrainConfig | None = None
         """The standard recipe as measured (None: not measured, or it fits nowhere)."""
@@ -129,57 +130,13 @@ class Tuner:
         predicted = (prediction.peak_bytes, prediction.source) if prediction else None
         return to_record(-1, role, result, device, self.limit_bytes, race_round, predicted)
 
-    # -- memory -----------------------------------------------------------------------------
+    def _say(self, line: str) -> None:
+        self.reporter.phase(line)
 
-    def predict(self, config: TrainConfig) -> Prediction | None:
-        """``config``'s peak as the memory model predicts it now (None: the model defeats the
-        fake tensors; the reporter hears it once)."""
-        if self.memory is None:
-            return None
-        failed_before = self.memory.trace_error is not None
-        assumed_before = self.memory.assumption is not None
-        prediction = self.memory.predict(config)
-        if self.memory.trace_error is not None and not failed_before:
-            self.reporter.phase(
-                f"memory: the model could not be traced under fake tensors "
-                f"({self.memory.trace_error}); predicting by a fit over measured trials"
-            )
-        if self.memory.assumption is not None and not assumed_before:
-            self.reporter.phase(f"memory: {self.memory.assumption}")
-        if self.memory.needs_unused_parameters and not self.proposer.traced_unused:
-            self.proposer.traced_unused = True
-            if self.devices > 1:  # one device: no DDP trial to say it of
-                self.reporter.phase(
-                    f"{UNUSED_PARAMETERS}: DDP trials run with find_unused_parameters=True"
-                )
-        return prediction
-
-    def shown_prediction(self, config: TrainConfig) -> Prediction | None:
-        """What a trial of ``config`` is recorded as predicted to hold: the memory model's
-        prediction, else, for a model the fake tensors cannot trace, the measured trials' own
-        estimate (``precheck.measured_estimate``), so that its error is shown too."""
-        prediction = self.predict(config)
-        if prediction is None and self.memory is not None and self.memory.trace_error:
-            found = measured_estimate(config, self.log.observations())
-            if found is not None:
-                prediction = Prediction(found[0], {}, found[1])
-        return prediction
-
-    def predicted_fits(self, prediction: Prediction | None) -> bool | None:
-        """Whether the prediction itself lies within the limit, no margin (how the baseline and
-        the recipe choose their starting point: an engineer takes what is expected to fit).
-        None: nothing was predicted."""
-        return None if prediction is None else prediction.peak_bytes <= self.limit_bytes
-
-    def predicted_over(self, prediction: Prediction | None, config: TrainConfig) -> bool:
-        """Predicted over the limit by more than the prediction's error (``margin_for``)."""
-        if prediction is None or self.memory is None:
-            return False
-        return prediction.peak_bytes * (1 - self.memory.margin_for(config)) > self.limit_bytes
-
-    def _learn_memory(self) -> None:
-        if self.memory is not None:
-            self.memory.calibrate(self.log.records)
+    @property
+    def memory(self) -> MemoryModel | None:
+        """The memory model (None: prediction is off)."""
+        return self.gate.model
 
     def _run_one(
         self,
@@ -192,7 +149,7 @@ class Tuner:
         """Run one trial to its end and store it (the sampler learns from it too), on the
         claimed ``trial`` where one was asked for it."""
         self.reporter.trial_started(role, config)
-        prediction = self.shown_prediction(config)
+        prediction = self.gate.shown(config)
         try:
             # The race's rounds are the evidence, and the verification checks their estimate:
             # both measure a race run's floor (verification ``verify_factor`` times over), as
@@ -202,7 +159,7 @@ class Tuner:
         except PlacementError as error:
             result = TrialResult(config=config, status="invalid", message=str(error))
         record = self.log.write(self._record(role, result, race_round, prediction), trial)
-        self._learn_memory()
+        self.gate.learn()
         self.reporter.trial_finished(record, self.log.best())
         self._learn_failing_values(record)
         return record, result
@@ -257,7 +214,7 @@ class Tuner:
         """Stop the search when the baseline failed with the error the traced step raised
         before any trial (one device, fp32): the step itself fails (the optimizer refuses the
         model's sparse gradients, say), not a configuration, and every trial would too."""
-        traced = self.memory.trace_error if self.memory is not None else None
+        traced = self.gate.trace_error
         if baseline.status != "error" or not traced or not baseline.message:
             return
         cause = traced.split(MODEL_AT_FAULT)[0].strip()
@@ -336,7 +293,7 @@ class Tuner:
         found = None
         for config in recipe_candidates(values, self.proposer.space, self.proposer.completer()):
             # Largest first: the first predicted to fit is the one tried.
-            if self.predicted_fits(self.predict(config)) is False:
+            if self.gate.fits(self.gate.predict(config)) is False:
                 continue
             self.log.refresh()
             record = self.log.measured().get(config.key())
@@ -377,10 +334,10 @@ class Tuner:
                 config = TrainConfig(**self.proposer.completer()(self._baseline_values(accum)))
             except ValueError:
                 break
-            prediction = self.predict(config)
+            prediction = self.gate.predict(config)
             if prediction is None:
                 return start
-            if self.predicted_fits(prediction):
+            if self.gate.fits(prediction):
                 if accum > 1:
                     self.reporter.phase(
                         f"baseline: accumulation {accum}, the least predicted to fit "
@@ -454,7 +411,7 @@ class Tuner:
         if failing is not None:
             message = f"{failing.knob}={failing.value} {failing.reason()}"
             return TrialRecord(**base, status="skipped", message=message)
-        prediction = self.predict(config)
+        prediction = self.gate.predict(config)
         verdict = precheck(
             config, self.log.observations(), self.limit_bytes, trend=prediction is None
         )
@@ -468,14 +425,12 @@ class Tuner:
                 predicted_memory_bytes=int(self.limit_bytes * (1 + violation)),
                 predicted_memory_source="measured trials: " + reason.partition(" exceeds")[0],
             )
-        if prediction is not None and self.memory and self.predicted_over(prediction, config):
+        if prediction is not None and self.gate.over(prediction, config):
             return TrialRecord(
                 **base,
                 status="skipped",
                 feasible=False,
-                message=f"predicted not to fit: ~{prediction.peak_bytes / 2**20:,.0f} MiB "
-                f"predicted against the limit {self.limit_bytes / 2**20:,.0f} MiB, beyond the "
-                f"prediction's error ({self.memory.margin_for(config):.0%})",
+                message=self.gate.over_message(prediction, config),
                 predicted_memory_bytes=prediction.peak_bytes,
                 predicted_memory_source=prediction.source,
             )
@@ -510,7 +465,7 @@ class Tuner:
                 proposal, pending = pending, None
                 self.reporter.trial_started("search", request.config)
                 try:
-                    prediction = self.shown_prediction(request.config)
+                    prediction = self.gate.shown(request.config)
                     running[self.executor.submit(request)] = (proposal, prediction)
                     refused = 0
                 except PlacementError as error:
@@ -534,7 +489,7 @@ class Tuner:
                 proposal, prediction = running.pop(ticket)
                 ran = self._record("search", result, prediction=prediction)
                 record = self.proposer.record(proposal, ran)
-                self._learn_memory()
+                self.gate.learn()
                 self.reporter.trial_finished(record, self.log.best())
                 self._learn_unused_parameters(record)
                 self._learn_failing_values(record)
@@ -645,7 +600,7 @@ class Tuner:
             storage=storage,
             study_name=study_name,
             recipe=self.recipe_config,
-            memory_caveats=self.memory.caveats(winner) if self.memory else [],
+            memory_caveats=self.gate.caveats(winner),
         )
 
 

@@ -127,7 +127,7 @@ def _said_while_predicting(model: str) -> tuple[list[str], bool]:
     )
     tuner.reporter = phases = _Phases()
     configs = [TrainConfig(global_batch_size=64, grad_accum_steps=k, device="cpu") for k in (1, 2)]
-    predictions = [tuner.predict(c) for c in configs]
+    predictions = [tuner.gate.predict(c) for c in configs]
     return phases.lines, all(p is not None for p in predictions)
 
 

@@ -1,0 +1,105 @@
+"""What the search asks of the memory model: a configuration's predicted peak, said to the user
+once where the model cannot be traced or was traced on an assumption, and whether a prediction
+lets a trial run.
+
+The model (``autotune.search.memory_model``) predicts; this gate decides with it, for the tuner:
+a configuration predicted over the limit by more than the prediction's error is not run, the
+baseline and the recipe start where the prediction itself fits, and every trial is recorded
+beside what was predicted of it (for a model the fake tensors cannot trace, the measured trials'
+own estimate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autotune.config import TrainConfig
+from autotune.runner.fake_memory import UNUSED_PARAMETERS
+from autotune.search.log import StudyLog
+from autotune.search.memory_model import MemoryModel, Prediction
+from autotune.search.precheck import measured_estimate
+from autotune.search.proposer import Proposer
+
+
+class MemoryGate:
+    """The memory model (None: prediction is off) against ``limit_bytes``, calibrated on the
+    trials of ``log``; ``say`` tells the user a line, once per news."""
+
+    def __init__(
+        self,
+        model: MemoryModel | None,
+        limit_bytes: int,
+        log: StudyLog,
+        proposer: Proposer,
+        say: Callable[[str], None],
+        devices: int,
+    ) -> None:
+        self.model, self.limit_bytes, self.log = model, limit_bytes, log
+        self.proposer, self.say, self.devices = proposer, say, devices
+        self.learn()  # a resumed study's trials, at once
+
+    def learn(self) -> None:
+        """Calibrate on every trial that ran to the end so far."""
+        if self.model is not None:
+            self.model.calibrate(self.log.records)
+
+    def predict(self, config: TrainConfig) -> Prediction | None:
+        """``config``'s peak as the model predicts it now (None: the model defeats the fake
+        tensors, said once)."""
+        if self.model is None:
+            return None
+        failed_before = self.model.trace_error is not None
+        assumed_before = self.model.assumption is not None
+        prediction = self.model.predict(config)
+        if self.model.trace_error is not None and not failed_before:
+            self.say(
+                f"memory: the model could not be traced under fake tensors "
+                f"({self.model.trace_error}); predicting by a fit over measured trials"
+            )
+        if self.model.assumption is not None and not assumed_before:
+            self.say(f"memory: {self.model.assumption}")
+        if self.model.needs_unused_parameters and not self.proposer.traced_unused:
+            self.proposer.traced_unused = True
+            if self.devices > 1:  # one device: no DDP trial to say it of
+                self.say(f"{UNUSED_PARAMETERS}: DDP trials run with find_unused_parameters=True")
+        return prediction
+
+    def shown(self, config: TrainConfig) -> Prediction | None:
+        """What a trial of ``config`` is recorded as predicted to hold: the model's prediction,
+        else, for a model the fake tensors cannot trace, the measured trials' own estimate
+        (``precheck.measured_estimate``), so that its error is shown too."""
+        prediction = self.predict(config)
+        if prediction is None and self.model is not None and self.model.trace_error:
+            found = measured_estimate(config, self.log.observations())
+            if found is not None:
+                prediction = Prediction(found[0], {}, found[1])
+        return prediction
+
+    def fits(self, prediction: Prediction | None) -> bool | None:
+        """Whether the prediction itself lies within the limit, no margin (how the baseline and
+        the recipe choose their starting point: an engineer takes what is expected to fit).
+        None: nothing was predicted."""
+        return None if prediction is None else prediction.peak_bytes <= self.limit_bytes
+
+    def over(self, prediction: Prediction | None, config: TrainConfig) -> bool:
+        """Predicted over the limit by more than the prediction's error (``margin_for``)."""
+        if prediction is None or self.model is None:
+            return False
+        return prediction.peak_bytes * (1 - self.model.margin_for(config)) > self.limit_bytes
+
+    def over_message(self, prediction: Prediction, config: TrainConfig) -> str:
+        """Why a configuration predicted over the limit is not run."""
+        margin = self.model.margin_for(config) if self.model is not None else 0.0
+        return (
+            f"predicted not to fit: ~{prediction.peak_bytes / 2**20:,.0f} MiB predicted against "
+            f"the limit {self.limit_bytes / 2**20:,.0f} MiB, beyond the prediction's error "
+            f"({margin:.0%})"
+        )
+
+    @property
+    def trace_error(self) -> str | None:
+        return self.model.trace_error if self.model is not None else None
+
+    def caveats(self, config: TrainConfig) -> list[str]:
+        """What ``config``'s measured peak does not cover on this device (``MemoryModel``'s)."""
+        return self.model.caveats(config) if self.model is not None else []
