@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -12,6 +12,8 @@ from autotune.bench.memory_prediction import (
     errors,
     grid,
     grid_shape,
+    measure_grid,
+    rescored,
     unfinished,
 )
 
@@ -136,3 +138,22 @@ def test_every_repeat_set_is_configurations_a_trial_accepts() -> None:
     for name, values in REPEAT_SETS.items():
         configs = [TrainConfig(global_batch_size=32, device="cpu", **v) for v in values]
         assert len({c.summary() for c in configs}) == len(configs), name
+
+
+def test_a_grid_measured_without_tracing_is_traced_and_scored_afterwards() -> None:
+    # A lent GPU's minutes go to the trials (--measure-only); any machine traces and scores the
+    # saved rows later (--rescore), with the same numbers as a grid traced as it ran.
+    from autotune.runner.workload import WorkloadSpec
+    from autotune.search.memory_model import MemoryModel
+
+    model = "workloads.mlp:mlp_tiny"
+    configs = grid(32, 2, devices=2, amps=("off",))[:3]
+    points = measure_grid(WorkloadSpec(model=model), configs, trace=False)
+    assert all(p.tensors_bytes is None and p.measured_bytes for p in points)
+    rows = rescored(model, [asdict(p) for p in points])
+    assert len(rows) == 3 and all(r["tensors_bytes"] > 0 for r in rows)
+    assert [r["measured_bytes"] for r in rows] == [p.measured_bytes for p in points]
+    traced = MemoryModel(WorkloadSpec(model=model), "cpu")
+    for row, config in zip(rows, configs, strict=True):  # each row traced as its configuration
+        assert row["tensors_bytes"] == sum(traced.device_tensors(config).values())
+        assert "left_out" in row and "before_any" in row
