@@ -219,10 +219,8 @@ def make_plan(
         calibration=calibrated.describe()
         if calibrated.trials
         else (
-            f"the tensors x{calibrated.scale:.2f} for the caching allocator's reserve, traced "
-            "under CUDA's autocast op lists (on an H200, GPT-2 small in bf16: the tensors within "
-            "5% of the allocator's peak in 11 of 12 configurations, the reserve 12-41% over "
-            "them); trials that ran teach the rest"
+            f"the tensors x{calibrated.scale:.2f} for the caching allocator's reserve (12-41% "
+            "over them on that H200); trials that ran teach the rest"
             if device_type == "cuda"
             else f"a rank of this workload measured here without its tensors "
             f"({calibrated.offset_bytes / 2**20:,.0f} MiB), the tensors x"
