@@ -63,6 +63,7 @@ from autotune.bench.memory_prediction import (
     GRIDS,
     MMAP_THRESHOLD_ENV,
     REPEAT_SETS,
+    GridPoint,
     errors,
     fresh_peaks,
     grid,
@@ -207,13 +208,17 @@ def main() -> None:
         batch, segments = grid_shape(model, args.device)
         configs = grid(batch, segments, devices, args.device, tuple(args.amp))
         workload = WorkloadSpec(model=model, search_path=(os.getcwd(),))
-        points = measure_grid(workload, configs, trace=not args.measure_only)
         if args.measure_only:  # rows for --rescore to trace and score elsewhere
-            report["models"][model] = [asdict(p) for p in points]  # type: ignore[index]
-            for p in points:
-                print(f"{model:32} {p.config:58} measured {(p.measured_bytes or 0) >> 20:,} MiB")
-            _write(args.out, report)
+            rows = report["models"][model] = []  # type: ignore[index]
+
+            def keep(p: GridPoint, rows: list[dict[str, Any]] = rows, name: str = model) -> None:
+                rows.append(asdict(p))  # written at once: a cut run keeps what it measured
+                _write(args.out, report)
+                print(f"{name:32} {p.config:58} measured {(p.measured_bytes or 0) >> 20:,} MiB")
+
+            measure_grid(workload, configs, trace=False, measured=keep)
             continue
+        points = measure_grid(workload, configs)
         rows = errors(points, workload)
         report["models"][model] = rows  # type: ignore[index]
         _print_rows(model, rows)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -150,12 +151,14 @@ def measure_grid(
     configs: list[TrainConfig],
     timeout_s: float = 1800.0,
     trace: bool = True,
+    measured: Callable[[GridPoint], None] | None = None,
 ) -> list[GridPoint]:
     """Trace and run every configuration (a short real trial each), on the configurations'
     device. ``timeout_s`` per trial: a search's 300 s ends GPT-2 small's CPU trials (a step of
     four 1,024-token sequences takes about a minute on 2 cores). Without ``trace`` the points
     carry measurements alone, for ``rescored`` to trace on another machine (a lent GPU's
-    minutes then go to the trials: the trace took a third of each configuration's there)."""
+    minutes then go to the trials: the trace took a third of each configuration's there).
+    ``measured`` hears each point as it is measured (to keep it, should the run be cut)."""
     device = configs[0].device if configs else "cpu"
     model = MemoryModel(workload, device)
     options = TrialOptions(**GRID_OPTIONS, timeout_s=timeout_s)
@@ -167,24 +170,25 @@ def measure_grid(
         result = run_trial(config, workload, options)
         used = memory_used(result, device)
         ok = [r for r in result.ranks if r.status == "ok"]
-        points.append(
-            GridPoint(
-                config=config.summary(),
-                status=result.status,
-                values=config.model_dump(mode="json"),
-                tensors_bytes=sum(parts.values()) if parts else None,
-                measured_bytes=used // model.devices_counted(config) if used else None,
-                workers=model.workers(config),
-                unsharded_bytes=model.unsharded(config) if trace else 0,
-                trace_s=traced - started,
-                trial_s=time.perf_counter() - traced,
-                device=device,
-                allocated_bytes=max(r.peak_memory_bytes for r in ok)
-                if device == "cuda" and ok and used
-                else None,
-                message=result.message if result.status != "ok" else "",
-            )
+        point = GridPoint(
+            config=config.summary(),
+            status=result.status,
+            values=config.model_dump(mode="json"),
+            tensors_bytes=sum(parts.values()) if parts else None,
+            measured_bytes=used // model.devices_counted(config) if used else None,
+            workers=model.workers(config),
+            unsharded_bytes=model.unsharded(config) if trace else 0,
+            trace_s=traced - started,
+            trial_s=time.perf_counter() - traced,
+            device=device,
+            allocated_bytes=max(r.peak_memory_bytes for r in ok)
+            if device == "cuda" and ok and used
+            else None,
+            message=result.message if result.status != "ok" else "",
         )
+        points.append(point)
+        if measured is not None:
+            measured(point)
     return points
 
 
