@@ -88,8 +88,9 @@ class MemoryGate:
         return prediction.peak_bytes * (1 - self.model.margin_for(config)) > self.limit_bytes
 
     def over_message(self, prediction: Prediction, config: TrainConfig) -> str:
-        """Why a configuration predicted over the limit is not run."""
-        margin = self.model.margin_for(config) if self.model is not None else 0.0
+        """Why a configuration ``over`` the limit is not run."""
+        assert self.model is not None  # over() holds only with a model
+        margin = self.model.margin_for(config)
         return (
             f"predicted not to fit: ~{prediction.peak_bytes / 2**20:,.0f} MiB predicted against "
             f"the limit {self.limit_bytes / 2**20:,.0f} MiB, beyond the prediction's error "

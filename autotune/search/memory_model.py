@@ -526,10 +526,6 @@ class MemoryModel:
         source += f", {calibration.describe()}"
         return Prediction(per_device * self.devices_counted(config), shown, source)
 
-    @property
-    def margin(self) -> float:
-        return (self.calibration or self.prior).margin
-
     def margin_for(self, config: TrainConfig) -> float:
         """How far above the truth ``config``'s prediction may lie: the measured margin, but
         for a compiled configuration before any compiled trial has run, no less than the first
