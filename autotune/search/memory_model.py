@@ -102,10 +102,10 @@ scale on CUDA is 1 + this, before any trial and as what a fit is pulled towards.
 H200 the reserved peak lay 11.6-40.6% over the traced tensors in all 12 configurations of
 ``gpt2_124m``'s bf16 grid (``results/gpu/h200_memory_prediction_gpt2_124m_bf16_rescored.json``;
 the large ones 11.6-13.4%), and on an H100 GPT-2 small's fp32 baseline reserved 69.6 GiB over
-62.7 allocated (11.0%). With the tensors alone, that baseline was predicted to fit a 64.1 GiB
-limit, ran, and did not; at x1.1 it is predicted not to, and the baseline starts from an
-accumulation that fits. Never over the reserved peak measured so far, so it skips nothing that
-fits."""
+62.7 allocated (11.0%). With the tensors alone that baseline, which ran and did not fit a 64.1
+GiB limit, would be predicted to fit it; at x1.1 it is predicted not to, and the baseline starts
+from an accumulation that fits. Never over the reserved peak measured so far, so it skips
+nothing that fits."""
 CUDA_PRIOR_MARGIN = (0.50, 0.50)
 """On CUDA one grid has measured it (an H200, ``gpt2_124m`` in bf16, 12 configurations,
 ``results/gpu/h200_memory_prediction_gpt2_124m_bf16_rescored.json``): the tensors alone lay

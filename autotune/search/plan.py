@@ -220,7 +220,7 @@ def make_plan(
         if calibrated.trials
         else (
             f"the tensors x{calibrated.scale:.2f} for the caching allocator's reserve (12-41% "
-            "over them on that H200); trials that ran teach the rest"
+            "over them on an H200, GPT-2 small in bf16); trials that ran teach the rest"
             if device_type == "cuda"
             else f"a rank of this workload measured here without its tensors "
             f"({calibrated.offset_bytes / 2**20:,.0f} MiB), the tensors x"
