@@ -105,7 +105,7 @@ def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
     if "tensors_vs_allocated" in counts:
         print(
             f"{model}: traced tensors within +-5% of the allocator's peak in "
-            f"{counts['tensors_vs_allocated']} of {n}"
+            f"{counts['tensors_vs_allocated']} of {counts['with_allocated']}"
         )
     print(
         f"{model}: within +-10% in {counts['left_out']} of {n} calibrated on the others, "

@@ -272,7 +272,8 @@ def within_targets(rows: list[dict[str, Any]]) -> dict[str, int]:
         "before_any": sum(abs(r["before_any"]) <= 0.10 for r in rows),
     }
     allocated = [r["tensors_vs_allocated"] for r in rows if "tensors_vs_allocated" in r]
-    if allocated:
+    if allocated:  # of the rows that measured the allocator's peak
+        counts["with_allocated"] = len(allocated)
         counts["tensors_vs_allocated"] = sum(abs(e) <= 0.05 for e in allocated)
     return counts
 
