@@ -9,7 +9,9 @@
 #           then, at once (a machine left idle 30 s goes back), what it says is left:
 #           run(command="bash scripts/gpu_session.sh search", carry=[".whl"], timeout_s=...)
 #   or one step at a time: tests | memory | search (run search again until it says done: it
-#   resumes from its study, which a warm machine keeps in results/tmp/)
+#   resumes from its study, which a warm machine keeps in results/tmp/) | landscape (step 4:
+#   records as much of a landscape as fits and stops; its state comes back in $OUT: copy it to
+#   results/gpu/ and commit it, and the next lease, on the same kind of GPU, goes on from it)
 #
 # What one lease measured (H200, 2026-11-26; results/gpu/): the machine started in about 30 s;
 # the gpu tests ran 17 in about 110 s (the CUDA-graph, FSDP and TF32 ones are the slow ones);
@@ -64,6 +66,19 @@ search() {  # 3. a search of GPT-2 small (1,024 tokens): recipe, baseline, speed
   if [ "$status" = 124 ]; then echo "not done: run the same step again (it resumes)"; else echo "done ($status)"; fi
 }
 
+landscape() {  # 4. one device's knobs for that model (search_spaces/gpu_single.yaml), over leases
+  local tag state status=0
+  tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h[0-9]{3}' \
+    | tr 'H' 'h' || echo gpu)
+  state=results/gpu/${tag}_$(basename "${MODEL##*:}")_landscape_state.json
+  timeout "${LANDSCAPE_S:-580}" "$PY" scripts/record_landscape.py --model "$MODEL" \
+    --space search_spaces/gpu_single.yaml --device cuda --until-s "${LANDSCAPE_UNTIL_S:-540}" \
+    --state "$state" --out "$OUT/${tag}_$(basename "${MODEL##*:}").json" 2>&1 \
+    | tee -a "$OUT/landscape.log" | tail -30 || status=$?
+  if [ -f "$state" ]; then cp "$state" "$OUT/"; fi
+  echo "landscape: exit $status (3: runs left; the state is in \$OUT, copy it to $state)"
+}
+
 case "${1:-}" in
   wheels)  # here: what the device image lacks, for its Python 3.12 (numpy is there already)
     rm -rf .whl
@@ -82,8 +97,9 @@ case "${1:-}" in
   tests) setup; tests ;;
   memory) setup; memory ;;
   search) setup; search ;;
+  landscape) setup; landscape ;;
   *)
-    echo "usage: bash scripts/gpu_session.sh wheels|lease|tests|memory|search" >&2
+    echo "usage: bash scripts/gpu_session.sh wheels|lease|tests|memory|search|landscape" >&2
     exit 2
     ;;
 esac

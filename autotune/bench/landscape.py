@@ -149,8 +149,8 @@ class Point(BaseModel):
         return statistics.median(spreads) if spreads else 0.0
 
 
-class Landscape(BaseModel):
-    """Every configuration of ``space`` for one workload on one platform, measured."""
+class LandscapeHeading(BaseModel):
+    """What a landscape was recorded of, and how: its workload, machine, space and protocol."""
 
     model_config = _FROZEN
 
@@ -161,14 +161,19 @@ class Landscape(BaseModel):
     global_batch_size: int
     warmup_steps: int
     measured_steps: int
-    memory_limit_bytes: int = Field(description="Feasible: peak memory at most this.")
-    points: list[Point]
     native_amp: tuple[str, ...] | None = Field(
         None,
         description="The autocasts the recording's device computed natively "
         "(platform.native_autocast), the recipe's; None: recorded before this was kept, and "
         "the replay's recipe takes every autocast the space offers, as it did then.",
     )
+
+
+class Landscape(LandscapeHeading):
+    """Every configuration of ``space`` for one workload on one platform, measured."""
+
+    memory_limit_bytes: int = Field(description="Feasible: peak memory at most this.")
+    points: list[Point]
 
     def recipe_native_amp(self) -> tuple[str, ...]:
         """The autocasts the standard recipe may take on this landscape's device."""

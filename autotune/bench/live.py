@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.bench.grid_record import GridState
 from autotune.bench.heuristics import (
     amp_where_available,
     batch_size_finder,
@@ -36,16 +37,15 @@ from autotune.bench.heuristics import (
 from autotune.bench.landscape import (
     Landscape,
     Measured,
-    Point,
     Run,
     fastest_fitting,
-    memory_line,
     within_limit,
 )
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.result import Platform
 from autotune.runner.executor import run_to_end
+from autotune.runner.launch import LocalExecutor
 from autotune.runner.platform import native_autocast, usable_cpus
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
@@ -71,11 +71,6 @@ WORKLOADS = {
 TARGET_RATIO, TARGET_WALL_SHARE, TARGET_ERROR = 0.97, 0.15, 0.05
 
 
-ORACLE_TOP, ORACLE_REPEATS = 8, 3
-"""The grid's optimum is the best median of its eight fastest (that fit) after three more runs
-each, in rounds: a single run moves by several percent on a shared CPU."""
-
-
 SPLIT_PARTS = ("measured", "warm-up", "overhead", "pruned", "race", "verify", "driver")
 """Where the tuner's wall time goes: search trials' measured steps, warm-up and overhead
 (launch, start-up, build), whole pruned trials, the race, the verification, the driver."""
@@ -99,12 +94,25 @@ class Method:
 class Live:
     """Runs trials on a fresh executor; every time is measured from its creation."""
 
-    def __init__(self, platform: Platform, spec: WorkloadSpec, args: Any, limit: int | None):
-        from autotune.runner.ray_executor import RayExecutor  # imports ray
-
+    def __init__(
+        self,
+        platform: Platform,
+        spec: WorkloadSpec,
+        args: Any,
+        limit: int | None,
+        local: bool = False,
+    ):
+        """``local``: rank processes of this machine (``LocalExecutor``), where Ray is missing
+        (a lent GPU machine); else a fresh local Ray instance, the benchmark's executor."""
         self.started = time.perf_counter()
         self.platform, self.spec, self.args, self.limit = platform, spec, args, limit
-        self.executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=max(8, os.cpu_count() or 1))
+        if local:
+            self.executor: Any = LocalExecutor()
+        else:
+            from autotune.runner.ray_executor import RayExecutor  # imports ray
+
+            cpus = max(8, os.cpu_count() or 1)
+            self.executor = RayExecutor(platform, cpus_per_rank=2, num_cpus=cpus)
         self.trials: list[Measured] = []
 
     def run(
@@ -168,24 +176,8 @@ def run_grid(
     platform: Platform, spec: WorkloadSpec, args: Any, space: Any, configs: list[TrainConfig]
 ) -> tuple[Landscape, Method]:
     live = Live(platform, spec, args, None)
-    runs: dict[int, list[Run]] = {}
-    for i, config in enumerate(configs):
-        runs[i] = [live.run(config)[1]]
-        progress(f"grid {i + 1}/{len(configs)} {config.summary()}: {runs[i][0].status}")
-    method = Method("grid", trials=list(live.trials), wall_s=time.perf_counter() - live.started)
-    limit = memory_line([r[0].memory_used_bytes for r in runs.values() if r[0].memory_used_bytes])
-    # The optimum is decided on repeated measurements of the best few, as the tuner's is.
-    fitting = [
-        i for i, r in runs.items() if within_limit(r[0].status, r[0].memory_used_bytes, limit)
-    ]
-    ranked = sorted(fitting, key=lambda i: runs[i][0].samples_per_s or 0.0, reverse=True)
-    # In rounds (A B C D E, A B C D E): back-to-back repeats would share the machine's drift and
-    # understate the run-to-run noise that replay draws from them.
-    for _ in range(ORACLE_REPEATS):
-        for i in ranked[:ORACLE_TOP]:
-            runs[i].append(live.run(configs[i])[1])
-    method.extra["oracle_remeasure_s"] = live.close() - method.wall_s
-    landscape = Landscape(
+    state = GridState.start(
+        configs,
         workload=spec.model,
         platform=platform,
         devices=args.devices_used,
@@ -193,10 +185,22 @@ def run_grid(
         global_batch_size=configs[0].global_batch_size,
         warmup_steps=args.warmup_steps,
         measured_steps=args.measured_steps,
-        memory_limit_bytes=limit,
-        points=[Point(config=c, runs=runs[i]) for i, c in enumerate(configs)],
         native_amp=native_autocast(platform.device_type)[0],
     )
+    first_pass_s = 0.0
+    # Every configuration once, then the best few again, in rounds (GridState.next_run): the
+    # optimum is decided on repeated measurements, as the tuner's is.
+    while (i := state.next_run()) is not None:
+        state = state.with_run(i, live.run(configs[i])[1])
+        if not first_pass_s:
+            status = state.runs[i][0].status
+            progress(f"grid {i + 1}/{len(configs)} {configs[i].summary()}: {status}")
+            if state.first_pass_done:
+                first_pass_s = time.perf_counter() - live.started
+    method = Method("grid", trials=list(live.trials[: len(configs)]), wall_s=first_pass_s)
+    method.extra["oracle_remeasure_s"] = live.close() - first_pass_s
+    landscape = state.landscape()
+    limit = landscape.memory_limit_bytes
     best = landscape.optimum()
     method.pick, method.pick_samples_per_s = best.config, best.value
     method.trials = [  # judged now that the limit is known
