@@ -97,12 +97,19 @@ def _fake_batch(
     the rows whose label is not negative), the trace takes the share the first sample shows.
     With the user's ``collate``, the batch is shaped as it makes a batch of the first samples
     (up to ``COLLATED_SAMPLES``: padded to the longest of them), widened to ``micro_batch``,
-    and the values are those samples'."""
+    and the values are those samples'; a batch some tensor of which does not hold the samples
+    along its first dimension (a graph batch's concatenated nodes) cannot be widened, and is
+    made of the first ``micro_batch`` samples."""
     import torch
     from torch.utils.data import default_collate
 
     samples = first_samples(dataset, min(micro_batch, COLLATED_SAMPLES) if collate else 1)
     one = (collate or default_collate)(samples)
+    if collate and micro_batch > len(samples) and not _widens(one, len(samples)):
+        # a tensor without the samples along its first dimension (a graph batch's nodes,
+        # concatenated): widening cannot size it, so the whole micro-batch is batched
+        samples = first_samples(dataset, micro_batch)
+        one = collate(samples)
     observed: list[Any] = []
 
     def widen(tensor: Any) -> Any:
@@ -115,6 +122,17 @@ def _fake_batch(
         return fake
 
     return torch.utils._pytree.tree_map_only(torch.Tensor, widen, one), observed
+
+
+def _widens(batch: Any, samples: int) -> bool:
+    """Whether every tensor of ``batch`` holds its ``samples`` along its first dimension, so
+    that a larger micro-batch is the same batch widened."""
+    import torch
+
+    tensors = torch.utils._pytree.tree_leaves(batch)
+    return all(
+        t.dim() > 0 and t.shape[0] == samples for t in tensors if isinstance(t, torch.Tensor)
+    )
 
 
 def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:

@@ -12,7 +12,9 @@ routing towards that; what the trials measure shows an imbalance (the calibratio
 A comparison of the batch's own integer or boolean values (labels, token ids, masks) with a
 number holds as often as it does in the dataset's first sample (DeBERTa's loss keeps the rows
 whose label is not negative: all of them; ``x[attention_mask.bool()]`` keeps the unpadded
-share), and a value read from them is the first sample's.
+share), and a value read from them is the first sample's. Where the traced batch holds every
+value of such a tensor (a collate function's batch of exactly the micro-batch's samples), its
+max, min or sum is read exactly: a graph batch's number of graphs, ``int(graph.max()) + 1``.
 
 Two more things a training step reads from values it does not have are given theirs: a uniform
 random draw (``torch.rand``) compared with p is true with chance p, and a branch on it takes its
@@ -38,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -57,6 +60,10 @@ class _Values:
     """Decided by the batch's own values, at the share the dataset's first sample shows."""
     observed: Any = field(default=None, compare=False)
     """The first sample's values of a batch tensor (a NumPy array), for comparisons to count."""
+    whole: bool = False
+    """``observed`` is every value the tensor holds (a batch the collate function made of
+    exactly the micro-batch's samples, or a tensor of no batch dimension): a reduction of it
+    reads the batch's own number, not an estimate."""
     index: int = 0
     of: int = 0
     """Counts read one by one (``.tolist()``): this one's position among ``of`` counts, so
@@ -92,6 +99,9 @@ _INDICES = {
 """Ops whose output (at this position) holds indices into the dimension they reduce."""
 _ARG = {_aten.argmax.default, _aten.argmin.default}
 _SUM = {_aten.sum.dim_IntList, _aten.sum.default}
+_WHOLE_REDUCTIONS = {_aten.max.default: "max", _aten.min.default: "min", _aten.sum.default: "sum"}
+"""Reductions to one number that the observed values of a whole batch tensor answer (a graph
+batch's number of graphs, ``int(graph.max()) + 1``, sizes its pooled output)."""
 _NONZERO_TEST = {_aten.gt.Scalar, _aten.ne.Scalar}
 _DRAWS = {_aten.rand.default, _aten.rand_like.default, _aten.uniform_.default}
 _BELOW = {
@@ -134,7 +144,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def observe(self, tensor: Any, values: Any) -> None:
         """``tensor`` (of the fake batch) holds values like ``values`` (the first sample's)."""
-        self.known[tensor] = _Values(observed=values, sampled=True)
+        whole = tuple(values.shape) == tuple(tensor.shape)
+        self.known[tensor] = _Values(observed=values, sampled=True, whole=whole)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -195,6 +206,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
     def _count(self, values: _Values) -> None:
+        if values.whole:
+            return  # the batch's own number, read exactly: nothing assumed
         if values.draw:
             self.drawn += 1
         elif values.sampled:
@@ -230,6 +243,9 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func in _DRAWS:
             return _Values(draw=True)
         info: _Values | None = self.known.get(source) if source is not None else None
+        if func in _WHOLE_REDUCTIONS and info is not None and info.whole and info.seen:
+            number = getattr(info.observed, _WHOLE_REDUCTIONS[func])()
+            return _Values(observed=np.asarray(number), whole=True)
         if func in _OBSERVED_COMPARE and info is not None and info.seen:
             try:  # a number NumPy cannot compare with (a symbol) leaves the size unknown
                 held = getattr(info.observed, _OBSERVED_COMPARE[func])(args[1])

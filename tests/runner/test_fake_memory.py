@@ -384,3 +384,35 @@ def test_a_batch_the_users_collate_function_pads_is_traced_at_a_real_steps_peak(
 
     real = real_step_peak(WithLoss(), **batch)
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
+
+
+@pytest.mark.parametrize("micro_batch", [12, 80])
+def test_a_graph_batch_sized_by_its_own_values_is_traced_at_a_real_steps_peak(
+    micro_batch: int,
+) -> None:
+    # The number of graphs in a batch is a value (the largest graph index + 1); the traced batch
+    # holds exactly the samples the collate function batched, so the trace reads the batch's
+    # own number rather than stopping (it fell back to the fit over trials before). Past the 64
+    # samples a padded batch is widened from, concatenated nodes cannot be widened: the whole
+    # micro-batch is batched.
+    import torch
+
+    from tests.fixtures import graphs
+
+    spec = WorkloadSpec(model="tests.fixtures.graphs:Classifier")
+    traced = trace_step(spec, micro_batch)
+    assert traced.sampled_selections == traced.routed_sizes == 0, "read exactly, not assumed"
+    samples = [graphs.Graphs()[i] for i in range(micro_batch)]
+    x, edges, graph, labels = graphs.autotune_collate(samples)
+    model = graphs.Classifier()
+
+    class WithLoss(torch.nn.Module):  # the default loss for integer targets, as a trial's
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self.model(*inputs), labels)
+
+    real = real_step_peak(WithLoss(), x, edges, graph)
+    assert traced.total_bytes == pytest.approx(real, rel=0.001)
