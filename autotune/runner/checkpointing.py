@@ -17,13 +17,29 @@ being ``nn.Sequential``.
 ``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
 checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
 The rest run normally. k must not exceed the number of blocks found.
+
+Recomputing a block runs its forward again, and a forward that updates the block's buffers
+(BatchNorm's running statistics, spectral normalisation's power iteration) would update them
+twice a step: running statistics that drift from an unchecked run's (torch's own checkpoint does
+this, pytorch/pytorch#96136), and a recomputation that starts from the updated state rather than
+the one the forward saw. Here the recomputation starts from the buffers the forward started from
+and leaves them as the forward left them, so checkpointing changes no training state: the
+buffers a block's ``state_dict`` saves (its state; a constant it derives, such as a mask, is not
+saved and not copied) are copied before each forward and held until backward has recomputed
+it. Under ``torch.compile`` the compiler recomputes inside its own graphs, which apply a
+BatchNorm's update once (torch 2.13, on CPU); it cannot take these copies, so a compiled block
+whose graph breaks (spectral normalisation's parametrization did) still updates twice.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from typing import Any
 
+import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
@@ -170,9 +186,43 @@ def _without_cache(model: nn.Module) -> None:
 
 def _checkpoint_forward(block: nn.Module) -> None:
     forward = block.forward
+    # The block's training state among its buffers: those its state_dict saves (running
+    # statistics, a power iteration's vectors), not constants it derives (masks, rotary tables)
+    saved = block.state_dict(keep_vars=True)
+    state = [name for name, _ in block.named_buffers() if name in saved]
 
     def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        if torch.compiler.is_compiling():  # the compiler's own recomputation (module docstring)
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        if not state:
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        contexts = partial(_same_buffers, block, state)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     # An instance attribute: __call__ (and with it every hook, FSDP's included) still runs.
     block.forward = checkpointed_forward
+
+
+def _same_buffers(
+    block: nn.Module, names: list[str]
+) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
+    """(forward, recomputation) contexts for one checkpointed call of ``block``: its buffers
+    ``names`` as they were before the forward are kept, the recomputation starts from them,
+    and after it they are put back as the forward left them."""
+    with torch.no_grad():
+        before = {name: block.get_buffer(name).clone() for name in names}
+
+    @contextmanager
+    def recomputation() -> Iterator[None]:
+        with torch.no_grad():
+            after = {name: block.get_buffer(name).clone() for name in before}
+            for name, value in before.items():
+                block.get_buffer(name).copy_(value)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, value in after.items():
+                    block.get_buffer(name).copy_(value)
+
+    return nullcontext(), recomputation()

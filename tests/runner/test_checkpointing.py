@@ -157,3 +157,56 @@ def test_a_hugging_face_decoder_with_its_cache_on_is_checkpointed_without_it() -
     ids = torch.randint(0, 64, (2, 8))
     model(input_ids=ids, labels=ids[:, :4].contiguous()).loss.backward()
     assert all(p.grad is not None for p in model.decoder.block.parameters())
+
+
+class _Stateful(nn.Module):
+    """A block whose forward updates its buffers: BatchNorm's running statistics and spectral
+    normalisation's power iteration."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.conv = torch.nn.utils.parametrizations.spectral_norm(conv)
+        self.norm = nn.BatchNorm2d(4)
+        self.register_buffer("mask", torch.ones(4, 1, 1), persistent=False)  # a constant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.norm(self.conv(x))) * self.mask
+
+
+def _trained(checkpointed: int, steps: int = 2) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(_Stateful(), _Stateful(), _Stateful())
+    apply_checkpointing(model, checkpointed)
+    for step in range(steps):
+        model(
+            torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(step))
+        ).sum().backward()
+    return model
+
+
+def test_recomputing_a_block_changes_no_buffer_and_no_gradient() -> None:
+    # torch's checkpoint runs the block's forward again in backward: its running statistics
+    # and power iteration would be updated twice a step, the second time from the updated state
+    plain, checkpointed = _trained(0), _trained(3)
+    for (name, expected), (_, got) in zip(
+        plain.named_buffers(), checkpointed.named_buffers(), strict=True
+    ):
+        assert torch.equal(expected, got), name
+    for (name, expected), (_, got) in zip(
+        plain.named_parameters(), checkpointed.named_parameters(), strict=True
+    ):
+        assert expected.grad is not None and got.grad is not None
+        assert torch.equal(expected.grad, got.grad), name
+
+
+def test_torchs_own_checkpoint_still_updates_a_blocks_buffers_twice() -> None:
+    # Pins why the recomputation is guarded: when torch stops doing this (pytorch#96136), the
+    # guard's copies can go.
+    from torch.utils.checkpoint import checkpoint
+
+    block = _Stateful()
+    checkpoint(
+        block, torch.randn(2, 4, 6, 6, requires_grad=True), use_reentrant=False
+    ).sum().backward()
+    assert int(block.norm.num_batches_tracked) == 2
