@@ -50,10 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -71,6 +68,7 @@ from autotune.bench.memory_prediction import (
     machine,
     measure_grid,
     memory_bound_search,
+    plan_seconds,
     repeated_peaks,
     rescored,
     unfinished,
@@ -78,17 +76,6 @@ from autotune.bench.memory_prediction import (
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
-
-
-def _plan_seconds(model: str) -> float:
-    started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "autotune.cli", "plan", "--model", model, "--devices", "64",
-         "--device-memory", "80GiB", "--json"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return time.perf_counter() - started
 
 
 def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
@@ -227,7 +214,7 @@ def main() -> None:
             print(f"{model}: {row['config']} measured nothing: {row['status']}: {row['message']}")
         _write(args.out, report)  # a long run keeps every grid it finished
     if args.plan_model:
-        seconds = _plan_seconds(args.plan_model)
+        seconds = plan_seconds(args.plan_model)
         report["plan"] = {"model": args.plan_model, "devices": 64, "seconds": seconds}
         print(f"autotune plan --model {args.plan_model} --devices 64: {seconds:.1f} s")
     if args.search:
@@ -254,20 +241,21 @@ def main() -> None:
             "configs": rows,
         }
         for row in rows:
-            peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
-            spread = "-" if row["spread"] is None else f"{row['spread']:.1%}"
-            print(f"{row['config']:48} peaks {peaks} MiB: spread {spread} (target 5%)")
+            print(f"{row['config']:48} peaks {_peaks(row)} (target 5%)")
     if args.fresh:
         report["fresh"] = {"rounds": args.rounds, "models": {}}
         for model in args.fresh:
             rows = fresh_peaks(model, args.rounds)
             report["fresh"]["models"][model] = rows  # type: ignore[index]
             for row in rows:
-                peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
-                spread = "-" if row["spread"] is None else f"{row['spread']:.1%}"
-                print(f"{model} {row['config']:44} fresh peaks {peaks} MiB: spread {spread}")
+                print(f"{model} {row['config']:44} fresh peaks {_peaks(row)}")
     _write(args.out, report)
     print(f"wrote {args.out}")
+
+
+def _peaks(row: dict[str, Any]) -> str:
+    peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
+    return f"{peaks} MiB: spread {'-' if row['spread'] is None else format(row['spread'], '.1%')}"
 
 
 def _write(out: str, report: dict[str, object]) -> None:

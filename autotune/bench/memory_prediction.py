@@ -278,6 +278,19 @@ def within_targets(rows: list[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
+def plan_seconds(model: str, devices: int = 64) -> float:
+    """Wall seconds of ``autotune plan`` of ``model`` over the default space at ``devices``
+    devices of 80 GiB, as a user runs it (its own process: imports and trace included)."""
+    import subprocess
+    import sys
+
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "autotune.cli", "plan", "--model", model]
+    command += ["--devices", str(devices), "--device-memory", "80GiB", "--json"]
+    subprocess.run(command, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
 def machine() -> dict[str, Any]:
     import torch
 
