@@ -12,9 +12,13 @@ routing towards that; what the trials measure shows an imbalance (the calibratio
 A comparison of the batch's own integer or boolean values (labels, token ids, masks) with a
 number holds as often as it does in the dataset's first sample (DeBERTa's loss keeps the rows
 whose label is not negative: all of them; ``x[attention_mask.bool()]`` keeps the unpadded
-share), and a value read from them is the first sample's. Where the traced batch holds every
+share), masks combined with ``&``, ``|`` and ``~`` hold as the first sample's combine, and a
+value read from them is the first sample's (its max, min, any or all: a check such as
+``labels.max() >= vocab_size`` passes as the sample does). Where the traced batch holds every
 value of such a tensor (a collate function's batch of exactly the micro-batch's samples), its
 max, min or sum is read exactly: a graph batch's number of graphs, ``int(graph.max()) + 1``.
+CTC's loss keeps a table sized by the longest target, a value: the targets' lengths counted
+from the labels' mask, at the first sample's count (Wav2Vec2's CTC head).
 
 Two more things a training step reads from values it does not have are given theirs: a uniform
 random draw (``torch.rand``) compared with p is true with chance p, and a branch on it takes its
@@ -99,9 +103,21 @@ _INDICES = {
 """Ops whose output (at this position) holds indices into the dimension they reduce."""
 _ARG = {_aten.argmax.default, _aten.argmin.default}
 _SUM = {_aten.sum.dim_IntList, _aten.sum.default}
-_WHOLE_REDUCTIONS = {_aten.max.default: "max", _aten.min.default: "min", _aten.sum.default: "sum"}
+_WHOLE_REDUCTIONS = {
+    _aten.max.default: "max", _aten.min.default: "min", _aten.sum.default: "sum",
+    _aten.any.default: "any", _aten.all.default: "all",
+}  # fmt: skip
 """Reductions to one number that the observed values of a whole batch tensor answer (a graph
-batch's number of graphs, ``int(graph.max()) + 1``, sizes its pooled output)."""
+batch's number of graphs, ``int(graph.max()) + 1``, sizes its pooled output); all but the sum
+are taken from a sample's values too, as its check reads them (Wav2Vec2's CTC head refuses
+``labels.max() >= vocab_size``)."""
+_OBSERVED_LOGIC = {
+    _aten.bitwise_and.Tensor: np.logical_and, _aten.logical_and.default: np.logical_and,
+    _aten.bitwise_or.Tensor: np.logical_or, _aten.logical_or.default: np.logical_or,
+    _aten.bitwise_not.default: np.logical_not, _aten.logical_not.default: np.logical_not,
+}  # fmt: skip
+"""Masks combined from comparisons of the batch's values (``(labels != -100) & (labels !=
+blank)``): the combination of their observed values."""
 _NONZERO_TEST = {_aten.gt.Scalar, _aten.ne.Scalar}
 _DRAWS = {_aten.rand.default, _aten.rand_like.default, _aten.uniform_.default}
 _BELOW = {
@@ -121,6 +137,9 @@ _EMBEDDING_BACKWARD = {
 _SPARSE_SUMS = {_aten.add.Tensor, _aten.sub.Tensor}
 """Ops whose sparse output holds the entries of both sparse inputs (uncoalesced)."""
 _MASKED_ASSIGN = {_aten.index_put_.default, _aten.index_put.default}
+_CTC_LOSS = {_aten._ctc_loss.Tensor, _aten._ctc_loss.default}
+"""CTC's loss, whose kernel sizes its table of forward variables by the longest target, a value
+(speech recognition heads: Wav2Vec2's, HuBERT's)."""
 _COMPARE = {
     _aten.eq.Tensor: True, _aten.eq.Scalar: True, _aten.ne.Tensor: False, _aten.ne.Scalar: False,
 }  # fmt: skip
@@ -189,6 +208,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             for known_mask in masks:
                 self._count(known_mask)
             return _selected(args[0], args[1], share=min(m.nonzero_share() for m in masks))
+        if func in _CTC_LOSS:
+            return self._ctc_loss(*args)
         if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
             return _grouped_mm_output(*args, **kwargs)  # its fake kernel knows bf16 only
         out = func(*args, **kwargs)
@@ -243,15 +264,19 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func in _DRAWS:
             return _Values(draw=True)
         info: _Values | None = self.known.get(source) if source is not None else None
-        if func in _WHOLE_REDUCTIONS and info is not None and info.whole and info.seen:
-            number = getattr(info.observed, _WHOLE_REDUCTIONS[func])()
-            return _Values(observed=np.asarray(number), whole=True)
+        if func in _WHOLE_REDUCTIONS and info is not None and info.seen:
+            reduction = _WHOLE_REDUCTIONS[func]
+            if info.whole or reduction != "sum":  # a sample's extreme: the batch's, as sampled
+                number = getattr(info.observed, reduction)()
+                return _Values(observed=np.asarray(number), sampled=True, whole=info.whole)
         if func in _OBSERVED_COMPARE and info is not None and info.seen:
             try:  # a number NumPy cannot compare with (a symbol) leaves the size unknown
                 held = getattr(info.observed, _OBSERVED_COMPARE[func])(args[1])
-                return _Values(chance=float(held.mean()), sampled=True)
+                return _Values(observed=np.asarray(held), sampled=True, whole=info.whole)
             except (TypeError, AttributeError):
                 return None
+        if func in _OBSERVED_LOGIC:
+            return self._logic(func, args)
         if func in _BELOW and info is not None and info.draw and source.is_floating_point():
             chance = min(1.0, max(0.0, float(args[1])))  # LayerDrop: rand([]) < p skips
             return _Values(chance=chance if _BELOW[func] else 1.0 - chance, draw=True)
@@ -274,11 +299,43 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return _Values(chance=1 / max(1, bins), trials=source.numel())  # tokens per expert
         if func in _SUM and source in self.known and not self.known[source].spread:
             mask = self.known[source]
-            if mask.observed is not None:
+            if mask.observed is not None and source.dtype is not torch.bool:
                 return None  # a sum of the batch's own values: not a count of a mask
             trials = max(1, source.numel() // max(1, out.numel()))
-            return _Values(chance=mask.chance, trials=trials, draw=mask.draw, sampled=mask.sampled)
+            chance = mask.nonzero_share() if mask.seen else mask.chance
+            return _Values(chance=chance, trials=trials, draw=mask.draw, sampled=mask.sampled)
         return None
+
+    def _ctc_loss(self, log_probs: Any, targets: Any, _: Any, target_lengths: Any, *__: Any) -> Any:
+        """The loss per sequence and the (batch, frames, 2 x longest target + 1) table of forward
+        variables the kernel keeps for backward; the longest target from what the trace knows of
+        the lengths (a sum of a mask of the labels: the first sample's count), else the padded
+        targets' width, or every target at once when they come flattened (upper bounds)."""
+        batch = log_probs.shape[1] if log_probs.dim() == 3 else 1
+        if not isinstance(target_lengths, torch.Tensor):
+            longest = max(target_lengths, default=0)
+        elif target_lengths in self.known:
+            self._count(self.known[target_lengths])
+            longest = int(self._likeliest(target_lengths))
+        else:
+            longest = targets.shape[-1] if targets.dim() == 2 else targets.numel()
+            self.estimated += 1
+        options = {"dtype": log_probs.dtype, "device": log_probs.device}
+        loss = torch.empty(batch, **options)
+        return loss, torch.empty((batch, log_probs.shape[0], 2 * longest + 1), **options)
+
+    def _logic(self, func: Any, args: Any) -> _Values | None:
+        """A logical combination of masks whose observed values are all known (see
+        ``_OBSERVED_LOGIC``); shapes that do not broadcast leave it unknown."""
+        masks = [a for a in args if isinstance(a, torch.Tensor)]
+        known = [self.known.get(a) for a in masks]
+        if not known or any(k is None or not k.seen for k in known):
+            return None
+        try:
+            held = _OBSERVED_LOGIC[func](*(k.observed for k in known))
+        except ValueError:
+            return None
+        return _Values(observed=np.asarray(held), sampled=True, whole=all(k.whole for k in known))
 
 
 def _is_mask(index: Any) -> bool:

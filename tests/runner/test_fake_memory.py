@@ -151,6 +151,19 @@ def test_a_selection_by_the_batchs_labels_is_traced_at_the_first_samples_share()
     assert traced.total_bytes == real_step_peak(LabelFiltered(), **batch)
 
 
+def test_a_ctc_head_is_traced_at_a_real_steps_peak() -> None:
+    # Wav2Vec2ForCTC fell back to the fit: its labels.max() check, the mask of (labels !=
+    # -100) & (labels != blank), and CTC's kernel sizing its table by the longest target
+    from torch.utils.data import default_collate
+
+    from tests.fixtures.ctc import CTCRecogniser, Utterances
+
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.ctc:CTCRecogniser"), 8)
+    assert traced.sampled_selections >= 2 and traced.routed_sizes == 0
+    batch = default_collate([Utterances()[i] for i in range(8)])
+    assert traced.total_bytes == real_step_peak(CTCRecogniser(), **batch)
+
+
 def test_unpadding_by_the_batchs_attention_mask_is_traced_at_the_first_samples_share() -> None:
     from torch.utils.data import default_collate
 

@@ -1,6 +1,6 @@
-"""Hugging Face models of sixteen families (tests/fixtures/hf_zoo.py): each one's repeated blocks
-are found and its training step is traced under fake tensors, at a real step's peak, or it says
-in one line why not."""
+"""Hugging Face models of sixteen families and a speech recogniser's CTC head
+(tests/fixtures/hf_zoo.py): each one's repeated blocks are found and its training step is
+traced under fake tensors, at a real step's peak, or it says in one line why not."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ BLOCKS = {
     "distilbert": "TransformerBlock", "bart": "BartEncoderLayer,BartDecoderLayer",
     "t5": "T5Block", "whisper": "WhisperEncoderLayer,WhisperDecoderLayer", "vit": "ViTLayer",
     "swin": "SwinStage", "clip": "CLIPEncoderLayer", "wav2vec2": "Wav2Vec2EncoderLayer",
+    "wav2vec2_ctc": "Wav2Vec2EncoderLayer",
     "mistral": "MistralDecoderLayer", "gpt2": "GPT2Block", "mamba": "MambaBlock",
     "convnext": "ConvNextStage", "deberta_v2": "DebertaV2Layer",
 }  # fmt: skip
@@ -28,7 +29,8 @@ encoder-decoder (Swin declares its stages)."""
 TRACE_STOPS: dict[str, str] = {}
 """Families whose step cannot be traced, and the one line that says why. (Wav2Vec2 was one
 until its LayerDrop and SpecAugment were traced, DeBERTa-v2 until the rows its loss keeps by
-their labels were: ``autotune.runner.fake_routing``.)"""
+their labels were, Wav2Vec2's CTC head until its labels' check, their mask and CTC's table of
+the longest target were: ``autotune.runner.fake_routing``.)"""
 
 
 def _spec(family: str) -> WorkloadSpec:
