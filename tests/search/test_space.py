@@ -51,7 +51,7 @@ def test_bad_spaces_are_one_line(data: object, expected: str) -> None:
 
 
 def test_unknown_space_name_lists_the_built_in_ones(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="built-in: bench, default, quick"):
+    with pytest.raises(ConfigError, match="built-in: bench, default, gpu_single, quick"):
         load_space("nope")
     broken = tmp_path / "s.yaml"
     broken.write_text("amp: [off\n")
