@@ -293,8 +293,8 @@ UNUSED_PARAMETERS = (
 the search and the plan."""
 
 SAMPLE_SHARES = (
-    "a selection by the batch's own values (DeBERTa's loss keeps the rows whose label is not "
-    "negative) traced at the share the dataset's first sample shows"
+    "sizes the batch's own values decide (a loss keeping its labelled rows, unpadding by an "
+    "attention mask, a CTC target's length) traced as the dataset's first sample shows them"
 )
 """Said wherever a traced step sized a selection by the first sample's values."""
 
