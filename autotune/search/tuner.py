@@ -117,7 +117,10 @@ class Tuner:
         options = m.options(limit, prune_below).longer(longer)
         if floor:
             options = options.floor()
-        return TrialRequest(config=config, workload=self.workload, options=options)
+        fresh = self.gate.fresh_ranks(config)
+        return TrialRequest(
+            config=config, workload=self.workload, options=options, fresh_ranks=fresh
+        )
 
     def _record(
         self,
