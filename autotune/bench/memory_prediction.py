@@ -31,7 +31,7 @@ from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.driver import run_search
 from autotune.search.log import memory_used
-from autotune.search.memory_model import MemoryModel, Point, fit, kernel_caches_grow, prior_for
+from autotune.search.memory_model import MemoryModel, Point, fit, prior_for
 from autotune.search.progress import Reporter
 from autotune.search.settings import make_settings
 
@@ -406,10 +406,8 @@ def repeated_peaks(
     """Each configuration of ``REPEATED`` (or another of ``REPEAT_SETS``) measured once per
     round, in turn, by one Ray executor as a search's are (a gang started for the first trial
     of its shape and reused after): the first measurement is on a fresh gang, the later ones
-    follow other trials in it, except where the search would ask for fresh ranks
-    (``kernel_caches_grow``: a mixture of experts under autocast). Per configuration: every peak
-    and (max - min) / first (the issue's target: within 5%)."""
-    from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
+    follow other trials in it. Per configuration: every peak and (max - min) / first (the
+    issue's target: within 5%)."""
     from autotune.runner.ray_executor import RayExecutor  # imports Ray
 
     platform = detect_platform("cpu")
@@ -422,17 +420,11 @@ def repeated_peaks(
     configs = [TrainConfig(global_batch_size=global_batch_size, **v) for v in sets]
     peaks: dict[str, list[int]] = {c.summary(): [] for c in configs}
     try:
-        routed = trace_step(spec, 1).routed_sizes > 0  # as the search's traces find it
-    except TraceError:
-        routed = False  # the search predicts by its fit and asks for no fresh ranks either
-    try:
         for _ in range(rounds):
             for config in configs:
-                fresh = kernel_caches_grow("cpu", config, routed)
-                request = TrialRequest(
-                    config=config, workload=spec, options=options, fresh_ranks=fresh
+                result = run_to_end(
+                    executor, TrialRequest(config=config, workload=spec, options=options)
                 )
-                result = run_to_end(executor, request)
                 used = memory_used(result, "cpu")
                 if result.status == "ok" and used:
                     peaks[config.summary()].append(used)

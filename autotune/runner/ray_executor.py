@@ -223,11 +223,10 @@ class RayExecutor:
             "is stored in the study: run the same command again once the cluster is back"
         )
 
-    def _gang(self, shape: GangShape, left: tuple[str, ...], fresh: bool = False) -> Gang:
+    def _gang(self, shape: GangShape, left: tuple[str, ...]) -> Gang:
         """An idle gang of ``shape`` that serves the trial, else a new one (``left``: what the
-        trial about to run on it leaves behind, ``leaves_behind``; ``fresh``: a new one, as
-        ``TrialRequest.fresh_ranks`` asks)."""
-        for gang in [] if fresh else self._idle:
+        trial about to run on it leaves behind, ``leaves_behind``)."""
+        for gang in self._idle:
             if gang.shape == shape and gang.left == left:
                 self._idle.remove(gang)
                 return gang
@@ -258,8 +257,7 @@ class RayExecutor:
     def fits_now(self, request: TrialRequest) -> bool:
         """Whether the trial could start now without waiting for another one to end."""
         shape = gang_shape(request, self.platform.device_type, self.cpus_per_rank)
-        serves = (g.shape == shape and g.left == self._leaves(request) for g in self._idle)
-        if not request.fresh_ranks and any(serves):
+        if any(g.shape == shape and g.left == self._leaves(request) for g in self._idle):
             return True
         processes, cpus, gpus = shape
         free = ray.available_resources()
@@ -275,7 +273,7 @@ class RayExecutor:
         submitted = time.time()
         start = time.perf_counter()
         shape = gang_shape(request, self.platform.device_type, self.cpus_per_rank)
-        gang = self._gang(shape, self._leaves(request), request.fresh_ranks)
+        gang = self._gang(shape, self._leaves(request))
         if self.shipped is not None:  # import from the shipped copy, not the driver's paths
             workload = request.workload.model_copy(update={"search_path": ()})
             request = request.model_copy(update={"workload": workload})

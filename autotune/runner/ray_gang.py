@@ -117,12 +117,9 @@ def reusable(request: TrialRequest) -> bool:
     stayed, and the next trial, which had fitted, ran out of memory. Trials now share one
     thread, so the next trial's reset may reach them, but that has not run on a GPU: until it
     has, such a gang is not reused.
-
-    Nor after a trial that asked for fresh ranks (``TrialRequest.fresh_ranks``).
     """
     config = request.config
-    graphs = config.device == "cuda" and config.compile in GRAPH_CAPTURING_MODES
-    return not graphs and not request.fresh_ranks
+    return not (config.device == "cuda" and config.compile in GRAPH_CAPTURING_MODES)
 
 
 def leaves_behind(request: TrialRequest, device: Literal["cpu", "cuda"]) -> tuple[str, ...]:

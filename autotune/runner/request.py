@@ -103,8 +103,3 @@ class TrialRequest(BaseModel):
     config: TrainConfig
     workload: WorkloadSpec
     options: TrialOptions
-    fresh_ranks: bool = False
-    """Run in rank processes no trial ran in before, and none after: for a trial whose ranks
-    keep growing whatever ran before it in them (on CPU under autocast, a mixture of experts'
-    new matrix shapes every step fill oneDNN's kernel caches), so that its peak does not depend
-    on its gang's history (``MemoryModel.kernel_caches_grow``)."""

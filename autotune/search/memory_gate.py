@@ -101,10 +101,6 @@ class MemoryGate:
     def trace_error(self) -> str | None:
         return self.model.trace_error if self.model is not None else None
 
-    def fresh_ranks(self, config: TrainConfig) -> bool:
-        """Whether ``config``'s trial should run in fresh ranks (``TrialRequest.fresh_ranks``)."""
-        return self.model is not None and self.model.kernel_caches_grow(config)
-
     def caveats(self, config: TrainConfig) -> list[str]:
         """What ``config``'s measured peak does not cover on this device (``MemoryModel``'s)."""
         return self.model.caveats(config) if self.model is not None else []

@@ -362,15 +362,6 @@ CPU_KERNEL_CACHE_GROWTH = "846 MiB after 3 steps, 2,128 MiB after 120, at micro-
 (``results/cpu_growth.json``; with both caches held to one entry, 680 MiB, 1.9x slower per step)."""
 
 
-def kernel_caches_grow(device_type: str, config: TrainConfig, routed: bool) -> bool:
-    """Whether ``config``'s ranks keep growing from step to step and trial to trial
-    (``CPU_KERNEL_CACHES``): on CPU under autocast, a model whose shapes routing decides. Such a
-    trial runs in fresh ranks (``TrialRequest.fresh_ranks``), so that what it measures does not
-    depend on what its gang ran before (``examples/moe.py`` on one device in bf16: 1,450-1,627
-    MiB run again and again in one gang)."""
-    return device_type == "cpu" and traced_amp(config) != "off" and routed
-
-
 @dataclass
 class MemoryModel:
     """Predicts any ``TrainConfig`` of ``workload`` on ``device_type``; traces are cached by
@@ -550,14 +541,10 @@ class MemoryModel:
     def caveats(self, config: TrainConfig) -> list[str]:
         """What ``config``'s measured peak does not cover on this device, for the
         recommendation (from what the traces found: run ``predict`` first)."""
-        if self.kernel_caches_grow(config):
+        cpu_autocast = self.device_type == "cpu" and traced_amp(config) != "off"
+        if cpu_autocast and self.routed:
             return [CPU_KERNEL_CACHES.format(growth=CPU_KERNEL_CACHE_GROWTH)]
         return []
-
-    def kernel_caches_grow(self, config: TrainConfig) -> bool:
-        """``kernel_caches_grow`` of ``config`` for this model (from what the traces found:
-        run ``predict`` first)."""
-        return kernel_caches_grow(self.device_type, config, self.routed)
 
 
 def prior_for(

@@ -117,10 +117,7 @@ class Tuner:
         options = m.options(limit, prune_below).longer(longer)
         if floor:
             options = options.floor()
-        fresh = self.gate.fresh_ranks(config)
-        return TrialRequest(
-            config=config, workload=self.workload, options=options, fresh_ranks=fresh
-        )
+        return TrialRequest(config=config, workload=self.workload, options=options)
 
     def _record(
         self,

@@ -118,33 +118,3 @@ def test_on_cpu_a_gang_serves_only_trials_that_leave_what_its_trials_left() -> N
     assert executor.fits_now(compiled) and executor.fits_now(bf16)
     assert executor._gang(shape, ("autocast kernels",)) is warm_bf16
     assert executor._gang(shape, ("compiler",)) is warm_compiled
-
-
-def test_a_trial_that_asks_for_fresh_ranks_gets_a_new_gang_and_leaves_none() -> None:
-    # A mixture of experts under CPU autocast grows its ranks with every trial (oneDNN's
-    # kernel caches): one configuration measured 1,450-1,627 MiB run again in one gang.
-    from autotune.config import make_config
-    from autotune.runner.executor import run_to_end
-    from autotune.runner.ray_executor import RayExecutor
-    from autotune.runner.ray_gang import reusable
-    from autotune.runner.request import TrialOptions, TrialRequest
-    from autotune.runner.workload import WorkloadSpec
-
-    config = make_config({"global_batch_size": 8, "device": "cpu"})
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=120)
-    plain = TrialRequest(
-        config=config, workload=WorkloadSpec(model="tests.fixtures.models:Small"), options=options
-    )
-    fresh = plain.model_copy(update={"fresh_ranks": True})
-    assert reusable(plain) and not reusable(fresh)
-    executor = RayExecutor(detect_platform("cpu"), cpus_per_rank=1, num_cpus=4)
-    try:
-        assert run_to_end(executor, plain).status == "ok"
-        (kept,) = executor._idle  # the plain trial's gang waits for the next trial
-        for _ in range(2):
-            assert run_to_end(executor, fresh).status == "ok"
-            assert executor._idle == [kept]  # neither taken nor joined by another
-        assert run_to_end(executor, plain).status == "ok"
-        assert executor._idle == [kept]  # taken and given back
-    finally:
-        executor.shutdown()

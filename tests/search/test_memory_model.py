@@ -214,11 +214,8 @@ def test_a_routed_models_cpu_autocast_peak_is_said_to_be_a_lower_bound() -> None
     assert routed.predict(bf16) is not None and routed.predict(fp32) is not None
     assert "lower bound for a long run" in routed.caveats(bf16)[0]
     assert routed.caveats(fp32) == []
-    assert routed.kernel_caches_grow(bf16) and not routed.kernel_caches_grow(fp32)
     dense = MemoryModel(WorkloadSpec(model="tests.fixtures.traced:Stack"), "cpu")
     assert dense.predict(bf16) is not None and dense.caveats(bf16) == []
-    assert not dense.kernel_caches_grow(bf16)
     on_cuda = MemoryModel(WorkloadSpec(model="tests.fixtures.traced:Routed"), "cuda")
     cuda = TrainConfig(global_batch_size=64, amp="bf16", device="cuda")
     assert on_cuda.predict(cuda) is not None and on_cuda.caveats(cuda) == []
-    assert not on_cuda.kernel_caches_grow(cuda)

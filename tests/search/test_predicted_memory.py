@@ -167,10 +167,6 @@ def test_a_cpu_bf16_pick_of_a_routed_model_carries_the_memory_caveat() -> None:
     recommendation = tuner.run([], "s.db", "s")
     assert recommendation.config.amp == "bf16"
     assert "lower bound for a long run" in recommendation.memory_caveats[0]
-    # and each bf16 trial ran in fresh ranks, so that none carried another's kernels
-    runs = tuner.executor.runs
-    assert {r.config.amp for r in runs} == {"off", "bf16"}
-    assert all(r.fresh_ranks == (r.config.amp == "bf16") for r in runs)
 
 
 def test_a_model_the_trace_cannot_follow_shows_its_trials_estimated_from_measured_ones() -> None:
