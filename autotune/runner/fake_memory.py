@@ -84,26 +84,26 @@ class TensorPeak:
 
 
 COLLATED_SAMPLES = 64
-"""How many of the dataset's first samples a user's collate function is given to shape the
-traced batch (padding to the longest of them, as a batch of those would be)."""
+"""How many of the dataset's first samples shape the traced batch and show its values (a
+user's collate function pads to the longest of them, as a batch of those would be)."""
 
 
 def _fake_batch(
     dataset: Any, micro_batch: int, mode: Any, collate: Any = None
 ) -> tuple[Any, list[Any]]:
-    """A batch of ``micro_batch`` samples shaped like the dataset's first, as fake tensors, and
-    the first sample's own values of its integer and boolean tensors (labels, token ids, masks)
-    beside each, as NumPy arrays: where a selection counts such values (DeBERTa's loss keeps
-    the rows whose label is not negative), the trace takes the share the first sample shows.
-    With the user's ``collate``, the batch is shaped as it makes a batch of the first samples
-    (up to ``COLLATED_SAMPLES``: padded to the longest of them), widened to ``micro_batch``,
-    and the values are those samples'; a batch some tensor of which does not hold the samples
-    along its first dimension (a graph batch's concatenated nodes) cannot be widened, and is
-    made of the first ``micro_batch`` samples."""
+    """A batch of ``micro_batch`` samples as fake tensors, shaped as the DataLoader's collate
+    function (the user's, else torch's default) batches the dataset's first samples (up to
+    ``COLLATED_SAMPLES``; a user's pads to the longest of them) and widened to ``micro_batch``;
+    and those samples' own values of its integer and boolean tensors (labels, token ids, masks,
+    lengths) beside each, as NumPy arrays: where a selection counts such values (DeBERTa's loss
+    keeps the rows whose label is not negative), the trace takes the share those samples show.
+    A batch some tensor of which does not hold the samples along its first dimension (a graph
+    batch's concatenated nodes) cannot be widened, and is made of the first ``micro_batch``
+    samples."""
     import torch
     from torch.utils.data import default_collate
 
-    samples = first_samples(dataset, min(micro_batch, COLLATED_SAMPLES) if collate else 1)
+    samples = first_samples(dataset, min(micro_batch, COLLATED_SAMPLES))
     one = (collate or default_collate)(samples)
     if collate and micro_batch > len(samples) and not _widens(one, len(samples)):
         # a tensor without the samples along its first dimension (a graph batch's nodes,
@@ -198,6 +198,12 @@ def _peak_tracker() -> Any:
                 if not param.requires_grad and param not in handles:
                     handles[param] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _track_inputs_or_outputs(self, args: Any) -> int:
+            # A module's input and output sizes feed only its own statistics, which nothing
+            # here reads; and the tracker's tree_map rebuilds them, which a PackedSequence (an
+            # LSTM's input) refuses: its constructor takes other arguments than its fields.
+            return 0
 
         # A sparse COO tensor (an ``EmbeddingBag(sparse=True)``'s gradient) has no storage of
         # its own, which the tracker asks every tensor for: it holds its indices and values.
@@ -294,7 +300,8 @@ the search and the plan."""
 
 SAMPLE_SHARES = (
     "sizes the batch's own values decide (a loss keeping its labelled rows, unpadding by an "
-    "attention mask, a CTC target's length) traced as the dataset's first sample shows them"
+    "attention mask, a CTC target's length, packed sequences' lengths) traced as the "
+    "dataset's first sample shows them"
 )
 """Said wherever a traced step sized a selection by the first sample's values."""
 
@@ -419,6 +426,7 @@ def _trace(
 
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
     from autotune.runner.fake_autocast import cuda_policy  # imports torch
+    from autotune.runner.fake_recurrent import PackedSequences, RecurrentWorkspace  # torch
     from autotune.runner.fake_routing import UniformRouting  # imports torch
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
 
@@ -455,7 +463,10 @@ def _trace(
         for fake, values in observed:
             routing.observe(fake, values)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
-        with routing, tracker, policy:  # the policy holds for checkpoints' recomputation too
+        workspace = RecurrentWorkspace()  # type: ignore[no-untyped-call]
+        packing = PackedSequences(routing)
+        # the policy holds for checkpoints' recomputation too
+        with routing, workspace, tracker, policy, packing:
             args, kwargs, target = split_batch(batch)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:

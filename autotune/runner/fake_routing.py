@@ -102,6 +102,7 @@ _INDICES = {
 }  # fmt: skip
 """Ops whose output (at this position) holds indices into the dimension they reduce."""
 _ARG = {_aten.argmax.default, _aten.argmin.default}
+_SORTS = {_aten.sort.default, _aten.sort.stable}
 _SUM = {_aten.sum.dim_IntList, _aten.sum.default}
 _WHOLE_REDUCTIONS = {
     _aten.max.default: "max", _aten.min.default: "min", _aten.sum.default: "sum",
@@ -166,6 +167,23 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         whole = tuple(values.shape) == tuple(tensor.shape)
         self.known[tensor] = _Values(observed=values, sampled=True, whole=whole)
 
+    def holds(self, tensor: Any, values: Any) -> None:
+        """``tensor``, which the trace made, holds exactly ``values`` (a NumPy array): reading
+        them assumes nothing."""
+        self.known[tensor] = _Values(observed=values, whole=True)
+
+    def lengths(self, tensor: Any) -> Any:
+        """What the trace knows of a batch tensor of sequence lengths (``fake_packed``): every
+        value of a whole batch's, else the first sample's, as NumPy; None where it knows none.
+        Counted as sampled."""
+        values: _Values | None = (
+            self.known.get(tensor) if isinstance(tensor, torch.Tensor) else None
+        )
+        if values is None or not values.seen:
+            return None
+        self.sampled += 1
+        return values.observed
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         known = args[0] in self.known if args and isinstance(args[0], torch.Tensor) else False
@@ -224,17 +242,18 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         values = self._values(func, args, kwargs, out)
         if values is not None:
             self.known[out[_INDICES[func]] if func in _INDICES else out] = values
+        if func in _SORTS and known and self.known[args[0]].seen:
+            self.known[out[0]] = self.known[args[0]]  # the same values, in another order
         return out
 
     def _count(self, values: _Values) -> None:
-        if values.whole:
-            return  # the batch's own number, read exactly: nothing assumed
         if values.draw:
             self.drawn += 1
         elif values.sampled:
-            self.sampled += 1
-        else:
+            self.sampled += 1  # the traced batch's values: another batch's may differ
+        elif not values.whole:
             self.estimated += 1
+        # else the batch's own number, which every batch of its size holds: nothing assumed
 
     def _likeliest(self, tensor: Any) -> bool | int | float:
         """A value read out of routing (an expert's index to select its weights, whether a
@@ -268,7 +287,9 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             reduction = _WHOLE_REDUCTIONS[func]
             if info.whole or reduction != "sum":  # a sample's extreme: the batch's, as sampled
                 number = getattr(info.observed, reduction)()
-                return _Values(observed=np.asarray(number), sampled=True, whole=info.whole)
+                return _Values(
+                    observed=np.asarray(number), sampled=not info.whole, whole=info.whole
+                )
         if func in _OBSERVED_COMPARE and info is not None and info.seen:
             try:  # a number NumPy cannot compare with (a symbol) leaves the size unknown
                 held = getattr(info.observed, _OBSERVED_COMPARE[func])(args[1])

@@ -351,11 +351,14 @@ _TRACED: dict[tuple[str, str, int, str, int, str], TensorPeak] = {}
 CPU_KERNEL_CACHES = (
     "on CPU, autocast's oneDNN kernels are compiled per shape and cached (up to 1,024 in each "
     "of two caches), and this model's shapes change from step to step (a mixture of experts' "
-    "routing): a rank's resident memory grows with every new shape, for a hundred steps and "
-    "more, past what its trials measured, so the measured peak is a lower bound for a long run "
-    "(examples/moe.py in bf16: {growth}; scripts/bench_cpu_growth.py measures a model's)"
+    "routing, or sizes the batch's values decide: packed sequences' lengths, rows kept by "
+    "their labels): a rank's resident memory grows with every new shape, for a hundred steps "
+    "and more, past what its trials measured, so the measured peak is a lower bound for a long "
+    "run (examples/moe.py in bf16: {growth}; scripts/bench_cpu_growth.py measures a model's)"
 )
-"""Said of a CPU recommendation under autocast whose trace found routed sizes."""
+"""Said of a CPU recommendation under autocast whose trace found sizes that routing or the
+batch's values decide (a packed BiLSTM tagger's bf16 DDP configuration measured 1,130 MiB on
+a fresh gang and 1,563-1,599 MiB after other bf16 trials in it: docs/benchmarks.md)."""
 
 CPU_KERNEL_CACHE_GROWTH = "846 MiB after 3 steps, 2,128 MiB after 120, at micro-batch 16"
 """What ``scripts/bench_cpu_growth.py`` measured on the AMD EPYC of docs/benchmarks.md
@@ -401,6 +404,11 @@ class MemoryModel:
     def needs_unused_parameters(self) -> bool:
         """Whether a trace showed DDP to need ``find_unused_parameters`` (``TensorPeak``'s)."""
         return any(t.needs_unused_parameters for t in self._traces.values())
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the traces read sizes from the batch's values (``fake_routing``'s)."""
+        return any(t.sampled_selections for t in self._traces.values())
 
     @property
     def routed(self) -> bool:
@@ -542,7 +550,7 @@ class MemoryModel:
         """What ``config``'s measured peak does not cover on this device, for the
         recommendation (from what the traces found: run ``predict`` first)."""
         cpu_autocast = self.device_type == "cpu" and traced_amp(config) != "off"
-        if cpu_autocast and self.routed:
+        if cpu_autocast and (self.routed or self.sampled):
             return [CPU_KERNEL_CACHES.format(growth=CPU_KERNEL_CACHE_GROWTH)]
         return []
 

@@ -170,7 +170,8 @@ def test_a_cpu_bf16_pick_of_a_routed_model_carries_the_memory_caveat() -> None:
 
 
 def test_a_model_the_trace_cannot_follow_shows_its_trials_estimated_from_measured_ones() -> None:
-    # An LSTM over packed sequences cannot be traced: its trials showed no prediction at all.
+    # A model the trace cannot follow (here torch.where(x > 0); once an LSTM over packed
+    # sequences): its trials showed no prediction at all.
     # Each is now recorded with what the measured trials estimate, said to come from them.
     def peaks(config: TrainConfig, before: int) -> TrialResult:  # 2 MiB a sample, + 300
         return ok(config, 1000.0, 300.0 + 2.0 * config.micro_batch_size)
