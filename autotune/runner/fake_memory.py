@@ -56,7 +56,7 @@ class TensorPeak:
     routed_sizes: int = 0  # sizes a mixture of experts' routing decides, taken at uniform routing
     drawn_branches: int = 0  # branches a random draw decides (LayerDrop), taken at their likeliest
     unused_parameters: int = 0  # trainable parameters the traced step left without a gradient
-    sampled_selections: int = 0  # selections by the batch's values, at the first sample's share
+    sampled_selections: int = 0  # sizes the batch's values decide, at the first samples' share
 
     @property
     def needs_unused_parameters(self) -> bool:
@@ -301,9 +301,9 @@ the search and the plan."""
 SAMPLE_SHARES = (
     "sizes the batch's own values decide (a loss keeping its labelled rows, unpadding by an "
     "attention mask, a CTC target's length, packed sequences' lengths) traced as the "
-    "dataset's first sample shows them"
+    "dataset's first samples show them"
 )
-"""Said wherever a traced step sized a selection by the first sample's values."""
+"""Said wherever a traced step sized a selection by the first samples' values."""
 
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "

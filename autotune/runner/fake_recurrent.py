@@ -15,9 +15,9 @@ has not been measured against it.
 **Packed sequences.** ``pack_padded_sequence`` keeps as many rows as the batch's lengths sum
 to, and the layers over a ``PackedSequence`` (and ``pad_packed_sequence`` after them) read its
 ``batch_sizes``' values in C++, which a fake tensor does not have: the trace stopped.
-``PackedSequences`` packs the batch as if every sequence had the batch's mean length (the
-dataset's first sample's where the trace has only its values, as ``fake_routing`` reads the
-batch's values) and runs the layer over that block unpacked: a real step over sequences of
+``PackedSequences`` packs the batch as if every sequence had the mean length of the dataset's
+first samples (those the traced batch is made of, as ``fake_routing`` reads the batch's
+values) and runs the layer over that block unpacked: a real step over sequences of
 one length holds what the unpacked layer holds (a 2-layer bidirectional LSTM: 84.63 MiB
 packed, 84.67 MiB unpacked), and over mixed lengths the rows sum the same. Lengths the trace
 does not know leave the call to torch, and the trace stops as before.

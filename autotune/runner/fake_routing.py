@@ -10,15 +10,18 @@ its share, and "count > 0" holds as often as a count is non-zero. A load-balanci
 routing towards that; what the trials measure shows an imbalance (the calibration follows it).
 
 A comparison of the batch's own integer or boolean values (labels, token ids, masks) with a
-number holds as often as it does in the dataset's first sample (DeBERTa's loss keeps the rows
-whose label is not negative: all of them; ``x[attention_mask.bool()]`` keeps the unpadded
-share), masks combined with ``&``, ``|`` and ``~`` hold as the first sample's combine, and a
-value read from them is the first sample's (its max, min, any or all: a check such as
-``labels.max() >= vocab_size`` passes as the sample does). Where the traced batch holds every
-value of such a tensor (a collate function's batch of exactly the micro-batch's samples), its
-max, min or sum is read exactly: a graph batch's number of graphs, ``int(graph.max()) + 1``.
-CTC's loss keeps a table sized by the longest target, a value: the targets' lengths counted
-from the labels' mask, at the first sample's count (Wav2Vec2's CTC head).
+number holds as often as it does in the dataset's first samples, those the traced batch is
+made of (up to 64: DeBERTa's loss keeps the rows whose label is not negative, all of them;
+``x[attention_mask.bool()]`` keeps the unpadded share), masks combined with ``&``, ``|`` and
+``~`` hold as those samples' combine, a single value read from them is the first sample's, and
+their max, min, any or all is those samples' (a check such as ``labels.max() >= vocab_size``
+passes as they do). Where the traced batch holds every value of such a tensor (the micro-batch
+is at most 64 samples), its sum is read too, and a reduction of it is not counted as assumed:
+a graph batch's number of graphs, ``int(graph.max()) + 1``, which every batch of its size
+holds. CTC's loss keeps a table sized by the longest target, a value: the targets' lengths
+counted from the labels' mask, at those samples' share (Wav2Vec2's CTC head). Every other such
+size is the traced batch's, which another batch's may differ from: the plan says so on its
+"assumed" line.
 
 Two more things a training step reads from values it does not have are given theirs: a uniform
 random draw (``torch.rand``) compared with p is true with chance p, and a branch on it takes its
@@ -61,13 +64,13 @@ class _Values:
     """Decided by a uniform random draw in [0, 1) (``torch.rand``): the draw itself, or whether
     it lies below p, true with ``chance`` p."""
     sampled: bool = False
-    """Decided by the batch's own values, at the share the dataset's first sample shows."""
+    """Decided by the batch's own values, at the share the dataset's first samples show."""
     observed: Any = field(default=None, compare=False)
-    """The first sample's values of a batch tensor (a NumPy array), for comparisons to count."""
+    """The first samples' values of a batch tensor (a NumPy array), for comparisons to count."""
     whole: bool = False
-    """``observed`` is every value the tensor holds (a batch the collate function made of
-    exactly the micro-batch's samples, or a tensor of no batch dimension): a reduction of it
-    reads the batch's own number, not an estimate."""
+    """``observed`` is every value the tensor holds (a batch of exactly the micro-batch's
+    samples, or a tensor the trace made): a reduction of it reads the traced batch's own
+    number."""
     index: int = 0
     of: int = 0
     """Counts read one by one (``.tolist()``): this one's position among ``of`` counts, so
@@ -160,10 +163,10 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.assigned: Any = WeakIdKeyDictionary()  # masks a masked assignment used
         self.estimated = 0
         self.drawn = 0  # branches a random draw decided, taken at their likeliest
-        self.sampled = 0  # sizes the batch's values decided, at the first sample's share
+        self.sampled = 0  # sizes the batch's values decided, at the first samples' share
 
     def observe(self, tensor: Any, values: Any) -> None:
-        """``tensor`` (of the fake batch) holds values like ``values`` (the first sample's)."""
+        """``tensor`` (of the fake batch) holds values like ``values`` (the first samples')."""
         whole = tuple(values.shape) == tuple(tensor.shape)
         self.known[tensor] = _Values(observed=values, sampled=True, whole=whole)
 
@@ -173,9 +176,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.known[tensor] = _Values(observed=values, whole=True)
 
     def lengths(self, tensor: Any) -> Any:
-        """What the trace knows of a batch tensor of sequence lengths (``fake_packed``): every
-        value of a whole batch's, else the first sample's, as NumPy; None where it knows none.
-        Counted as sampled."""
+        """What the trace knows of a batch tensor of sequence lengths (``fake_recurrent``): the
+        first samples', as NumPy; None where it knows none. Counted as sampled."""
         values: _Values | None = (
             self.known.get(tensor) if isinstance(tensor, torch.Tensor) else None
         )
@@ -253,7 +255,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.sampled += 1  # the traced batch's values: another batch's may differ
         elif not values.whole:
             self.estimated += 1
-        # else the batch's own number, which every batch of its size holds: nothing assumed
+        # else read whole from the traced batch (a graph batch's number of graphs, which every
+        # batch of its size holds), or made by the trace itself (``holds``): not counted
 
     def _likeliest(self, tensor: Any) -> bool | int | float:
         """A value read out of routing (an expert's index to select its weights, whether a
@@ -287,9 +290,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             reduction = _WHOLE_REDUCTIONS[func]
             if info.whole or reduction != "sum":  # a sample's extreme: the batch's, as sampled
                 number = getattr(info.observed, reduction)()
-                return _Values(
-                    observed=np.asarray(number), sampled=not info.whole, whole=info.whole
-                )
+                sampled = not info.whole  # whole: the traced batch's own number (see _count)
+                return _Values(observed=np.asarray(number), sampled=sampled, whole=info.whole)
         if func in _OBSERVED_COMPARE and info is not None and info.seen:
             try:  # a number NumPy cannot compare with (a symbol) leaves the size unknown
                 held = getattr(info.observed, _OBSERVED_COMPARE[func])(args[1])
