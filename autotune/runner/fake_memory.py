@@ -424,9 +424,9 @@ def _trace(
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    from autotune.runner import fake_recurrent  # imports torch
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
     from autotune.runner.fake_autocast import cuda_policy  # imports torch
-    from autotune.runner.fake_recurrent import PackedSequences, RecurrentWorkspace  # torch
     from autotune.runner.fake_routing import UniformRouting  # imports torch
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
 
@@ -463,8 +463,8 @@ def _trace(
         for fake, values in observed:
             routing.observe(fake, values)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
-        workspace = RecurrentWorkspace()  # type: ignore[no-untyped-call]
-        packing = PackedSequences(routing)
+        workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
+        packing = fake_recurrent.PackedSequences(routing)
         # the policy holds for checkpoints' recomputation too
         with routing, workspace, tracker, policy, packing:
             args, kwargs, target = split_batch(batch)
