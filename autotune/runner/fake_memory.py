@@ -19,6 +19,7 @@ add or shard is arithmetic on these parts (``autotune.search.memory_model``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,6 +230,37 @@ def _peak_tracker() -> Any:
                 pass
 
     return PeakTracker()
+
+
+@contextlib.contextmanager
+def _unmoved_modules() -> Iterator[None]:
+    """``module.to(...)`` that would change none of a module's tensors returns the module, as a
+    real one comes back unchanged in effect. Under fake tensors ``Module._apply`` swaps every
+    parameter for its converted copy, and one the memory tracker holds a weak reference to
+    cannot be swapped: Switch Transformers' router converts itself to its own dtype in forward
+    (``self.classifier.to(self.dtype)``), and the trace stopped (``_apply(): Couldn't swap
+    Linear.weight``). ``torch._C._nn._parse_to`` is private: a test pins it."""
+    import itertools
+
+    import torch
+
+    original = torch.nn.Module.to
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        parsed: Any = torch._C._nn._parse_to(*args, **kwargs)  # its memory_format may be None
+        device, dtype, _, memory_format = parsed
+        unchanged = memory_format is None and all(
+            (device is None or t.device == device)
+            and (dtype is None or not t.is_floating_point() or t.dtype == dtype)
+            for t in itertools.chain(self.parameters(), self.buffers())
+        )
+        return self if unchanged else original(self, *args, **kwargs)
+
+    torch.nn.Module.to = to  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original  # type: ignore[method-assign]
 
 
 def _concrete_scalars() -> Any:
@@ -466,7 +498,7 @@ def _trace(
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing)
         # the policy holds for checkpoints' recomputation too
-        with routing, workspace, tracker, policy, packing:
+        with routing, workspace, tracker, policy, packing, _unmoved_modules():
             args, kwargs, target = split_batch(batch)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:
