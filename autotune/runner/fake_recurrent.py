@@ -56,7 +56,8 @@ class RecurrentWorkspace(TorchDispatchMode):  # type: ignore[no-untyped-call]
             steps, sequences, width = args[0].shape
             hidden, biases = args[10], args[12]
             size = workspace_bytes(width, hidden, args[0].dtype, biases, steps, sequences)
-            out = (*out[:3], torch.empty(size, dtype=out[3].dtype, device=out[3].device))
+            elements = size // out[3].element_size()  # bytes, in the workspace's dtype
+            out = (*out[:3], torch.empty(elements, dtype=out[3].dtype, device=out[3].device))
         return out
 
 
