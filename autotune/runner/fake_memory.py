@@ -459,7 +459,7 @@ def _trace(
     from autotune.runner import fake_recurrent  # imports torch
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
     from autotune.runner.fake_autocast import cuda_policy  # imports torch
-    from autotune.runner.fake_routing import UniformRouting  # imports torch
+    from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
 
     for directory in reversed(spec.search_path):
@@ -498,7 +498,8 @@ def _trace(
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing)
         # the policy holds for checkpoints' recomputation too
-        with routing, workspace, tracker, policy, packing, _unmoved_modules():
+        scalars = FormattedScalars()
+        with routing, workspace, tracker, policy, packing, scalars, _unmoved_modules():
             args, kwargs, target = split_batch(batch)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:

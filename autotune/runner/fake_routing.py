@@ -6,8 +6,11 @@ inside the trace's ``FakeTensorMode``, follows where a mask came from and gives 
 size it has **if routing is uniform**: indices chosen by ``topk``, ``argmax`` or ``sort`` over a
 dimension of D are taken as spread evenly over the D values, so ``indices == e`` (and
 ``one_hot``, which compares the same way) holds for 1/D of them, a sum of such a mask counts
-its share, and "count > 0" holds as often as a count is non-zero. A load-balancing loss trains
-routing towards that; what the trials measure shows an imbalance (the calibration follows it).
+its share, and "count > 0" holds as often as a count is non-zero. A token's place among its
+expert's (``cumsum`` of the routing mask) is within a capacity c where the expected count has
+not passed c, and a mask kept where another holds (multiplied) holds at the product of their
+shares: Switch Transformers' expert capacity. A load-balancing loss trains routing towards
+uniform; what the trials measure shows an imbalance (the calibration follows it).
 
 A comparison of the batch's own integer or boolean values (labels, token ids, masks) with a
 number holds as often as it does in the dataset's first samples, those the traced batch is
@@ -49,6 +52,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -71,6 +75,9 @@ class _Values:
     """``observed`` is every value the tensor holds (a batch of exactly the micro-batch's
     samples, or a tensor the trace made): a reduction of it reads the traced batch's own
     number."""
+    running: bool = False
+    """A running count along a dimension of ``trials`` (``cumsum`` of a mask of ``chance``): a
+    token's place among those routed to its expert so far (Switch Transformers' priority)."""
     index: int = 0
     of: int = 0
     """Counts read one by one (``.tolist()``): this one's position among ``of`` counts, so
@@ -311,6 +318,21 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func in _NONZERO_TEST and args[1] == 0 and source in self.known:
             counts = self.known[source]  # "count > 0"
             return _Values(chance=counts.nonzero_share(), draw=counts.draw, sampled=counts.sampled)
+        if func is _aten.cumsum.default and info is not None and _is_share(info):
+            trials = source.shape[int(args[1])] if source.dim() else 1
+            return replace(info, trials=trials, running=True, index=0, of=0)
+        if func in _BELOW and info is not None and info.running:
+            # a running count within a capacity c: the places whose count has not passed c
+            expected = max(info.chance * info.trials, 1e-9)
+            within = min(1.0, float(args[1]) / expected)
+            chance = within if _BELOW[func] else 1.0 - within
+            return replace(info, chance=chance, trials=1, running=False)
+        if func is _aten.mul.Tensor and all(self._share(a) for a in args[:2]):
+            # a mask kept where another holds (the expert's tokens within its capacity)
+            first, second = (self._share(a) for a in args[:2])
+            assert first is not None and second is not None
+            draw, sampled = first.draw or second.draw, first.sampled or second.sampled
+            return _Values(chance=first.chance * second.chance, draw=draw, sampled=sampled)
         if func in _COMPARE:
             # values spread evenly over D, compared with one value in range: equal 1 in D
             spread = max((self.known[a].spread for a in args[:2] if a in self.known), default=0)
@@ -347,6 +369,13 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         loss = torch.empty(batch, **options)
         return loss, torch.empty((batch, log_probs.shape[0], 2 * longest + 1), **options)
 
+    def _share(self, tensor: Any) -> _Values | None:
+        """What is known of ``tensor`` if it is a mask held at a share (``_is_share``)."""
+        if not isinstance(tensor, torch.Tensor) or tensor not in self.known:
+            return None
+        values: _Values = self.known[tensor]
+        return values if _is_share(values) else None
+
     def _logic(self, func: Any, args: Any) -> _Values | None:
         """A logical combination of masks whose observed values are all known (see
         ``_OBSERVED_LOGIC``); shapes that do not broadcast leave it unknown."""
@@ -359,6 +388,12 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         except ValueError:
             return None
         return _Values(observed=np.asarray(held), sampled=True, whole=all(k.whole for k in known))
+
+
+def _is_share(values: _Values) -> bool:
+    """Whether ``values`` is a mask held at a share, one success of one draw (a one-hot
+    routing, or a comparison of one), not indices, counts or the batch's own values."""
+    return not (values.spread or values.seen or values.running) and values.trials == 1
 
 
 def _is_mask(index: Any) -> bool:
@@ -429,3 +464,14 @@ def _dim(func: Any, args: Any, kwargs: Any) -> int | None:
         return int(kwargs.get("dim", -1))
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     return None if dim is None else int(dim)
+
+
+class FormattedScalars(TorchFunctionMode):
+    """A 0-dim tensor formatted into a string reads its value, as a real tensor's ``format``
+    does and a fake one's did not (its repr instead): Switch Transformers names an expert
+    ``self[f"expert_{expert_idx[0]}"]``, which ``UniformRouting`` answers as any index read."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.__format__ and args[0].dim() == 0:
+            return format(args[0].item(), *args[1:])
+        return func(*args, **(kwargs or {}))

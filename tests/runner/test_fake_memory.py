@@ -304,6 +304,29 @@ def test_hugging_face_mixtral_is_traced_as_a_real_step_measures(experts: str) ->
     assert (traced.routed_sizes > 0) == (experts == "eager")
 
 
+def test_switch_transformers_capacity_routing_is_traced() -> None:
+    # It stopped three times: the router converts itself to its dtype in forward, a token's
+    # place among its expert's (cumsum of the one-hot routing) is kept within a capacity, and
+    # an expert is named f"expert_{index}" from a 0-dim tensor. Traced now, but under a real
+    # step's tensors at random initialisation: 11% here, 4-6% with 64-token inputs (not found
+    # why; Mixtral meets them within 1%). Pinned as it stands, so a change either way shows.
+    pytest.importorskip("transformers")
+    from torch.utils.data import default_collate
+
+    from autotune.runner.workload import load_dataset, load_model
+
+    spec = WorkloadSpec(
+        model="tests.fixtures.hf_zoo:switch", data="tests.fixtures.hf_zoo:data_switch"
+    )
+    traced = trace_step(spec, 4)
+    assert traced.routed_sizes > 0
+    _, model = load_model(spec.model)
+    dataset = load_dataset(spec, None, model)[0]
+    batch = default_collate([dataset[i] for i in range(4)])
+    model.train()
+    assert 0.85 < traced.total_bytes / real_step_peak(model, **batch) < 0.95
+
+
 def test_tokens_per_expert_counted_and_split_as_torchtitan_loops_over_experts() -> None:
     """Counts read out of routing (``histc`` or ``bincount``, then ``.tolist()``) are each
     expert's share, so splitting the sorted tokens by them works."""
