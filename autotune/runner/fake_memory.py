@@ -497,8 +497,8 @@ def _trace(
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing)
-        # the policy holds for checkpoints' recomputation too
         scalars = FormattedScalars()
+        # the policy holds for checkpoints' recomputation too
         with routing, workspace, tracker, policy, packing, scalars, _unmoved_modules():
             args, kwargs, target = split_batch(batch)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()

@@ -71,27 +71,35 @@ def workspace_bytes(
     return max(0, round(size))
 
 
+def measured_workspace(
+    width: int, hidden: int, dtype: torch.dtype, biases: bool, steps: int, sequences: int
+) -> int:
+    """The bytes of the workspace the real kernel makes for one LSTM layer and direction over
+    ``steps`` x ``sequences`` of zeros (outside any fake mode)."""
+
+    def zeros(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=dtype)
+
+    gates = 4 * hidden
+    out = _LAYER(
+        zeros(steps, sequences, width), zeros(gates, width), zeros(gates, hidden),
+        zeros(gates), zeros(gates), zeros(sequences, hidden), zeros(sequences, hidden),
+        False, [], 2, hidden, 1, biases, False, False, True,
+    )  # fmt: skip
+    return int(out[3].numel() * out[3].element_size())
+
+
 @functools.lru_cache(maxsize=64)
 def _workspace_fit(
     width: int, hidden: int, dtype: torch.dtype, biases: bool
 ) -> tuple[float, float, float, float]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    def measured(steps: int, sequences: int) -> int:
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=dtype)
-
-        gates = 4 * hidden
-        out = _LAYER(
-            zeros(steps, sequences, width), zeros(gates, width), zeros(gates, hidden),
-            zeros(gates), zeros(gates), zeros(sequences, hidden), zeros(sequences, hidden),
-            False, [], 2, hidden, 1, biases, False, False, True,
-        )  # fmt: skip
-        return int(out[3].numel() * out[3].element_size())
-
     with unset_fake_temporarily():
         try:
-            a, b, c, d = (measured(*shape) for shape in _CALIBRATION)
+            a, b, c, d = (
+                measured_workspace(width, hidden, dtype, biases, *shape) for shape in _CALIBRATION
+            )
         except RuntimeError:  # a dtype this CPU's oneDNN has no LSTM for (fp16 in a CUDA plan)
             if dtype is torch.float32:
                 raise

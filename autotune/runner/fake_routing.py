@@ -327,12 +327,12 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             within = min(1.0, float(args[1]) / expected)
             chance = within if _BELOW[func] else 1.0 - within
             return replace(info, chance=chance, trials=1, running=False)
-        if func is _aten.mul.Tensor and all(self._share(a) for a in args[:2]):
+        if func is _aten.mul.Tensor:
             # a mask kept where another holds (the expert's tokens within its capacity)
             first, second = (self._share(a) for a in args[:2])
-            assert first is not None and second is not None
-            draw, sampled = first.draw or second.draw, first.sampled or second.sampled
-            return _Values(chance=first.chance * second.chance, draw=draw, sampled=sampled)
+            if first is not None and second is not None:
+                draw, sampled = first.draw or second.draw, first.sampled or second.sampled
+                return _Values(chance=first.chance * second.chance, draw=draw, sampled=sampled)
         if func in _COMPARE:
             # values spread evenly over D, compared with one value in range: equal 1 in D
             spread = max((self.known[a].spread for a in args[:2] if a in self.known), default=0)
@@ -354,7 +354,7 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _ctc_loss(self, log_probs: Any, targets: Any, _: Any, target_lengths: Any, *__: Any) -> Any:
         """The loss per sequence and the (batch, frames, 2 x longest target + 1) table of forward
         variables the kernel keeps for backward; the longest target from what the trace knows of
-        the lengths (a sum of a mask of the labels: the first sample's count), else the padded
+        the lengths (a sum of a mask of the labels: the first samples' share), else the padded
         targets' width, or every target at once when they come flattened (upper bounds)."""
         batch = log_probs.shape[1] if log_probs.dim() == 3 else 1
         if not isinstance(target_lengths, torch.Tensor):

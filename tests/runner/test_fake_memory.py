@@ -188,7 +188,7 @@ def test_an_lstms_onednn_workspace_is_counted_at_a_real_steps_peak() -> None:
     # mkldnn_rnn_layer's fake kernel gave its workspace no elements: an LSTM traced 30-51% low
     from torch.utils.data import default_collate
 
-    from autotune.runner.fake_recurrent import workspace_bytes
+    from autotune.runner.fake_recurrent import measured_workspace, workspace_bytes
     from tests.fixtures.packed import Padded, Unpacked
 
     for micro_batch in (8, 16):
@@ -200,15 +200,9 @@ def test_an_lstms_onednn_workspace_is_counted_at_a_real_steps_peak() -> None:
     # (oneDNN sizes it by the machine's instructions: 9.8 MiB here on an AMD EPYC)
     import torch
 
-    def zeros(*shape: int) -> torch.Tensor:
-        return torch.zeros(*shape)
-
-    real_workspace = torch.ops.aten.mkldnn_rnn_layer(
-        zeros(40, 16, 128), zeros(1024, 128), zeros(1024, 256), zeros(1024), zeros(1024),
-        zeros(16, 256), zeros(16, 256), False, [], 2, 256, 1, True, False, False, True,
-    )[3]  # fmt: skip
+    real_workspace = measured_workspace(128, 256, torch.float32, True, 40, 16)
     fitted = workspace_bytes(128, 256, torch.float32, True, 40, 16)
-    assert fitted == pytest.approx(real_workspace.numel() * real_workspace.element_size(), rel=0.05)
+    assert fitted == pytest.approx(real_workspace, rel=0.05)
 
 
 def test_a_workspace_dtype_the_cpu_cannot_run_takes_fp32s(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -239,7 +233,7 @@ def test_recurrent_layers_over_packed_sequences_are_traced_at_a_real_steps_peak(
     model: str, rel: float
 ) -> None:
     # pack_padded_sequence's rows are the lengths' sum, and the layers read batch_sizes' values
-    # in C++: the trace stopped. Packed as the first sample's length, run unpacked: an LSTM
+    # in C++: the trace stopped. Packed at the first samples' mean length, run unpacked: an LSTM
     # within 1% of a real step, a GRU 3-4% low (torch's packed GRU holds a little more than
     # its unpacked one, which the trace meets exactly)
     from torch.utils.data import default_collate
