@@ -34,6 +34,7 @@ from autotune.runner.workload import (
     load_loss,
     load_model,
     load_optimizer,
+    put_on_path,
 )
 
 
@@ -339,8 +340,9 @@ SAMPLE_SHARES = (
 
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
-    "a value, or nonzero / torch.where(mask) / masked_select of a mask that is not a mixture "
-    "of experts' routing, a random draw or a comparison of the batch's own values)"
+    "a value, or nonzero / torch.where(mask) / masked_select of a mask made from activations "
+    "or other values the trace lacks; it follows a mixture of experts' routing, random draws, "
+    "the batch's own integer values and tensors made from constants)"
 )
 """The one line for a trace stopped by data: the guard's expression means little to a user."""
 
@@ -450,7 +452,6 @@ def _trace(
     implementation: str,
     device_type: str,
 ) -> TensorPeak:
-    import sys
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -462,9 +463,7 @@ def _trace(
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
 
-    for directory in reversed(spec.search_path):
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
+    put_on_path(spec)
     # A shape environment lets a value read for logging (``loss.item()`` in forward) stay an
     # unknown symbol instead of failing the trace; branching on one still fails (TraceError).
     # Static shapes: every size stays a plain int, as without it.

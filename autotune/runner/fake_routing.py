@@ -39,6 +39,11 @@ gets one entry per index, as the real kernel makes it; any other such output its
 sum: all of both, as a real uncoalesced sum holds; else the largest input's, an upper bound for
 ``coalesce``).
 
+Before any of these rules, an op whose tensors all hold known values runs on those values too
+(``fake_shadows``: tensors the model makes from constants, Longformer's global-attention mask,
+and the batch's own integer values), so a size or branch read from them is the real one; the
+rules answer what such values cannot (routing, draws, masks mixed with activations).
+
 A ``nonzero`` whose mask came from anything else keeps its unknown size, and the trace fails as
 before (the search then predicts by its fit over trials). ``torch.utils._python_dispatch`` is
 private: ``tests/runner/test_fake_memory.py`` pins what is relied on (a Mixtral-style layer
@@ -52,8 +57,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+from autotune.runner.fake_shadows import LIMIT, Shadows
 
 
 @dataclass(frozen=True)
@@ -166,7 +175,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
         from torch.utils.weak import WeakIdKeyDictionary
 
-        self.known: Any = WeakIdKeyDictionary()
+        self.shadows = Shadows()  # exact values of the small tensors the trace makes
+        self.known: Any = _Known(self.shadows)
         self.assigned: Any = WeakIdKeyDictionary()  # masks a masked assignment used
         self.estimated = 0
         self.drawn = 0  # branches a random draw decided, taken at their likeliest
@@ -176,6 +186,9 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """``tensor`` (of the fake batch) holds values like ``values`` (the first samples')."""
         whole = tuple(values.shape) == tuple(tensor.shape)
         self.known[tensor] = _Values(observed=values, sampled=True, whole=whole)
+        if whole or tuple(values.shape[1:]) == tuple(tensor.shape[1:]):
+            rows = np.arange(tensor.shape[0]) % max(1, values.shape[0])  # the samples, again
+            self.shadows.seed(tensor, values[rows], "whole" if whole else "sampled")
 
     def holds(self, tensor: Any, values: Any) -> None:
         """``tensor``, which the trace made, holds exactly ``values`` (a NumPy array): reading
@@ -195,6 +208,9 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        shadowed = self.shadows.inputs(func, args, kwargs)
+        if shadowed is not None:
+            return self._mirrored(func, args, kwargs, shadowed)
         known = args[0] in self.known if args and isinstance(args[0], torch.Tensor) else False
         if func is _aten.nonzero.default and known:
             mask = args[0]
@@ -253,6 +269,40 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.known[out[_INDICES[func]] if func in _INDICES else out] = values
         if func in _SORTS and known and self.known[args[0]].seen:
             self.known[out[0]] = self.known[args[0]]  # the same values, in another order
+        return out
+
+    def _mirrored(self, func: Any, args: Any, kwargs: Any, shadowed: tuple[Any, str]) -> Any:
+        """``func`` on fake tensors whose values all have shadows (``fake_shadows``): a value
+        or size read from them is the real one, counted where the batch's values gave it (a
+        reduction of the traced batch's own values excepted, as in ``_values``), and the
+        outputs keep their values, for the handlers above too."""
+        swap, origin = shadowed
+        if origin == "whole" and func in _WHOLE_REDUCTIONS:
+            origin = "made"  # the traced batch's own number (a graph batch's graphs)
+        dependent = torch.Tag.data_dependent_output in func.tags
+        if dependent or _sized_by_values(func, args):
+            result = self.shadows.run(func, args, kwargs, swap)
+            if result is None:
+                return func(*args, **kwargs)
+            self.sampled += origin != "made"
+            if dependent:
+                return result
+            device = next(a.device for a in tree_leaves(args) if isinstance(a, torch.Tensor))
+            out = tree_map_only(
+                torch.Tensor,
+                lambda r: torch.empty_strided(r.shape, r.stride(), dtype=r.dtype, device=device),
+                result,
+            )
+        else:
+            out = func(*args, **kwargs)
+            sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if max(sizes, default=0) > LIMIT:  # not control flow: not computed
+                self.shadows.forget_written(func, args, kwargs)
+                return out
+            result = self.shadows.run(func, args, kwargs, swap)
+        self.shadows.attach(out, result, origin)
+        if func is _aten.arange.default:  # also what one_hot compares routed indices with
+            self.known[out] = _Values(spread=out.numel())
         return out
 
     def _count(self, values: _Values) -> None:
@@ -314,6 +364,8 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return _Values(spread=out.numel())
         if func in _SAME_VALUES:
             same: _Values | None = self.known.get(source)
+            if same is not None and same.seen and same.whole and same.observed.shape != out.shape:
+                return replace(same, whole=False)  # a part of them: not all it holds
             return same
         if func in _NONZERO_TEST and args[1] == 0 and source in self.known:
             counts = self.known[source]  # "count > 0"
@@ -394,6 +446,54 @@ def _is_share(values: _Values) -> bool:
     """Whether ``values`` is a mask held at a share, one success of one draw (a one-hot
     routing, or a comparison of one), not indices, counts or the batch's own values."""
     return not (values.spread or values.seen or values.running) and values.trials == 1
+
+
+class _Known:
+    """What ``UniformRouting`` knows of tensors' values: its notes, and for a fake tensor with
+    a shadow (``fake_shadows``) the shadow's values, read each time they are asked for, so that
+    a write the shadow could not follow leaves nothing stale (the note keeps what else is known:
+    an ``arange``'s spread)."""
+
+    def __init__(self, shadows: Shadows) -> None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.notes: Any = WeakIdKeyDictionary()
+        self.shadows = shadows
+
+    def __contains__(self, tensor: Any) -> bool:
+        return self.get(tensor) is not None
+
+    def __getitem__(self, tensor: Any) -> _Values:
+        values: _Values | None = self.get(tensor)
+        if values is None:
+            raise KeyError(tensor)
+        return values
+
+    def __setitem__(self, tensor: Any, values: _Values) -> None:
+        self.notes[tensor] = values
+
+    def get(self, tensor: Any, default: Any = None) -> Any:
+        if not isinstance(tensor, torch.Tensor):
+            return default
+        note: _Values | None = self.notes.get(tensor)
+        shadow = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else None
+        if shadow is None:
+            return default if note is None else note
+        real, origin = shadow
+        return _Values(
+            note.spread if note is not None else 0,
+            observed=Shadows.numpy(real),
+            sampled=origin != "made",
+            whole=origin != "sampled",
+        )
+
+
+def _sized_by_values(func: Any, args: Any) -> bool:
+    """Whether ``func``'s output shape depends on its inputs' values (``nonzero``, a selection
+    by a mask; not an index by integers, sized by the index's shape)."""
+    if func is _aten.index.Tensor:
+        return any(_is_mask(i) for i in args[1])
+    return torch.Tag.dynamic_output_shape in func.tags
 
 
 def _is_mask(index: Any) -> bool:

@@ -27,6 +27,7 @@ from autotune.runner.workload import (
     load_dataset,
     load_loss,
     load_model,
+    put_on_path,
     resolve_reference,
 )
 
@@ -193,12 +194,9 @@ def hold_workload(spec_json: str) -> tuple[Any, ...]:
     """Build what a rank holds of a workload beside its tensors (``_BARE_RANK``): its module,
     the model on the meta device (no parameter memory; its lazy imports happen), its dataset and
     its loss. A model that will not build on the meta device is left out, with what needs it."""
-    import sys
 
     spec = WorkloadSpec.model_validate_json(spec_json)
-    for directory in reversed(spec.search_path):
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
+    put_on_path(spec)
     try:
         with torch.device("meta"):
             module, model = load_model(spec.model)

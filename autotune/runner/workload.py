@@ -206,11 +206,17 @@ def _check_model_target(target: Any, reference: str) -> None:
         )
 
 
-def check_workload(spec: WorkloadSpec) -> None:
-    """Resolve every reference in ``spec`` without building anything: fail fast, in one line."""
+def put_on_path(spec: WorkloadSpec) -> None:
+    """``spec``'s search path first on ``sys.path``, so that its references import as the
+    caller's did."""
     for directory in reversed(spec.search_path):
         if directory not in sys.path:
             sys.path.insert(0, directory)
+
+
+def check_workload(spec: WorkloadSpec) -> None:
+    """Resolve every reference in ``spec`` without building anything: fail fast, in one line."""
+    put_on_path(spec)
     module, target = resolve_reference(spec.model, "--model")
     _check_model_target(target, spec.model)
     load_optimizer(spec, module)
@@ -444,9 +450,7 @@ def describe_collate(spec: WorkloadSpec) -> str | None:
 
 def build_workload(spec: WorkloadSpec) -> Workload:
     """Import and build everything ``spec`` names; raises WorkloadError with one clear line."""
-    for directory in reversed(spec.search_path):
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
+    put_on_path(spec)
     model_module, model = load_model(spec.model)
     dataset, data_source = load_dataset(spec, model_module, model)
     if hasattr(dataset, "__len__") and len(dataset) == 0:

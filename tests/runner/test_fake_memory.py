@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.bench.traced_step import real_batch_peak, real_step_peak
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.optimizers import BLOCKS, PARAMETER_BYTES
 from tests.fixtures.optimizers import WIDTH as WIDE_WIDTH
-from tests.fixtures.real_step import real_step_peak
 from tests.fixtures.traced import WIDTH
 
 WIDE = WorkloadSpec(model="tests.fixtures.optimizers:Wide")
@@ -307,20 +307,12 @@ def test_switch_transformers_capacity_routing_is_traced() -> None:
     # the largest expert's tokens, which uniform routing takes as 1/4 (not measured). Pinned as
     # it stands, so a change either way shows.
     pytest.importorskip("transformers")
-    from torch.utils.data import default_collate
-
-    from autotune.runner.workload import load_dataset, load_model
-
     spec = WorkloadSpec(
         model="tests.fixtures.hf_zoo:switch", data="tests.fixtures.hf_zoo:data_switch"
     )
     traced = trace_step(spec, 4)
     assert traced.routed_sizes > 0
-    _, model = load_model(spec.model)
-    dataset = load_dataset(spec, None, model)[0]
-    batch = default_collate([dataset[i] for i in range(4)])
-    model.train()
-    assert 0.85 < traced.total_bytes / real_step_peak(model, **batch) < 0.95
+    assert 0.85 < traced.total_bytes / real_batch_peak(spec, 4) < 0.95
 
 
 def test_tokens_per_expert_counted_and_split_as_torchtitan_loops_over_experts() -> None:

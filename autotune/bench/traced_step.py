@@ -1,0 +1,100 @@
+"""A traced step against a real one: the tensors' peak of a real training step, the truth the
+fake-tensor traces (``autotune.runner.fake_memory.trace_step``) are held to, by the tests and
+by ``scripts/bench_trace_families.py``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, put_on_path
+
+
+def real_step_peak(model: object, *args: object, optimizer: str = "AdamW", **kwargs: object) -> int:
+    """The tensors' peak of a real second training step (AdamW, or ``optimizer``: a class of
+    ``torch.optim``), as MemTracker counts it: what a traced step is checked against."""
+    import torch
+
+    from autotune.runner.fake_memory import _peak_tracker  # imports torch
+
+    assert isinstance(model, torch.nn.Module)
+    stepper = getattr(torch.optim, optimizer)(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        out = model(*args, **kwargs)
+        if isinstance(out, dict):
+            loss = out["loss"]
+        else:
+            loss = out.loss if hasattr(out, "loss") else out.square().mean()
+        loss.backward()  # the output held through it, as a trial's step holds it
+        stepper.step()
+        stepper.zero_grad(set_to_none=True)
+
+    step()  # the optimizer's state exists from here on
+    tracker = _peak_tracker()  # MemTracker, which refuses a frozen parameter (Whisper's)
+    tracker.track_external(model, stepper)
+    with tracker:
+        step()
+    return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+
+
+def real_batch_peak(spec: WorkloadSpec, micro_batch: int) -> int:
+    """``real_step_peak`` of ``spec``'s model (built again, in training mode, every layer run:
+    LayerDrop off, as the trace takes it) on the batch of its dataset's first ``micro_batch``
+    samples, collated by torch's default, passed as keyword arguments (a dict batch) or in
+    order."""
+    from torch.utils.data import default_collate
+
+    put_on_path(spec)
+    _, model = load_model(spec.model)
+    config = getattr(model, "config", None)
+    if getattr(config, "layerdrop", 0.0):
+        config.layerdrop = 0.0  # type: ignore[union-attr]
+    dataset = load_dataset(spec, None, model)[0]
+    batch = default_collate([dataset[i] for i in range(micro_batch)])
+    model.train()
+    if isinstance(batch, dict):
+        return real_step_peak(model, **batch)
+    return real_step_peak(model, *batch)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One model's traced step beside a real one, or why it could not be traced."""
+
+    model: str
+    traced_bytes: int | None
+    real_bytes: int | None
+    seconds: float
+    stop: str = ""  # the trace's one line, where it stopped
+
+    @property
+    def error(self) -> float | None:
+        if self.traced_bytes is None or not self.real_bytes:
+            return None
+        return (self.traced_bytes - self.real_bytes) / self.real_bytes
+
+
+def check(spec: WorkloadSpec, micro_batch: int = 4) -> Checked:
+    """``spec``'s step traced and run for real at ``micro_batch``."""
+    from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
+
+    started = time.perf_counter()
+    try:
+        traced = trace_step(spec, micro_batch)
+    except TraceError as error:
+        return Checked(spec.model, None, None, time.perf_counter() - started, str(error))
+    real = real_batch_peak(spec, micro_batch)
+    return Checked(spec.model, traced.total_bytes, real, time.perf_counter() - started)
+
+
+def as_row(checked: Checked) -> dict[str, Any]:
+    return {
+        "model": checked.model,
+        "traced_bytes": checked.traced_bytes,
+        "real_bytes": checked.real_bytes,
+        "error": checked.error,
+        "seconds": round(checked.seconds, 2),
+        "stop": checked.stop,
+    }
