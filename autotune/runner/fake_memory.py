@@ -504,14 +504,17 @@ def _trace(
             with autocast:
                 output = wrapped(*args, **kwargs)
                 loss = loss_fn(output, target)
-            loss.backward()  # the output held through it, as the trials' step holds it
-            del output
+            # The output (a language model's logits and key/value cache) is held through
+            # backward and the optimizer's step, as the trials' step holds it: it goes when
+            # the next step's output replaces it.
+            loss.backward()
             backward = _by_kind(tracker.get_tracker_snapshot("peak"))
             unused = sum(1 for p in model.parameters() if p.requires_grad and p.grad is None)
             gradients_full = _gradient_bytes(model)
             with _concrete_scalars():
                 optimizer.step()  # the first step creates the optimizer's state
             stepped = _by_kind(tracker.get_tracker_snapshot("peak"))
+            del output
             optimizer.zero_grad(set_to_none=True)
             state = _by_kind(tracker.get_tracker_snapshot("current")).get("OPT", 0)
     by_kind = _steady_peak(backward, stepped, state)

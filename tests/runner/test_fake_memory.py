@@ -383,8 +383,9 @@ def test_a_value_read_for_logging_in_forward_does_not_stop_the_trace() -> None:
 
 def _two_traced_steps(micro_batch: int, micro_steps: int = 1) -> int:
     """The peak of two whole steps of Stack under MemTracker, as PyTorch's tests use it, each
-    accumulating the gradients of ``micro_steps`` forwards and backwards (the output held
-    through each backward, as a trial's step holds it)."""
+    accumulating the gradients of ``micro_steps`` forwards and backwards, the output held as a
+    trial's step holds it: through backward and the optimizer's step, until the next forward's
+    output replaces it."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -402,7 +403,6 @@ def _two_traced_steps(micro_batch: int, micro_steps: int = 1) -> int:
                 for _ in range(micro_steps):  # the default loss, without a target
                     output = model(batch)
                     output.square().mean().backward()
-                    del output
                     tracker.reset_mod_stats()  # one forward per module per iteration
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
