@@ -1,0 +1,76 @@
+"""A traced training step against a real one, for Hugging Face models of many families built
+from tiny configs: how far the fake-tensor trace behind every memory prediction reaches on
+models nobody here wrote, and where it stops.
+
+    python scripts/bench_trace_families.py [--zoo tests.fixtures.hf_zoo tests.fixtures.hf_more] \
+        [--families longformer opt ...] [--micro-batch 4] [--out results/trace_families.json]
+
+Each family (``FAMILIES`` of each ``--zoo`` module: ``<module>:<family>`` builds the model,
+``<module>:data_<family>`` its dataset) is traced at ``--micro-batch`` in fp32 with AdamW
+(``autotune.runner.fake_memory.trace_step``), then one real step is run on its dataset's first
+samples and its tensors' peak taken as MemTracker counts it
+(``autotune.bench.traced_step.real_step_peak``). The error is (traced - real) / real; a family
+the trace cannot follow prints the one line a search would say. Needs the ``trainers`` extra
+(transformers); about a minute on 2 CPU cores for both zoos.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+
+from autotune.bench.memory_prediction import machine
+from autotune.bench.traced_step import as_row, check
+from autotune.runner.workload import WorkloadSpec, put_on_path, resolve_reference
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--zoo", nargs="+", default=["tests.fixtures.hf_zoo", "tests.fixtures.hf_more"]
+    )
+    parser.add_argument("--families", nargs="*", help="only these (default: every one)")
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--out", default="results/trace_families.json")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")  # transformers' notes on each tiny config
+    logging.disable(logging.WARNING)
+
+    here = (os.getcwd(),)
+    specs = []
+    for zoo in args.zoo:
+        put_on_path(WorkloadSpec(model=f"{zoo}:FAMILIES", search_path=here))
+        for family in resolve_reference(f"{zoo}:FAMILIES", "--zoo")[1]:
+            if not args.families or family in args.families:
+                model, data = f"{zoo}:{family}", f"{zoo}:data_{family}"
+                specs.append(WorkloadSpec(model=model, data=data, search_path=here))
+
+    rows = []
+    report = {"machine": machine(), "micro_batch": args.micro_batch, "families": rows}
+    print(f"{'model':40} {'traced':>10} {'real step':>10} {'error':>7} {'s':>5}")
+    for spec in specs:
+        checked = check(spec, args.micro_batch)
+        rows.append(as_row(checked))
+        if checked.error is None:
+            print(f"{spec.model:40} stops: {checked.stop}")
+        else:
+            traced, real = (checked.traced_bytes or 0) / 2**20, (checked.real_bytes or 0) / 2**20
+            print(
+                f"{spec.model:40} {traced:8.3f}Mi {real:8.3f}Mi {checked.error:+7.1%} "
+                f"{checked.seconds:5.1f}"
+            )
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    traced = [r for r in rows if r["error"] is not None]
+    within = sum(abs(r["error"]) <= 0.01 for r in traced)
+    print(
+        f"{len(traced)} of {len(rows)} traced, {within} of those within 1% of a real step; "
+        f"wrote {args.out}"
+    )
+
+
+if __name__ == "__main__":
+    main()
