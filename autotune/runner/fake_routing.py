@@ -275,7 +275,7 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """``func`` on fake tensors whose values all have shadows (``fake_shadows``): a value
         or size read from them is the real one, counted where the batch's values gave it (a
         reduction of the traced batch's own values excepted, as in ``_values``), and the
-        outputs keep their values, for the handlers above too."""
+        outputs keep their values (``_Known`` gives them to the rules below)."""
         swap, origin = shadowed
         if origin == "whole" and func in _WHOLE_REDUCTIONS:
             origin = "made"  # the traced batch's own number (a graph batch's graphs)
