@@ -49,7 +49,8 @@ _SHAPE_ONLY = {
 
 
 class Shadows:
-    """Real values beside fake tensors (see the module); ``mirror`` runs an op on them."""
+    """Real values beside fake tensors (see the module): ``inputs`` finds an op's, ``run`` runs
+    the op on them and ``attach`` keeps what it gave."""
 
     def __init__(self) -> None:
         self.real: Any = WeakIdKeyDictionary()  # fake tensor -> (real tensor, origin)
