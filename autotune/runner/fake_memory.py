@@ -452,7 +452,6 @@ def _trace(
     implementation: str,
     device_type: str,
 ) -> TensorPeak:
-
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv

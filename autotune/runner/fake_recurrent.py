@@ -144,8 +144,8 @@ class PackedSequences(TorchFunctionMode):
         time_major = padded.transpose(0, 1) if batch_first else padded
         sequences = time_major.shape[1]
         data = time_major[:length].reshape(length * sequences, *time_major.shape[2:])
+        # made from constants, so its values have a shadow (fake_shadows): batch_sizes[0] is read
         batch_sizes = torch.full((longest,), sequences, dtype=torch.int64)
-        self.routing.holds(batch_sizes, np.full(longest, sequences))  # batch_sizes[0] is read
         self.blocks[batch_sizes] = (sequences, length)
         return data, batch_sizes
 

@@ -190,11 +190,6 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
             rows = np.arange(tensor.shape[0]) % max(1, values.shape[0])  # the samples, again
             self.shadows.seed(tensor, values[rows], "whole" if whole else "sampled")
 
-    def holds(self, tensor: Any, values: Any) -> None:
-        """``tensor``, which the trace made, holds exactly ``values`` (a NumPy array): reading
-        them assumes nothing."""
-        self.known[tensor] = _Values(observed=values, whole=True)
-
     def lengths(self, tensor: Any) -> Any:
         """What the trace knows of a batch tensor of sequence lengths (``fake_recurrent``): the
         first samples', as NumPy; None where it knows none. Counted as sampled."""
@@ -313,7 +308,7 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
         elif not values.whole:
             self.estimated += 1
         # else read whole from the traced batch (a graph batch's number of graphs, which every
-        # batch of its size holds), or made by the trace itself (``holds``): not counted
+        # batch of its size holds), or made by the trace itself (a shadow's): not counted
 
     def _likeliest(self, tensor: Any) -> bool | int | float:
         """A value read out of routing (an expert's index to select its weights, whether a

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -68,11 +69,12 @@ class Shadows:
         """The real values of ``tensor`` and their origin, or None."""
         if not isinstance(tensor, torch.Tensor):
             return None
-        if not isinstance(tensor, _fake_class()):  # a real constant: its own values
+        if not isinstance(tensor, FakeTensor):  # a real constant: its own values
             return (tensor, "made") if tensor.numel() <= LIMIT else None
         got: tuple[torch.Tensor, str] | None = self.real.get(tensor)
-        if got is None and getattr(tensor, "constant", None) is not None:
-            got = (tensor.constant, "made")  # type: ignore[attr-defined]  # from a constant
+        constant: torch.Tensor | None = getattr(tensor, "constant", None)  # one made from it
+        if got is None and constant is not None:
+            got = (constant, "made")
         if got is None or got[0].untyped_storage().data_ptr() in self.unknown:
             return None
         return got
@@ -187,9 +189,3 @@ def _on_cpu(kwargs: dict[str, Any]) -> dict[str, Any]:
     if "device" in kwargs and kwargs["device"] is not None:
         return {**kwargs, "device": torch.device("cpu")}
     return kwargs
-
-
-def _fake_class() -> type:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return FakeTensor

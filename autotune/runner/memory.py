@@ -194,7 +194,6 @@ def hold_workload(spec_json: str) -> tuple[Any, ...]:
     """Build what a rank holds of a workload beside its tensors (``_BARE_RANK``): its module,
     the model on the meta device (no parameter memory; its lazy imports happen), its dataset and
     its loss. A model that will not build on the meta device is left out, with what needs it."""
-
     spec = WorkloadSpec.model_validate_json(spec_json)
     put_on_path(spec)
     try:
