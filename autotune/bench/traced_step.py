@@ -39,24 +39,24 @@ def real_step_peak(model: object, *args: object, optimizer: str = "AdamW", **kwa
     return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
 
 
-def real_batch_peak(spec: WorkloadSpec, micro_batch: int) -> int:
+def real_batch_peak(spec: WorkloadSpec, micro_batch: int, optimizer: str = "AdamW") -> int:
     """``real_step_peak`` of ``spec``'s model (built again, in training mode, every layer run:
-    LayerDrop off, as the trace takes it) on the batch of its dataset's first ``micro_batch``
-    samples, collated by torch's default, passed as keyword arguments (a dict batch) or in
-    order."""
+    LayerDrop off, as the trace takes it) with ``optimizer`` on the batch of its dataset's first
+    ``micro_batch`` samples, collated by torch's default, passed as keyword arguments (a dict
+    batch) or in order."""
     from torch.utils.data import default_collate
 
     put_on_path(spec)
-    _, model = load_model(spec.model)
+    module, model = load_model(spec.model)
     config = getattr(model, "config", None)
     if getattr(config, "layerdrop", 0.0):
         config.layerdrop = 0.0  # type: ignore[union-attr]
-    dataset = load_dataset(spec, None, model)[0]
+    dataset = load_dataset(spec, module, model)[0]  # --data, else the module's
     batch = default_collate([dataset[i] for i in range(micro_batch)])
     model.train()
     if isinstance(batch, dict):
-        return real_step_peak(model, **batch)
-    return real_step_peak(model, *batch)
+        return real_step_peak(model, **batch, optimizer=optimizer)
+    return real_step_peak(model, *batch, optimizer=optimizer)
 
 
 @dataclass(frozen=True)

@@ -154,14 +154,10 @@ def test_a_selection_by_the_batchs_labels_is_traced_at_the_first_samples_share()
 def test_a_ctc_head_is_traced_at_a_real_steps_peak() -> None:
     # Wav2Vec2ForCTC fell back to the fit: its labels.max() check, the mask of (labels !=
     # -100) & (labels != blank), and CTC's kernel sizing its table by the longest target
-    from torch.utils.data import default_collate
-
-    from tests.fixtures.ctc import CTCRecogniser, Utterances
-
-    traced = trace_step(WorkloadSpec(model="tests.fixtures.ctc:CTCRecogniser"), 8)
+    spec = WorkloadSpec(model="tests.fixtures.ctc:CTCRecogniser")
+    traced = trace_step(spec, 8)
     assert traced.sampled_selections >= 2 and traced.routed_sizes == 0
-    batch = default_collate([Utterances()[i] for i in range(8)])
-    assert traced.total_bytes == real_step_peak(CTCRecogniser(), **batch)
+    assert traced.total_bytes == real_batch_peak(spec, 8)
 
 
 def test_a_module_converted_to_its_own_dtype_in_forward_is_traced() -> None:
@@ -186,16 +182,12 @@ def test_a_module_converted_to_its_own_dtype_in_forward_is_traced() -> None:
 
 def test_an_lstms_onednn_workspace_is_counted_at_a_real_steps_peak() -> None:
     # mkldnn_rnn_layer's fake kernel gave its workspace no elements: an LSTM traced 30-51% low
-    from torch.utils.data import default_collate
-
     from autotune.runner.fake_recurrent import measured_workspace, workspace_bytes
-    from tests.fixtures.packed import Padded, Unpacked
 
+    spec = WorkloadSpec(model="tests.fixtures.packed:Unpacked")
     for micro_batch in (8, 16):
-        traced = trace_step(WorkloadSpec(model="tests.fixtures.packed:Unpacked"), micro_batch)
-        batch = default_collate([Padded()[i] for i in range(micro_batch)])
-        real = real_step_peak(Unpacked(), **batch)
-        assert traced.total_bytes == pytest.approx(real, rel=0.01)
+        traced = trace_step(spec, micro_batch)
+        assert traced.total_bytes == pytest.approx(real_batch_peak(spec, micro_batch), rel=0.01)
     # the fit over four small shapes, against the real kernel's workspace at a larger one
     # (oneDNN sizes it by the machine's instructions: 9.8 MiB here on an AMD EPYC)
     import torch
@@ -236,15 +228,10 @@ def test_recurrent_layers_over_packed_sequences_are_traced_at_a_real_steps_peak(
     # in C++: the trace stopped. Packed at the first samples' mean length, run unpacked: an LSTM
     # within 1% of a real step, a GRU 3-4% low (torch's packed GRU holds a little more than
     # its unpacked one, which the trace meets exactly)
-    from torch.utils.data import default_collate
-
-    from tests.fixtures import packed
-
-    traced = trace_step(WorkloadSpec(model=f"tests.fixtures.packed:{model}"), 16)
+    spec = WorkloadSpec(model=f"tests.fixtures.packed:{model}")
+    traced = trace_step(spec, 16)
     assert traced.sampled_selections == 1 and traced.routed_sizes == 0
-    batch = default_collate([packed.Padded()[i] for i in range(16)])
-    real = real_step_peak(getattr(packed, model)(), **batch)
-    assert traced.total_bytes == pytest.approx(real, rel=rel)
+    assert traced.total_bytes == pytest.approx(real_batch_peak(spec, 16), rel=rel)
 
 
 def test_unpadding_by_the_batchs_attention_mask_is_traced_at_the_first_samples_share() -> None:

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import default_collate
 
-from autotune.bench.traced_step import real_step_peak
+from autotune.bench.traced_step import real_batch_peak
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures import shadowed
 
 
 def test_a_branch_and_a_selection_on_a_mask_the_model_builds_are_a_real_steps() -> None:
-    traced = trace_step(WorkloadSpec(model="tests.fixtures.shadowed:GlobalTokens"), 8)
-    batch = default_collate([shadowed.PaddedTokens()[i] for i in range(8)])
-    assert traced.total_bytes == real_step_peak(shadowed.GlobalTokens(), **batch, optimizer="SGD")
+    spec = WorkloadSpec(model="tests.fixtures.shadowed:GlobalTokens")
+    traced = trace_step(spec, 8)
+    assert traced.total_bytes == real_batch_peak(spec, 8, optimizer="SGD")
     assert traced.unused_parameters == 0  # the branch was taken: the wide layer has gradients
     # and sized by the 8 global positions: one more row each would be another 4 KiB apiece
     wide_rows = 8 * 64 * shadowed.WIDTH * 4
@@ -31,10 +30,10 @@ def test_a_mask_written_from_values_the_trace_lacks_is_no_longer_known() -> None
 
 
 def test_the_batchs_mask_merged_with_one_the_model_builds_is_read_as_sampled() -> None:
-    traced = trace_step(WorkloadSpec(model="tests.fixtures.shadowed:MergedMask"), 8)
+    spec = WorkloadSpec(model="tests.fixtures.shadowed:MergedMask")
+    traced = trace_step(spec, 8)
     assert traced.sampled_selections == 1  # the batch's values sized it: said as assumed
-    batch = default_collate([shadowed.PaddedTokens()[i] for i in range(8)])
-    assert traced.total_bytes == real_step_peak(shadowed.MergedMask(), **batch, optimizer="SGD")
+    assert traced.total_bytes == real_batch_peak(spec, 8, optimizer="SGD")
 
 
 def test_the_private_mode_stack_escape_runs_real_ops_beneath_a_fake_mode() -> None:
