@@ -2,11 +2,12 @@
 
 This is the one module that uses PyTorch's private memory tools (``torch._subclasses``'
 ``FakeTensorMode`` with a ``torch.fx.experimental`` ``ShapeEnv``, and
-``torch.distributed._tools.mem_tracker.MemTracker``), with ``autotune.runner.fake_routing``
-beside it for a mixture of experts' routing (a ``torch.utils._python_dispatch`` mode); they
-may change between releases, so ``tests/runner/test_fake_memory.py`` pins what is relied on,
-and every failure of theirs becomes ``TraceError`` with one line, for the caller's fallback (a fit
-over measured trials, ``autotune.search.memory_model``).
+``torch.distributed._tools.mem_tracker.MemTracker`` with its ``mod_tracker.ModTracker``), with
+``autotune.runner.fake_routing`` beside it for a mixture of experts' routing (a
+``torch.utils._python_dispatch`` mode); they may change between releases, so
+``tests/runner/test_fake_memory.py`` pins what is relied on, and every failure of theirs becomes
+``TraceError`` with one line, for the caller's fallback (a fit over measured trials,
+``autotune.search.memory_model``).
 
 The step is the trials' own: the user's model built under the fake mode, checkpointing applied
 by the same code, one forward under the config's autocast (CUDA's op lists for a CUDA device,
@@ -230,7 +231,35 @@ def _peak_tracker() -> Any:
             except _data_dependent_error():
                 pass
 
-    return PeakTracker()
+    tracker = PeakTracker()
+    tracker._mod_tracker = _module_tracker()
+    return tracker
+
+
+def _module_tracker() -> Any:
+    """``ModTracker`` (the memory tracker's record of which module runs) that lets a module run
+    on an input it cannot hook. Before a module's forward it hooks its inputs' gradients, to see
+    its backward begin; a view made with gradients off of a tensor that requires them (inside a
+    custom autograd Function's forward: Reformer's reversible layers split their input in two)
+    has no node to hook, and ``register_multi_grad_hook`` raised before hooking anything. Such a
+    module is then taken to end with the backward, as one without inputs that need gradients
+    is; nothing here reads which module is running."""
+    import weakref
+
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    class ModuleTracker(ModTracker):
+        def _fw_pre_hook(self, mod: Any, input: Any) -> None:
+            try:
+                super()._fw_pre_hook(mod, input)  # type: ignore[no-untyped-call]
+            except AssertionError as error:
+                if "gradient function" not in str(error) or self.is_bw:
+                    raise
+                name = self._get_mod_name(mod)  # type: ignore[no-untyped-call]
+                pop = self._get_pop_fn(weakref.ref(mod), name, True)  # type: ignore[no-untyped-call]
+                self._post_bw_callbacks_to_enqueue.append(pop)
+
+    return ModuleTracker()  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager

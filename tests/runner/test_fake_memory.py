@@ -117,6 +117,20 @@ def test_a_model_whose_constructor_reads_its_values_is_built_on_meta_and_traced(
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
 
 
+def test_a_custom_function_running_modules_on_views_of_its_input_is_traced() -> None:
+    # Reformer's reversible layers stopped the trace ("Expected gradient function to be set"):
+    # the memory tracker hooks every module's inputs' gradients, and a view made inside a
+    # custom autograd Function's forward has no node to hook. Its backward runs them again.
+    import torch
+
+    from tests.fixtures.traced import Reversible
+
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.traced:Reversible"), 8)
+    real = real_step_peak(Reversible(), torch.randn(8, 16, 256))
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+    assert traced.gradients_bytes > 0 and traced.unused_parameters == 0
+
+
 def test_layerdrop_and_a_masked_assignment_are_traced_as_a_step_that_drops_nothing() -> None:
     # Hugging Face Wav2Vec2 in training fell back to the fit: LayerDrop branches on a draw,
     # SpecAugment assigns through a random mask and backward selects by it.
