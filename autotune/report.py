@@ -361,6 +361,7 @@ def format_plan(plan: Plan, model: str) -> str:
             else ""
         ),
         f"beyond the tensors: {plan.calibration}",
+        *([f"optimizer whose state is counted: {plan.optimizer}"] if plan.optimizer else []),
         *([f"assumed: {plan.assumption}"] if plan.assumption else []),
         *(
             [

@@ -317,6 +317,7 @@ def _plan(args: argparse.Namespace) -> int:
                     "limit_bytes": result.limit_bytes,
                     "fits": fits,
                     "calibration": result.calibration,
+                    "optimizer": result.optimizer,
                 },
                 indent=2,
             )

@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.runner.workload import WorkloadSpec
+from autotune.runner.workload import WorkloadSpec, describe_optimizer
 from autotune.search.memory_model import (
     MEMORY_FIELDS,
     MemoryModel,
@@ -74,6 +74,8 @@ class Plan:
     """Choices of the space this model cannot take, each with why (one line each)."""
     needs_find_unused_parameters: bool = False
     """The trace showed DDP to need ``find_unused_parameters`` (``TensorPeak``'s reasons)."""
+    optimizer: str = ""
+    """Whose optimizer's state the traces counted, in words (the default says how to give one)."""
 
     def fitting(self) -> list[PlanRow]:
         return [r for r in self.rows if r.fits(self.limit_bytes)]
@@ -108,6 +110,7 @@ class Plan:
                 "limit_bytes": self.limit_bytes,
                 "predicted": True,
                 "calibration": self.calibration,
+                "optimizer": self.optimizer,
                 "trace_error": self.trace_error,
                 "assumption": self.assumption,
                 "left_out": self.left_out,
@@ -216,6 +219,7 @@ def make_plan(
         assumption=model.assumption,
         left_out=left_out,
         needs_find_unused_parameters=model.needs_unused_parameters,
+        optimizer=describe_optimizer(workload),
         calibration=calibrated.describe()
         if calibrated.trials
         else (

@@ -251,3 +251,29 @@ def test_bad_plan_input_is_one_line(
     assert main(["plan", "--model", MODEL, *flags]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
+
+
+def test_a_plan_names_the_optimizer_whose_state_it_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.fixtures.optimizers import PARAMETER_BYTES
+
+    config = TrainConfig(global_batch_size=8, device="cuda")
+    save_config(config, tmp_path / "c.yaml")
+    argv = ["plan", "--model", "tests.fixtures.optimizers:Wide", "--devices", "1"]
+    argv += ["--device-memory", "80GiB", "--config", str(tmp_path / "c.yaml"), "--json"]
+    assert main(argv) == 0
+    sgd = json.loads(capsys.readouterr().out)
+    assert sgd["optimizer"] == "tests.fixtures.optimizers:autotune_optimizer"
+    assert main([*argv, "--optimizer", "tests.fixtures.optimizers:adamw"]) == 0
+    adamw = json.loads(capsys.readouterr().out)
+    assert adamw["optimizer"] == "--optimizer tests.fixtures.optimizers:adamw"
+    state = adamw["predicted_parts_bytes"]["optimizer state"]
+    assert state >= 2 * PARAMETER_BYTES and sgd["predicted_parts_bytes"]["optimizer state"] == 0
+    assert main(argv[:-3]) == 0  # the table says it too, and how to give another
+    assert "optimizer whose state is counted: tests.fixtures.optimizers:autotune_optimizer" in (
+        capsys.readouterr().out
+    )
+    assert main(["plan", "--model", MODEL, "--devices", "1", "--device-memory", "80GiB"]) == 0
+    default = capsys.readouterr().out
+    assert "default AdamW" in default and "--optimizer module:attr" in default
