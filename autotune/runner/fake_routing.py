@@ -185,10 +185,11 @@ class UniformRouting(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def observe(self, tensor: Any, values: Any) -> None:
         """``tensor`` (of the fake batch) holds values like ``values`` (the first samples')."""
         whole = tuple(values.shape) == tuple(tensor.shape)
-        self.known[tensor] = _Values(observed=values, sampled=True, whole=whole)
         if whole or tuple(values.shape[1:]) == tuple(tensor.shape[1:]):
             rows = np.arange(tensor.shape[0]) % max(1, values.shape[0])  # the samples, again
-            self.shadows.seed(tensor, values[rows], "whole" if whole else "sampled")
+            if self.shadows.seed(tensor, values[rows], "whole" if whole else "sampled"):
+                return  # its shadow holds them, and forgets them when a write it cannot follow
+        self.known[tensor] = _Values(observed=values, sampled=True, whole=whole)
 
     def lengths(self, tensor: Any) -> Any:
         """What the trace knows of a batch tensor of sequence lengths (``fake_recurrent``): the

@@ -57,13 +57,16 @@ class Shadows:
         self.real: Any = WeakIdKeyDictionary()  # fake tensor -> (real tensor, origin)
         self.unknown: set[int] = set()  # real storages written from a tensor without a shadow
 
-    def seed(self, fake: torch.Tensor, values: Any, origin: str) -> None:
-        """``fake`` holds ``values``, a NumPy array, from ``origin`` (``ORIGINS``)."""
+    def seed(self, fake: torch.Tensor, values: Any, origin: str) -> bool:
+        """``fake`` holds ``values``, a NumPy array, from ``origin`` (``ORIGINS``); False where
+        it cannot be shadowed (over ``LIMIT`` elements, or another shape)."""
         from torch.utils._python_dispatch import _disable_current_modes
 
-        if values.size <= LIMIT and tuple(values.shape) == tuple(fake.shape):
-            with _disable_current_modes():
-                self.real[fake] = (torch.from_numpy(values).to(fake.dtype), origin)
+        if values.size > LIMIT or tuple(values.shape) != tuple(fake.shape):
+            return False
+        with _disable_current_modes():
+            self.real[fake] = (torch.from_numpy(values).to(fake.dtype), origin)
+        return True
 
     def get(self, tensor: Any) -> tuple[torch.Tensor, str] | None:
         """The real values of ``tensor`` and their origin, or None."""

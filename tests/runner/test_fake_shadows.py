@@ -29,6 +29,14 @@ def test_a_mask_written_from_values_the_trace_lacks_is_no_longer_known() -> None
         trace_step(spec, 4)
 
 
+def test_the_batchs_mask_written_from_values_the_trace_lacks_is_no_longer_known() -> None:
+    # The first samples' mask was kept beside its shadow and read again once the shadow was
+    # forgotten: a selection sized by values the model had overwritten.
+    spec = WorkloadSpec(model="tests.fixtures.shadowed:OverwritesTheBatchsMask")
+    with pytest.raises(TraceError, match="depends on tensor values"):
+        trace_step(spec, 4)
+
+
 def test_the_batchs_mask_merged_with_one_the_model_builds_is_read_as_sampled() -> None:
     spec = WorkloadSpec(model="tests.fixtures.shadowed:MergedMask")
     traced = trace_step(spec, 8)
