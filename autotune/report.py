@@ -8,6 +8,7 @@ from autotune.records import TrialRecord, exclusion_lines
 from autotune.result import TrialResult
 from autotune.runner.fake_memory import UNUSED_PARAMETERS
 from autotune.search.log import stored_records
+from autotune.search.memory_model import budget_scope
 from autotune.search.plan import Plan
 from autotune.search.race import race_runs
 from autotune.search.storage import NO_STUDY_YET, open_storage
@@ -351,7 +352,8 @@ def format_plan(plan: Plan, model: str) -> str:
     """The plan as a table, smallest predicted peak first: every number a prediction."""
     lines = [
         f"memory plan for {model} on {plan.devices} {plan.device_type} device(s), limit "
-        f"{format_bytes(plan.limit_bytes)} per device: every number below is a prediction",
+        f"{format_bytes(plan.limit_bytes)} {budget_scope(plan.device_type)}: every number below "
+        "is a prediction",
         "traced under fake tensors on this machine's CPU kernels"
         + (
             ", under CUDA's autocast op lists (CUDA's fused attention, cuBLAS workspaces and "

@@ -26,6 +26,7 @@ from autotune.runner.workload import (
     describe_collate,
     describe_optimizer,
 )
+from autotune.search.memory_model import budget_scope
 from autotune.search.probe import (
     check_batches,
     feeds_images,
@@ -191,7 +192,7 @@ def run_search(
             **{"global batch": f"{settings.global_batch_size} ({batch_source})"},
             optimizer=optimizer_source,
             **({"batches": f"made by {collate}"} if collate else {}),
-            budget=f"{budget / 2**30:.2f} GiB per device, limit "
+            budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
             **({"excluded": "; ".join(exclusion_lines(exclusions))} if exclusions else {}),
             **_executor_lines(executor),

@@ -115,6 +115,12 @@ more grids have run (the trace runs on CPU kernels; fused attention, cuBLAS work
 allocator differ)."""
 
 
+def budget_scope(device_type: str) -> str:
+    """What a memory budget or limit covers, in words: one device, or on CPU the host that all
+    ranks of a trial share (what a CPU trial measures: ``MemoryModel.devices_counted``)."""
+    return "for all ranks together (one host)" if device_type == "cpu" else "per device"
+
+
 def precision(amp: str) -> str:
     """fp16 and bf16 hold the same bytes: one trace serves both."""
     return "fp32" if amp == "off" else "16-bit"

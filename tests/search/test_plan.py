@@ -235,6 +235,10 @@ def test_a_cpu_plan_says_its_workers_are_not_counted_before_a_trial(
     )
     peaks = {r["config"]["num_workers"]: r["predicted_peak_bytes"] for r in plan["configurations"]}
     assert peaks[0] == peaks[2]  # as it says: nothing is known of a worker yet
+    assert main([*argv, "--device", "cpu"]) == 0  # the limit covers the host's ranks together
+    assert "GiB for all ranks together (one host): every number" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "GiB per device: every number" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
