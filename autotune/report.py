@@ -356,9 +356,10 @@ def format_plan(plan: Plan, model: str) -> str:
         "is a prediction",
         "traced under fake tensors on this machine's CPU kernels"
         + (
-            ", under CUDA's autocast op lists (CUDA's fused attention, cuBLAS workspaces and "
-            "allocator differ; on an H200, GPT-2 small's bf16 tensors lay within 5% of the "
-            "allocator's peak in 11 of 12 configurations)"
+            ", under CUDA's autocast op lists, F.scaled_dot_product_attention as CUDA's fused "
+            "kernels hold it (cuBLAS workspaces and the allocator differ; on an H200, GPT-2 "
+            "small's bf16 tensors lay within 5% of the allocator's peak in 11 of 12 "
+            "configurations)"
             if plan.device_type == "cuda"
             else ""
         ),

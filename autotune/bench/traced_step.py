@@ -68,6 +68,7 @@ class Checked:
     real_bytes: int | None
     seconds: float
     stop: str = ""  # the trace's one line, where it stopped
+    cuda: int | None = None  # the same step traced for a CUDA device (its fused attention)
 
     @property
     def error(self) -> float | None:
@@ -86,7 +87,8 @@ def check(spec: WorkloadSpec, micro_batch: int = 4) -> Checked:
     except TraceError as error:
         return Checked(spec.model, None, None, time.perf_counter() - started, str(error))
     real = real_batch_peak(spec, micro_batch)
-    return Checked(spec.model, traced.total_bytes, real, time.perf_counter() - started)
+    cuda = trace_step(spec, micro_batch, device_type="cuda").total_bytes
+    return Checked(spec.model, traced.total_bytes, real, time.perf_counter() - started, cuda=cuda)
 
 
 def as_row(checked: Checked) -> dict[str, Any]:
@@ -97,4 +99,5 @@ def as_row(checked: Checked) -> dict[str, Any]:
         "error": checked.error,
         "seconds": round(checked.seconds, 2),
         "stop": checked.stop,
+        "traced_for_cuda_bytes": checked.cuda,
     }

@@ -10,8 +10,9 @@ This is the one module that uses PyTorch's private memory tools (``torch._subcla
 ``autotune.search.memory_model``).
 
 The step is the trials' own: the user's model built under the fake mode, checkpointing applied
-by the same code, one forward under the config's autocast (CUDA's op lists for a CUDA device,
-``autotune.runner.fake_autocast``), the loss, backward and the user's
+by the same code, one forward under the config's autocast (for a CUDA device, CUDA's op lists,
+``autotune.runner.fake_autocast``, and its fused attention, ``fake_attention``), the loss,
+backward and the user's
 optimizer step, twice (the first step creates the optimizer's state, the second holds it beside
 the gradients and activations). One device, as ``parallel=single`` runs it; what DDP and FSDP
 add or shard is arithmetic on these parts (``autotune.search.memory_model``).
@@ -487,6 +488,7 @@ def _trace(
 
     from autotune.runner import fake_recurrent  # imports torch
     from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+    from autotune.runner.fake_attention import cuda_attention  # imports torch
     from autotune.runner.fake_autocast import cuda_policy  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
     from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
@@ -522,11 +524,12 @@ def _trace(
         for fake, values in observed:
             routing.observe(fake, values)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
+        attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing)
         scalars = FormattedScalars()
         # the policy holds for checkpoints' recomputation too
-        with routing, workspace, tracker, policy, packing, scalars, _unmoved_modules():
+        with routing, workspace, tracker, policy, attention, packing, scalars, _unmoved_modules():
             args, kwargs, target = split_batch(batch)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:

@@ -111,8 +111,8 @@ CUDA_PRIOR_MARGIN = (0.50, 0.50)
 ``results/gpu/h200_memory_prediction_gpt2_124m_bf16_rescored.json``): the tensors alone lay
 10-26% under the reserved peak (never over), and after one trial the prediction lay at most 3%
 over it. One model in one precision is too little to narrow the margin on: it stays wide until
-more grids have run (the trace runs on CPU kernels; fused attention, cuBLAS workspaces and the
-allocator differ)."""
+more grids have run (the trace runs on CPU kernels; cuBLAS workspaces and the allocator differ,
+and fused attention is put in only where a model calls ``F.scaled_dot_product_attention``)."""
 
 
 def budget_scope(device_type: str) -> str:

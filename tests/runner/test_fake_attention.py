@@ -1,0 +1,71 @@
+"""CUDA's fused attention in the memory trace (``fake_attention``): traced for a CUDA device,
+``F.scaled_dot_product_attention`` holds its output and a log-sum-exp per query, never the
+sequence x sequence scores a CPU's math path keeps with dropout on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.bench.traced_step import real_step_peak
+from autotune.runner.fake_memory import trace_step
+from autotune.runner.workload import WorkloadSpec
+from tests.fixtures.traced import WIDTH, Attends
+
+
+def _activations(name: str, device_type: str, amp: str = "off") -> int:
+    spec = WorkloadSpec(model=f"tests.fixtures.traced:{name}")
+    return trace_step(spec, 8, amp, device_type=device_type).activations_bytes
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_dropout_on_cuda_holds_what_a_fused_kernel_holds_not_the_scores(amp: str) -> None:
+    # Without dropout a CPU runs its flash kernel, which saves what CUDA's fused kernels save:
+    # the output and a log-sum-exp per query. With dropout it runs the math path.
+    fused = _activations("AttendsWithoutDropout", "cpu", amp)
+    seed = 16  # and dropout's random seed and offset, two int64 scalars
+    assert _activations("Attends", "cuda", amp) == fused + seed
+    assert _activations("Attends", "cpu", amp) > 1.5 * fused  # scores, softmax, dropout mask
+    # twice the sequence: twice the fused kernel's activations, nearly thrice the math path's
+    assert _activations("AttendsLong", "cuda", amp) == pytest.approx(2 * fused, rel=0.01)
+    assert _activations("AttendsLong", "cpu", amp) > 2.5 * _activations("Attends", "cpu", amp)
+
+
+def test_the_cpu_trace_is_still_a_real_cpu_step() -> None:
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.traced:Attends"), 8)
+    model = Attends()
+    torch.manual_seed(0)
+    assert traced.total_bytes == pytest.approx(
+        real_step_peak(model, torch.randn(8, 128, WIDTH)), rel=0.01
+    )
+
+
+def test_a_boolean_mask_becomes_the_additive_bias_cuda_makes_of_it() -> None:
+    bias = 8 * 1 * 128 * 128 * 4  # one float32 per mask entry, saved for backward
+    padded = _activations("AttendsPadded", "cuda")
+    assert padded == _activations("Attends", "cuda") + bias
+
+
+def test_grouped_keys_are_fused_in_low_precision_and_left_to_math_in_float32() -> None:
+    # CUDA's flash kernel alone takes grouped keys and values, in 16 bits only.
+    assert _activations("AttendsGrouped", "cuda") == _activations("AttendsGrouped", "cpu")
+    assert _activations("AttendsGrouped", "cuda", "bf16") < 0.6 * _activations(
+        "AttendsGrouped", "cpu", "bf16"
+    )
+
+
+def test_the_private_efficient_attention_op_runs_and_differentiates_on_fake_tensors() -> None:
+    """What ``fake_attention`` relies on: the memory-efficient kernel's op takes CPU fake
+    tensors (its fake kernel), with a bias and dropout, and gives the output's shape and a
+    backward."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, v = (torch.randn(2, 4, 64, 32, requires_grad=True) for _ in range(3))
+        bias = torch.zeros(2, 1, 64, 64).expand(2, 4, 64, 64)
+        output, logsumexp, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, True, 0.1, False, scale=None
+        )
+        assert output.shape == q.shape and logsumexp.shape[:2] == (2, 4)
+        output.sum().backward()
+        assert q.grad is not None and q.grad.shape == q.shape
