@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from autotune.errors import ConfigError, validated
 
@@ -26,6 +34,11 @@ FsdpMixedPrecision = Literal["off", "bf16", "bf16-reduce-fp32"]
 Compile = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 GRAPH_CAPTURING_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that capture CUDA graphs on CUDA (Inductor's cudagraph trees)."""
+
+
+OFF_FIELDS = ("amp", "fsdp_mixed_precision", "compile")
+"""Fields whose choices include "off": YAML 1.1 reads an unquoted ``off`` (or ``no``, ``false``)
+as False, which they take to mean "off" (a config file or a search space written by hand)."""
 
 
 class TrainConfig(BaseModel):
@@ -147,6 +160,11 @@ class TrainConfig(BaseModel):
     persistent_workers: bool = Field(
         False, description="Keep DataLoader workers alive across epochs (needs workers)."
     )
+
+    @field_validator(*OFF_FIELDS, mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value
 
     @model_validator(mode="after")
     def _check_combinations(self) -> TrainConfig:
@@ -305,6 +323,22 @@ class TrainConfig(BaseModel):
         if self.comm_hook == "powersgd":
             parts.append(f"rank={self.powersgd_rank} start={self.powersgd_start_iter}")
         return " ".join(parts)
+
+
+def field_value(name: str, value: Any) -> Any:
+    """``value`` as ``TrainConfig``'s field ``name`` holds it (``off`` read as False becomes
+    "off", "4" becomes 4); ValueError with one line where the field cannot take it. The field
+    alone: rules across fields are ``TrainConfig``'s."""
+    field = TrainConfig.model_fields[name]
+    if name in OFF_FIELDS and value is False:
+        value = "off"
+    kind: Any = field.annotation
+    if field.metadata:  # its constraints (ge=1)
+        kind = Annotated[(kind, *field.metadata)]
+    try:
+        return TypeAdapter(kind).validate_python(value)
+    except ValidationError as error:
+        raise ValueError(f"{value!r}: {error.errors()[0]['msg']}") from None
 
 
 def make_config(values: dict[str, Any], source: str = "config") -> TrainConfig:

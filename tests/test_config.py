@@ -129,6 +129,17 @@ def test_file_values_are_overridden_by_flags(tmp_path: Path) -> None:
     assert load_config(path, {"amp": "bf16"}).amp == "bf16"
 
 
+def test_an_unquoted_off_in_a_yaml_file_means_off(tmp_path: Path) -> None:
+    # YAML 1.1 reads off (and no, false) as False: "amp=False: Input should be 'off', ..."
+    path = tmp_path / "hand.yaml"
+    path.write_text("global_batch_size: 8\namp: off\ncompile: no\nfsdp_mixed_precision: false\n")
+    config = load_config(path)
+    assert (config.amp, config.compile, config.fsdp_mixed_precision) == ("off", "off", "off")
+    path.write_text("global_batch_size: 8\namp: on\n")  # True names no choice: still refused
+    with pytest.raises(ConfigError, match="amp=True: Input should be 'off', 'fp16' or 'bf16'"):
+        load_config(path)
+
+
 def test_bad_files_give_one_line(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text("amp: [unclosed\n")

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from autotune.config import TrainConfig
+from autotune.config import TrainConfig, field_value
 from autotune.errors import ConfigError
 from autotune.records import Value
 
@@ -130,12 +130,44 @@ def _label(name: object) -> str:
     return text if text.isprintable() else repr(text)
 
 
+def _field_values(name: str, values: Any) -> Any:
+    """Each of ``values`` as knob ``name``'s field holds it (an unquoted ``off``, which YAML
+    reads as False, becomes "off"): a choice the field cannot take is an error here, where
+    enumerating the space would drop it without a word."""
+    if name not in TrainConfig.model_fields or not isinstance(values, (list, tuple)):
+        return values  # an unknown knob, or a malformed list: the model's checks say which
+    try:
+        return [field_value(name, v) for v in values]
+    except ValueError as error:
+        raise ConfigError(f"{_label(name)}: {error}") from None
+
+
+def _field_choices(param: Any) -> Any:
+    """``param`` (normalised) with its choices and conditions as their fields hold them."""
+    if not isinstance(param, dict):
+        return param
+    param = dict(param)
+    for key in ("when", "when_not"):
+        if isinstance(param.get(key), dict):
+            param[key] = {k: _field_values(k, v) for k, v in param[key].items()}
+    return param
+
+
 def parse_space(data: Any, source: str) -> SearchSpace:
     """Validate a mapping read from YAML into a SearchSpace, with one-line errors."""
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"search space {source}: expected a mapping of knobs to choices")
+    params = {}
+    for name, raw in data.items():
+        param = _normalise(_label(name), raw)
+        try:
+            param = _field_choices(param)
+            if isinstance(param, dict) and "choices" in param:
+                param["choices"] = _field_values(name, param["choices"])
+        except ConfigError as error:
+            raise ConfigError(f"search space {source}: {error}") from None
+        params[name] = param
     try:
-        params = {name: _normalise(_label(name), raw) for name, raw in data.items()}
         return SearchSpace(params=params)
     except ValidationError as error:
         problems = []

@@ -41,6 +41,12 @@ def test_default_space_covers_every_searchable_knob() -> None:
         ({"amp": ["off", "off"]}, "duplicate choices"),
         ({"\n": []}, "'\\n': empty choice list"),  # a name that would break the line
         (["amp"], "expected a mapping of knobs to choices"),
+        ({"amp": ["off", "fp8"]}, "amp: 'fp8': Input should be 'off', 'fp16' or 'bf16'"),
+        ({"world_size": [0, 2]}, "world_size: 0: Input should be greater than or equal to 1"),
+        (
+            {"parallel": ["ddp"], "world_size": {"choices": [2], "when": {"parallel": ["dpp"]}}},
+            "parallel: 'dpp': Input should be",
+        ),
     ],
 )
 def test_bad_spaces_are_one_line(data: object, expected: str) -> None:
@@ -48,6 +54,20 @@ def test_bad_spaces_are_one_line(data: object, expected: str) -> None:
         parse_space(data, "'test.yaml'")
     assert expected in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_an_unquoted_off_in_a_space_file_is_the_choice_off(tmp_path: Path) -> None:
+    # YAML reads ``off`` as False; enumerating the space dropped it without a word, as a
+    # configuration the config refuses.
+    from autotune.search.space import enumerate_configs
+
+    path = tmp_path / "space.yaml"
+    path.write_text("amp: [off, bf16]\ncompile: {choices: [off], when: {amp: [off]}}\n")
+    space = load_space(str(path))
+    assert space.params["amp"].choices == ("off", "bf16")
+    assert space.params["compile"].when == {"amp": ("off",)}
+    configs = enumerate_configs(space, {"global_batch_size": 8})
+    assert sorted(c.amp for c in configs) == ["bf16", "off"]
 
 
 def test_unknown_space_name_lists_the_built_in_ones(tmp_path: Path) -> None:
