@@ -11,9 +11,12 @@ While ``cuda_attention()`` is entered, ``F.scaled_dot_product_attention`` runs t
 memory-efficient kernel's op instead (``aten._scaled_dot_product_efficient_attention``,
 private: its fake-tensor kernel and its backward give the shapes a CUDA run holds), with its
 inputs cast as CUDA's autocast casts them and a boolean mask turned into the additive bias CUDA
-makes of it. Left to the CPU path, as on CUDA: grouped-query attention in float32 or beside a
-mask (the math path there too), nested tensors, and float64.
-``tests/runner/test_fake_attention.py`` pins what is relied on.
+makes of it. Left to the CPU path (the op's composite kernel), as on CUDA: grouped-query
+attention in float32 or beside a mask (the math path there too), nested tensors, and float64.
+It is a kernel for the op's ``AutogradCPU`` key, so that a checkpointed block's recomputation in
+backward, where a function mode is not active, holds the same; registered through the public
+``torch.library`` and removed with the private ``Library._destroy``, as ``fake_autocast``'s
+kernels are. ``tests/runner/test_fake_attention.py`` pins what is relied on.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 
 def _fused(
@@ -67,18 +69,24 @@ def _fused(
     return output
 
 
-class _CudaAttention(TorchFunctionMode):
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            output = _fused(*args, **kwargs)
-            if output is not None:
-                return output
-        return func(*args, **kwargs)
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+
+
+def _kernel(*args: Any, **kwargs: Any) -> Any:
+    output = _fused(*args, **kwargs)
+    if output is None:  # the CPU's own choice: the op's composite kernel, as without this one
+        return _SDPA.decompose(*args, **kwargs)
+    return output
 
 
 @contextlib.contextmanager
 def cuda_attention() -> Iterator[None]:
-    """``F.scaled_dot_product_attention`` holds what CUDA's fused kernels hold while entered."""
-    with _CudaAttention():
+    """``F.scaled_dot_product_attention`` holds what CUDA's fused kernels hold while entered:
+    a kernel for the op's CPU autograd key, so that it holds in backward too (a checkpointed
+    block's recomputation), where a function mode is not active. Leaving removes it."""
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+    try:
+        library.impl("scaled_dot_product_attention", _kernel, "AutogradCPU")  # type: ignore[no-untyped-call]
         yield
+    finally:
+        library._destroy()  # type: ignore[no-untyped-call]

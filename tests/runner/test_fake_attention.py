@@ -54,6 +54,21 @@ def test_grouped_keys_are_fused_in_low_precision_and_left_to_math_in_float32() -
     )
 
 
+def test_checkpointed_blocks_recompute_their_attention_as_cuda_does() -> None:
+    # Backward recomputes a checkpointed block's forward, where a function mode is not active:
+    # the CPU's path there saved other tensors than the forward had ("A different number of
+    # tensors was saved"), and every checkpointed configuration stopped.
+    spec = WorkloadSpec(model="tests.fixtures.traced:Encoder")
+    plain = trace_step(spec, 4, device_type="cuda")
+    checkpointed = trace_step(spec, 4, checkpoint_segments=4, device_type="cuda")
+    assert checkpointed.activations_bytes < 0.6 * plain.activations_bytes
+    assert plain.activations_bytes < 0.9 * trace_step(spec, 4).activations_bytes  # the CPU's
+    # and the kernel is gone once the trace is: a real CPU call takes the CPU's path again
+    q = torch.randn(1, 2, 8, 4, requires_grad=True)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1).sum().backward()
+    assert q.grad is not None
+
+
 def test_the_private_efficient_attention_op_runs_and_differentiates_on_fake_tensors() -> None:
     """What ``fake_attention`` relies on: the memory-efficient kernel's op takes CPU fake
     tensors (its fake kernel), with a bias and dropout, and gives the output's shape and a
