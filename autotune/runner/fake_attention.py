@@ -63,9 +63,12 @@ def _fused(
         shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         bias = attn_mask.expand(shape)
     with torch.autocast("cpu", enabled=False):
-        output, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
-            query, key, value, bias, True, dropout_p, is_causal, scale=scale
-        )
+        try:
+            output, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+                query, key, value, bias, True, dropout_p, is_causal, scale=scale
+            )
+        except RuntimeError:  # shapes its kernel refuses: CUDA would take another path too
+            return None
     return output
 
 
