@@ -375,6 +375,7 @@ def format_plan(plan: Plan, model: str) -> str:
             else []
         ),
         *(f"left out: {line}" for line in plan.left_out),
+        *(f"added: {line}" for line in plan.added),
     ]
     if plan.trace_error:
         lines.append(

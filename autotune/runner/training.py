@@ -124,10 +124,15 @@ def wrap_model(
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        _move(model, device)
+        # Not the whole model to the device first: fully_shard moves each block's states there
+        # as it shards them, so a device holds one block whole at a time, not the model (which
+        # need not fit one device: that is what FSDP is for). It leaves its ignored parameters
+        # where they are: those move here.
         mesh = init_device_mesh(device.type, (config.world_size,))
         policy, offload = _mixed_precision(config), _offload(config, device)
         ignored = set(average_scalar_gradients(model)) or None
+        for scalar in ignored or ():
+            scalar.data = scalar.data.to(device)
         for block in find_repeated_blocks(model):
             fully_shard(
                 block,

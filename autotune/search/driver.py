@@ -29,6 +29,7 @@ from autotune.runner.workload import (
 from autotune.search.memory_model import budget_scope
 from autotune.search.probe import (
     check_batches,
+    every_block,
     feeds_images,
     fsdp_refusal,
     optimizer_flags,
@@ -180,6 +181,7 @@ def run_search(
         block_class=blocks[1] if blocks else "",
         fsdp_refusal=fsdp_refusal(workload.model),
     )
+    space, added = every_block(space, *(blocks or (None, "")))
     executor = _executor(settings, space, platform, devices)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)
     if settings.cluster.executor == "local":
@@ -195,6 +197,7 @@ def run_search(
             budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
             **({"excluded": "; ".join(exclusion_lines(exclusions))} if exclusions else {}),
+            **({"added": added} if added else {}),
             **_executor_lines(executor),
         )
         tuner = Tuner(

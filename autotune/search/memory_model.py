@@ -177,12 +177,12 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
 class Calibration:
     """``measured per device = scale * tensors + offset + workers * per_worker
     + build_scale * unsharded + compiled * compile_bytes`` (bytes), where ``unsharded`` is, for
-    FSDP, the whole model a rank builds before sharding it: freed, but still held (the heap's
-    pages on CPU, the caching allocator's reserve on CUDA), and ``compiled`` is 1 for a
-    ``torch.compile`` run: the trace is eager, and a compiled rank holds more (on CPU, Inductor's
-    modules and caches: 145 MiB a rank in a search of a Hugging Face Mamba) or, its kernels fused,
-    fewer intermediates; learnt from compiled trials, 0 until one ran. On CPU the prior's scale
-    holds the heap's share (``CPU_HEAP_SHARE``)."""
+    FSDP on CPU, the whole model a rank builds before sharding it: freed, but its heap pages
+    still held (``MemoryModel.unsharded``; a CUDA device never holds it whole), and ``compiled``
+    is 1 for a ``torch.compile`` run: the trace is eager, and a compiled rank holds more (on CPU,
+    Inductor's modules and caches: 145 MiB a rank in a search of a Hugging Face Mamba) or, its
+    kernels fused, fewer intermediates; learnt from compiled trials, 0 until one ran. On CPU
+    the prior's scale holds the heap's share (``CPU_HEAP_SHARE``)."""
 
     scale: float = 1.0
     offset_bytes: int = 0
@@ -498,8 +498,12 @@ class MemoryModel:
         return config.processes if self.device_type == "cpu" else 1
 
     def unsharded(self, config: TrainConfig) -> int:
-        """The whole model an FSDP rank builds before sharding it (0 for other modes)."""
-        peak = self.tensor_peak(config) if config.parallel == "fsdp" else None
+        """The whole model an FSDP rank builds before sharding it, where what is measured holds
+        it: a CPU rank's heap keeps its pages. A CUDA device never holds it whole: the rank builds
+        it in host memory and ``fully_shard`` moves one block at a time to the device as it
+        shards it, whose cached memory the step reuses (0 for other modes)."""
+        wanted = config.parallel == "fsdp" and self.device_type == "cpu"
+        peak = self.tensor_peak(config) if wanted else None
         return peak.parameters_bytes if peak is not None else 0
 
     def workers(self, config: TrainConfig) -> int:

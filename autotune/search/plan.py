@@ -31,6 +31,7 @@ from autotune.search.memory_model import (
 from autotune.search.probe import (
     blocks_phrase,
     check_shardable,
+    every_block,
     fsdp_refusal,
     repeated_blocks,
 )
@@ -72,6 +73,8 @@ class Plan:
     calibration: str = ""
     left_out: list[str] = field(default_factory=list)
     """Choices of the space this model cannot take, each with why (one line each)."""
+    added: list[str] = field(default_factory=list)
+    """Choices added to the space for this model, each with why (``probe.every_block``)."""
     needs_find_unused_parameters: bool = False
     """The trace showed DDP to need ``find_unused_parameters`` (``TensorPeak``'s reasons)."""
     optimizer: str = ""
@@ -114,6 +117,7 @@ class Plan:
                 "trace_error": self.trace_error,
                 "assumption": self.assumption,
                 "left_out": self.left_out,
+                "added": self.added,
                 "needs_find_unused_parameters": self.needs_find_unused_parameters,
                 "configurations": [_row_json(r, self.limit_bytes) for r in self.rows],
                 "largest_micro_batch": {
@@ -183,9 +187,13 @@ def make_plan(
     """The plan of ``space`` (or of ``config`` alone) on ``devices`` devices. ``measure`` (a
     short real trial on this machine, returning the peak one device measured) calibrates the
     process's share first, on the plan's least micro-batch on one device."""
+    added: list[str] = []
     if config is not None:
         configs = [config]
     elif space is not None:
+        found = repeated_blocks(workload.model)
+        space, line = every_block(space, *(found or (None, "")))
+        added += [line] if line else []
         fixed = {"global_batch_size": global_batch_size, "device": device_type}
         configs = [
             c
@@ -218,6 +226,7 @@ def make_plan(
         trace_error=model.trace_error,
         assumption=model.assumption,
         left_out=left_out,
+        added=added,
         needs_find_unused_parameters=model.needs_unused_parameters,
         optimizer=describe_optimizer(workload),
         calibration=calibrated.describe()

@@ -120,6 +120,26 @@ def _compile_exclusions(
     return out
 
 
+def every_block(
+    space: SearchSpace, repeated_blocks: int | None, block_class: str = ""
+) -> tuple[SearchSpace, str | None]:
+    """``space`` with checkpointing every block of the model among its choices where the space
+    stops short of it (the default's 12 of a 32-layer model: full checkpointing, the lever a
+    model that barely fits needs most, was never tried), and the line that says so; unchanged
+    (None) where the space has it, has no checkpointing, or the model no repeated blocks."""
+    param = space.params.get("checkpoint_segments")
+    if param is None or not repeated_blocks:
+        return space, None
+    counts = [c for c in param.choices if isinstance(c, int) and not isinstance(c, bool)]
+    if not counts or max(counts) == 0 or max(counts) >= repeated_blocks:
+        return space, None
+    line = (
+        f"checkpoint_segments={repeated_blocks}: every one of the model's "
+        f"{blocks_phrase(repeated_blocks, block_class)} (the space stops at {max(counts)})"
+    )
+    return space.with_choice("checkpoint_segments", repeated_blocks), line
+
+
 def blocks_phrase(count: int, name: str = "") -> str:
     """The model's repeated blocks in a reason: "4 repeated Block blocks", "6 repeated
     EncoderLayer, DecoderLayer blocks", "no repeated blocks" (``plan`` and the search's

@@ -83,6 +83,15 @@ class SearchSpace(BaseModel):
         """Each knob's choices, whatever its conditions."""
         return {name: list(param.choices) for name, param in self.params.items()}
 
+    def with_choice(self, name: str, value: Value) -> SearchSpace:
+        """This space with ``value`` added last to knob ``name``'s choices (unchanged where the
+        knob is absent or has it already)."""
+        param = self.params.get(name)
+        if param is None or value in param.choices:
+            return self
+        widened = param.model_copy(update={"choices": (*param.choices, value)})
+        return SearchSpace(params={**self.params, name: widened})
+
     def without(self, name: str, value: Value) -> SearchSpace:
         """This space with one choice removed (a knob left with no choice disappears)."""
         params = dict(self.params)

@@ -37,6 +37,18 @@ def test_blocks_stay_gathered_until_backward_only_when_not_resharded() -> None:
     assert _gathered_after_forward(reshard=False) == [True] * 4
 
 
+@pytest.mark.usefixtures("one_rank_group")
+def test_fsdp_leaves_moving_the_model_to_fully_shard_a_block_at_a_time() -> None:
+    # The whole model went to the device before it was sharded, so a model that fits no one
+    # device (what FSDP is for) could not be sharded. Built on the meta device, from which
+    # nothing can be copied, the only moves left are fully_shard's own, which keep meta.
+    with torch.device("meta"):
+        model = WideBlocks()
+    config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=1, device="cpu")
+    wrapped = wrap_model(model, config, torch.device("cpu"), HookCounter())
+    assert all(isinstance(p, DTensor) and p.is_meta for p in wrapped.parameters())
+
+
 def _step_dtypes(policy: str) -> tuple[torch.dtype, torch.dtype]:
     config = TrainConfig(
         global_batch_size=8, parallel="fsdp", world_size=1, device="cpu",

@@ -281,3 +281,25 @@ def test_a_plan_names_the_optimizer_whose_state_it_counted(
     assert main(["plan", "--model", MODEL, "--devices", "1", "--device-memory", "80GiB"]) == 0
     default = capsys.readouterr().out
     assert "default AdamW" in default and "--optimizer module:attr" in default
+
+
+def test_a_space_that_stops_short_of_the_models_blocks_plans_checkpointing_every_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The default space checkpoints at most 12 blocks: a 32-layer model was never planned
+    # with the full checkpointing a model that barely fits needs.
+    argv = _one_device(tmp_path, "parallel: [single]\ncheckpoint_segments: [0, 2]\n")
+    argv += ["--global-batch-size", "4096"]  # activations, which checkpointing drops, dominate
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["added"] == [
+        "checkpoint_segments=4: every one of the model's 4 repeated Sequential blocks "
+        "(the space stops at 2)"
+    ]
+    peaks = {
+        r["config"]["checkpoint_segments"]: r["predicted_peak_bytes"]
+        for r in plan["configurations"]
+    }
+    assert sorted(peaks) == [0, 2, 4] and peaks[4] < peaks[2] < peaks[0]
+    assert main(argv) == 0
+    assert "added: checkpoint_segments=4: every one" in capsys.readouterr().out

@@ -153,3 +153,31 @@ def test_exclusions_for_one_reason_are_said_in_one_line() -> None:
         "checkpoint_segments=1, 2, 4: the model has no repeated blocks",
         "world_size=4: only 2 device(s) considered",
     ]
+
+
+@pytest.mark.parametrize(
+    ("choices", "blocks", "added"),
+    [
+        ([0, 1, 4], 8, 8),  # the space stops at 4 of 8: every block is added
+        ([0, 8], 8, None),  # the space reaches every block already
+        ([0], 8, None),  # the space does not checkpoint: nothing to extend
+        ([0, 4], None, None),  # no repeated blocks found
+    ],
+)
+def test_checkpointing_every_block_is_added_where_the_space_stops_short(
+    choices: list[int], blocks: int | None, added: int | None
+) -> None:
+    from autotune.search.probe import every_block
+    from autotune.search.space import parse_space
+
+    space = parse_space({"checkpoint_segments": choices}, "'test'")
+    widened, line = every_block(space, blocks, "Layer")
+    want = (*choices, added) if added else tuple(choices)
+    assert widened.params["checkpoint_segments"].choices == want
+    if added:
+        assert line == (
+            f"checkpoint_segments={added}: every one of the model's {added} repeated Layer "
+            f"blocks (the space stops at {max(choices)})"
+        )
+    else:
+        assert line is None
