@@ -8,6 +8,8 @@ optimizer step are the same code as with more ranks; only the peer traffic is ab
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -218,6 +220,31 @@ def test_offloading_fsdp_shards_to_the_host_lowers_the_allocator_peak() -> None:
     # 64 MiB of fp32 parameters, their gradients and AdamW's two moments leave the device; what
     # stays is the gathered blocks and the activations.
     assert _wide_fsdp_peak(fsdp_cpu_offload=False) - offloaded > 3 * 64 * 2**20
+
+
+def test_fsdp_moves_one_block_at_a_time_to_the_device(tmp_path: Path) -> None:
+    # The whole model went to the device before it was sharded: a model larger than one
+    # device could not be sharded. With the shards offloaded, the device holds a block (and
+    # its shard) at a time: WideBlocks' four 16 MiB blocks never together.
+    import torch.distributed as dist
+
+    from autotune.config import TrainConfig
+    from autotune.runner.training import HookCounter, wrap_model
+    from tests.fixtures.traced import WideBlocks
+
+    torch.cuda.set_device(0)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        config = TrainConfig(
+            global_batch_size=8, parallel="fsdp", world_size=1, device="cuda",
+            fsdp_cpu_offload=True,
+        )  # fmt: skip
+        wrap_model(WideBlocks(), config, torch.device("cuda", 0), HookCounter())
+        assert torch.cuda.max_memory_allocated() < 48 * 2**20
+    finally:
+        dist.destroy_process_group()
 
 
 def test_expandable_segments_reach_the_cuda_allocator() -> None:
