@@ -52,10 +52,13 @@ class PlanRow:
         return self.prediction.peak_bytes <= limit_bytes
 
 
-def _rank(row: PlanRow) -> tuple[int, int, bool, int]:
-    """How a row ranks for the largest micro-batch that fits (higher is better)."""
+def _rank(row: PlanRow) -> tuple[int, bool, int, int]:
+    """How a row ranks for the largest micro-batch that fits (higher is better): at the same
+    micro-batch, without CPU offload before with less checkpointing (moving every step's shards,
+    gradients and optimizer step over the host link costs more than recomputing activations),
+    then the least checkpointing, then the least memory."""
     c = row.config
-    return (c.micro_batch_size, -c.checkpoint_segments, not c.fsdp_cpu_offload,
+    return (c.micro_batch_size, not c.fsdp_cpu_offload, -c.checkpoint_segments,
             -row.prediction.peak_bytes)  # fmt: skip
 
 

@@ -142,6 +142,34 @@ def test_the_largest_micro_batch_that_fits_is_shown_without_offload_where_that_f
     assert best["config"]["fsdp_cpu_offload"] is False  # offloading costs time, saves none here
 
 
+def test_the_largest_micro_batch_takes_checkpointing_before_offload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # On a device where the unchecked, unoffloaded step does not fit, checkpointing every block
+    # and offloading the shards both do. Moving shards, gradients and the optimizer step over
+    # the host link every step costs more than recomputing activations: checkpointing is shown.
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "parallel: [fsdp]\nworld_size: [2]\nfsdp_cpu_offload: [false, true]\n"
+        "checkpoint_segments: [0, 4]\n"
+    )
+    argv = ["plan", "--model", MODEL, "--devices", "2", "--space", str(space), "--json"]
+    argv += ["--global-batch-size", "1024"]
+    assert main([*argv, "--device-memory", "80GiB"]) == 0
+    peaks = {
+        (r["config"]["fsdp_cpu_offload"], r["config"]["checkpoint_segments"]): r[
+            "predicted_peak_bytes"
+        ]
+        for r in json.loads(capsys.readouterr().out)["configurations"]
+    }
+    either = max(peaks[(False, 4)], peaks[(True, 0)])
+    assert either < peaks[(False, 0)]
+    limit = (either + peaks[(False, 0)]) / 2
+    assert main([*argv, "--device-memory", f"{limit / 0.9 / 2**30:.9f}GiB"]) == 0
+    (best,) = json.loads(capsys.readouterr().out)["largest_micro_batch"].values()
+    assert (best["config"]["fsdp_cpu_offload"], best["config"]["checkpoint_segments"]) == (False, 4)
+
+
 def test_world_sizes_the_global_batch_cannot_split_are_said_not_dropped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
