@@ -146,6 +146,9 @@ def run_search(
     devices = _devices(settings, count, device)
     _check_split(settings.global_batch_size, devices, batch_source)
     budget = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
+    blocks = repeated_blocks(workload.model)
+    # before the fingerprint: a study resumed with another space says so, not Optuna
+    space, added = every_block(space, *(blocks or (None, "")))
     fingerprint = {
         "platform": platform.fingerprint(),
         "model": model_hash(workload.model),
@@ -166,7 +169,6 @@ def run_search(
     name = settings.study.study_name or default_study_name(workload, settings)
     study, name, requeued = open_study(storage, name, fingerprint, settings.study.new_study)
 
-    blocks = repeated_blocks(workload.model)
     # the first time on a platform this tries comm hooks and torch.compile in tiny trials
     reporter.phase("probing what works on this machine (cached per platform)")
     images = feeds_images(workload) if "channels_last" in space.params else None
@@ -181,7 +183,6 @@ def run_search(
         block_class=blocks[1] if blocks else "",
         fsdp_refusal=fsdp_refusal(workload.model),
     )
-    space, added = every_block(space, *(blocks or (None, "")))
     executor = _executor(settings, space, platform, devices)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)
     if settings.cluster.executor == "local":

@@ -31,7 +31,7 @@ from autotune.runner.workload import (
     load_model,
     load_optimizer,
 )
-from autotune.search.space import SearchSpace
+from autotune.search.space import EVERY_BLOCK, SearchSpace
 
 PROBE_MODEL = "workloads.mlp:mlp_tiny"
 
@@ -123,21 +123,24 @@ def _compile_exclusions(
 def every_block(
     space: SearchSpace, repeated_blocks: int | None, block_class: str = ""
 ) -> tuple[SearchSpace, str | None]:
-    """``space`` with checkpointing every block of the model among its choices where the space
-    stops short of it (the default's 12 of a 32-layer model: full checkpointing, the lever a
-    model that barely fits needs most, was never tried), and the line that says so; unchanged
-    (None) where the space has it, has no checkpointing, or the model no repeated blocks."""
+    """``space`` with its ``all`` choice of ``checkpoint_segments`` (``EVERY_BLOCK``) made the
+    model's number of repeated blocks, and the line that says so where that number is a choice
+    the space did not list (the default's 0..12 stop short of a 32-layer model: checkpointing
+    every block, what a model that barely fits needs most, was never tried); ``all`` dropped
+    where it adds nothing (it is listed, or there are no blocks to count)."""
     param = space.params.get("checkpoint_segments")
-    if param is None or not repeated_blocks:
+    if param is None or EVERY_BLOCK not in param.choices:
         return space, None
-    counts = [c for c in param.choices if isinstance(c, int) and not isinstance(c, bool)]
-    if not counts or max(counts) == 0 or max(counts) >= repeated_blocks:
+    new = repeated_blocks if repeated_blocks and repeated_blocks not in param.choices else None
+    choices = tuple(new if c == EVERY_BLOCK else c for c in param.choices)
+    space = space.replace_choices("checkpoint_segments", tuple(c for c in choices if c is not None))
+    if new is None:
         return space, None
     line = (
-        f"checkpoint_segments={repeated_blocks}: every one of the model's "
-        f"{blocks_phrase(repeated_blocks, block_class)} (the space stops at {max(counts)})"
+        f"checkpoint_segments={new}: every one of the model's "
+        f"{blocks_phrase(new, block_class)} (the space's '{EVERY_BLOCK}')"
     )
-    return space.with_choice("checkpoint_segments", repeated_blocks), line
+    return space, line
 
 
 def blocks_phrase(count: int, name: str = "") -> str:
@@ -161,7 +164,9 @@ def restrict_space(
     block_class: str = "",
     fsdp_refusal: str | None = None,
 ) -> tuple[SearchSpace, list[Exclusion]]:
-    """Drop the choices that cannot work here; return the space and what was dropped."""
+    """Drop the choices that cannot work here; return the space and what was dropped (the
+    ``all`` of checkpointing made the model's number of blocks first: ``every_block``)."""
+    space, _ = every_block(space, repeated_blocks, block_class)
     cuda = platform.device_type == "cuda"
     dropped: list[Exclusion] = []
 

@@ -83,25 +83,22 @@ class SearchSpace(BaseModel):
         """Each knob's choices, whatever its conditions."""
         return {name: list(param.choices) for name, param in self.params.items()}
 
-    def with_choice(self, name: str, value: Value) -> SearchSpace:
-        """This space with ``value`` added last to knob ``name``'s choices (unchanged where the
-        knob is absent or has it already)."""
-        param = self.params.get(name)
-        if param is None or value in param.choices:
+    def replace_choices(self, name: str, choices: tuple[Value, ...]) -> SearchSpace:
+        """This space with knob ``name``'s choices replaced (none: the knob disappears)."""
+        if name not in self.params:
             return self
-        widened = param.model_copy(update={"choices": (*param.choices, value)})
-        return SearchSpace(params={**self.params, name: widened})
+        params = dict(self.params)
+        if choices:
+            params[name] = params[name].model_copy(update={"choices": choices})
+        else:
+            del params[name]
+        return SearchSpace(params=params)
 
     def without(self, name: str, value: Value) -> SearchSpace:
         """This space with one choice removed (a knob left with no choice disappears)."""
-        params = dict(self.params)
-        if name in params:
-            kept = tuple(c for c in params[name].choices if c != value)
-            if kept:
-                params[name] = params[name].model_copy(update={"choices": kept})
-            else:
-                del params[name]
-        return SearchSpace(params=params)
+        if name not in self.params:
+            return self
+        return self.replace_choices(name, tuple(c for c in self.params[name].choices if c != value))
 
 
 def _normalise(name: str, raw: Any) -> Any:
@@ -139,6 +136,11 @@ def _label(name: object) -> str:
     return text if text.isprintable() else repr(text)
 
 
+EVERY_BLOCK = "all"
+"""A choice of ``checkpoint_segments`` meaning every repeated block of the model, whatever their
+number (``probe.every_block`` puts the number in its place)."""
+
+
 def _field_values(name: str, values: Any) -> Any:
     """Each of ``values`` as knob ``name``'s field holds it (an unquoted ``off``, which YAML
     reads as False, becomes "off"): a choice the field cannot take is an error here, where
@@ -146,7 +148,10 @@ def _field_values(name: str, values: Any) -> Any:
     if name not in TrainConfig.model_fields or not isinstance(values, (list, tuple)):
         return values  # an unknown knob, or a malformed list: the model's checks say which
     try:
-        return [field_value(name, v) for v in values]
+        return [
+            v if name == "checkpoint_segments" and v == EVERY_BLOCK else field_value(name, v)
+            for v in values
+        ]
     except ValueError as error:
         raise ConfigError(f"{_label(name)}: {error}") from None
 

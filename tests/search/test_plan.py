@@ -311,18 +311,18 @@ def test_a_plan_names_the_optimizer_whose_state_it_counted(
     assert "default AdamW" in default and "--optimizer module:attr" in default
 
 
-def test_a_space_that_stops_short_of_the_models_blocks_plans_checkpointing_every_one(
+def test_a_spaces_all_choice_plans_checkpointing_every_block(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The default space checkpoints at most 12 blocks: a 32-layer model was never planned
-    # with the full checkpointing a model that barely fits needs.
-    argv = _one_device(tmp_path, "parallel: [single]\ncheckpoint_segments: [0, 2]\n")
+    # The default space checkpointed at most 12 blocks: a 32-layer model was never planned
+    # with the full checkpointing a model that barely fits needs. Its 'all' is every block.
+    argv = _one_device(tmp_path, "parallel: [single]\ncheckpoint_segments: [0, 2, all]\n")
     argv += ["--global-batch-size", "4096"]  # activations, which checkpointing drops, dominate
     assert main([*argv, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["added"] == [
         "checkpoint_segments=4: every one of the model's 4 repeated Sequential blocks "
-        "(the space stops at 2)"
+        "(the space's 'all')"
     ]
     peaks = {
         r["config"]["checkpoint_segments"]: r["predicted_peak_bytes"]

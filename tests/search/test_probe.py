@@ -156,28 +156,38 @@ def test_exclusions_for_one_reason_are_said_in_one_line() -> None:
 
 
 @pytest.mark.parametrize(
-    ("choices", "blocks", "added"),
+    ("choices", "blocks", "kept", "added"),
     [
-        ([0, 1, 4], 8, 8),  # the space stops at 4 of 8: every block is added
-        ([0, 8], 8, None),  # the space reaches every block already
-        ([0], 8, None),  # the space does not checkpoint: nothing to extend
-        ([0, 4], None, None),  # no repeated blocks found
+        ([0, 1, 4, "all"], 8, (0, 1, 4, 8), True),  # 'all' is the model's 8 blocks: added
+        ([0, 8, "all"], 8, (0, 8), False),  # listed already: 'all' adds nothing
+        (["all"], 8, (8,), True),
+        ([0, 4], 8, (0, 4), False),  # no 'all': the space as written
+        ([0, 4, "all"], None, (0, 4), False),  # no repeated blocks found: nothing to count
     ],
 )
-def test_checkpointing_every_block_is_added_where_the_space_stops_short(
-    choices: list[int], blocks: int | None, added: int | None
+def test_the_all_choice_of_checkpointing_is_every_block_of_the_model(
+    choices: list[object], blocks: int | None, kept: tuple[int, ...], added: bool
 ) -> None:
     from autotune.search.probe import every_block
     from autotune.search.space import parse_space
 
     space = parse_space({"checkpoint_segments": choices}, "'test'")
     widened, line = every_block(space, blocks, "Layer")
-    want = (*choices, added) if added else tuple(choices)
-    assert widened.params["checkpoint_segments"].choices == want
+    assert widened.params["checkpoint_segments"].choices == kept
     if added:
         assert line == (
-            f"checkpoint_segments={added}: every one of the model's {added} repeated Layer "
-            f"blocks (the space stops at {max(choices)})"
+            "checkpoint_segments=8: every one of the model's 8 repeated Layer blocks "
+            "(the space's 'all')"
         )
     else:
         assert line is None
+
+
+def test_the_default_space_checkpoints_every_block_of_a_deep_model() -> None:
+    from autotune.search.probe import every_block
+
+    widened, line = every_block(load_space("default"), 32, "LlamaDecoderLayer")
+    assert widened.params["checkpoint_segments"].choices == (0, 1, 2, 4, 8, 12, 32)
+    assert line is not None and "32 repeated LlamaDecoderLayer blocks" in line
+    shallow, line = every_block(load_space("default"), 4)
+    assert shallow.params["checkpoint_segments"].choices == (0, 1, 2, 4, 8, 12) and line is None
