@@ -41,6 +41,11 @@ OFF_FIELDS = ("amp", "fsdp_mixed_precision", "compile")
 as False, which they take to mean "off" (a config file or a search space written by hand)."""
 
 
+def _off(value: Any) -> Any:
+    """An ``OFF_FIELDS`` value as YAML read it: False is "off"."""
+    return "off" if value is False else value
+
+
 class TrainConfig(BaseModel):
     """One point of the search space: how to train, never what to train."""
 
@@ -164,7 +169,7 @@ class TrainConfig(BaseModel):
     @field_validator(*OFF_FIELDS, mode="before")
     @classmethod
     def _yaml_off(cls, value: Any) -> Any:
-        return "off" if value is False else value
+        return _off(value)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> TrainConfig:
@@ -330,8 +335,7 @@ def field_value(name: str, value: Any) -> Any:
     "off", "4" becomes 4); ValueError with one line where the field cannot take it. The field
     alone: rules across fields are ``TrainConfig``'s."""
     field = TrainConfig.model_fields[name]
-    if name in OFF_FIELDS and value is False:
-        value = "off"
+    value = _off(value) if name in OFF_FIELDS else value
     kind: Any = field.annotation
     if field.metadata:  # its constraints (ge=1)
         kind = Annotated[(kind, *field.metadata)]

@@ -156,11 +156,14 @@ def _field_values(name: str, values: Any) -> Any:
         raise ConfigError(f"{_label(name)}: {error}") from None
 
 
-def _field_choices(param: Any) -> Any:
-    """``param`` (normalised) with its choices and conditions as their fields hold them."""
+def _field_choices(name: str, param: Any) -> Any:
+    """Knob ``name``'s ``param`` (normalised) with its choices and its conditions' values as
+    their fields hold them."""
     if not isinstance(param, dict):
         return param
     param = dict(param)
+    if "choices" in param:
+        param["choices"] = _field_values(name, param["choices"])
     for key in ("when", "when_not"):
         if isinstance(param.get(key), dict):
             param[key] = {k: _field_values(k, v) for k, v in param[key].items()}
@@ -175,12 +178,9 @@ def parse_space(data: Any, source: str) -> SearchSpace:
     for name, raw in data.items():
         param = _normalise(_label(name), raw)
         try:
-            param = _field_choices(param)
-            if isinstance(param, dict) and "choices" in param:
-                param["choices"] = _field_values(name, param["choices"])
+            params[name] = _field_choices(name, param)
         except ConfigError as error:
             raise ConfigError(f"search space {source}: {error}") from None
-        params[name] = param
     try:
         return SearchSpace(params=params)
     except ValidationError as error:
