@@ -132,6 +132,25 @@ class StudyLog:
             self.records = sorted([*self.records, *new], key=lambda r: r.number)
         return new
 
+    def proposing_s(self) -> float:
+        """Wall time the stored baseline and search trials took, overlaps counted once: what a
+        resumed search's time budget has already spent (as its trial budget counts the stored
+        trials). Trials stored without running (skipped, duplicates) take none."""
+        roles = {r.number: r.role for r in self.records}
+        spans = sorted(
+            (t.datetime_start, t.datetime_complete)
+            for t in self.study.get_trials(deepcopy=False)
+            if roles.get(t.number) in ("baseline", "search")
+            and t.datetime_start is not None
+            and t.datetime_complete is not None
+        )
+        total, end = 0.0, None
+        for start, stop in spans:
+            begin = start if end is None else max(start, end)
+            total += max(0.0, (stop - begin).total_seconds())
+            end = stop if end is None else max(end, stop)
+        return total
+
     def claimed(self, settle: bool = False) -> dict[str, int]:
         """Configurations another driver of the study is measuring now: key -> trial.
         ``settle``: while another driver is at work, look again ``SETTLE_S`` later, so that a

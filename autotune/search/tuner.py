@@ -164,6 +164,21 @@ class Tuner:
         self._learn_failing_values(record)
         return record, result
 
+    def _resume_time_budget(self) -> None:
+        """A resumed study's stored trials have spent part of the time budget, as they count
+        toward the trial budget: a search cut by its caller's time limit and run again goes on
+        to its race instead of proposing for the whole budget again."""
+        budget = self.settings.budget.time_budget_s
+        spent = self.log.proposing_s()
+        if budget is None or spent <= 0:
+            return
+        self.started -= spent
+        left = budget - spent
+        self.reporter.phase(
+            f"time budget: {spent:.0f} s of {budget:.0f} s spent by the stored trials; "
+            + (f"{left:.0f} s left to propose" if left > 0 else "no new search trials")
+        )
+
     def _out_of_budget(self) -> bool:
         s = self.settings
         if s.budget.trials is not None and len(self.log.measured()) >= s.budget.trials:
@@ -586,6 +601,7 @@ class Tuner:
         if stored := len(self.log.measured()):
             self.reporter.resumed(stored)
             self._learn_failing_values(None)  # said again: the resumed search skips them
+            self._resume_time_budget()
         self.references()
         self.search()
         winner, verification = self.verify(self.race())

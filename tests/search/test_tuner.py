@@ -33,6 +33,16 @@ SPACE = {
 }
 
 
+class Said(Reporter):
+    """Keeps the phase lines a search says."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def phase(self, text: str) -> None:
+        self.lines.append(text)
+
+
 def speed(config: TrainConfig) -> float:
     """accum 1 is fastest; a DataLoader worker helps."""
     return {1: 1000.0, 2: 900.0, 4: 800.0}[config.grad_accum_steps] + 50 * config.num_workers
@@ -546,13 +556,6 @@ def test_a_resumed_search_says_which_values_its_stored_trials_showed_to_fail(
     killed.search()  # the race never ran: the driver was killed here
     assert failing_values(killed.log.records)
 
-    class Said(Reporter):
-        def __init__(self) -> None:
-            self.lines: list[str] = []
-
-        def phase(self, text: str) -> None:
-            self.lines.append(text)
-
     again = optuna.load_study(study_name="s", storage=storage, sampler=make_sampler(1))
     executor = FakeExecutor(outcome)
     resumed = make_tuner(executor, space, study=again, trials=7, climb=True)
@@ -591,3 +594,38 @@ def test_a_baseline_that_cannot_be_built_is_one_line_naming_the_value() -> None:
     message = str(raised.value)
     assert "global_batch_size=7 is not divisible by world_size * grad_accum_steps" in message
     assert "\n" not in message and "pydantic" not in message
+
+
+def test_a_resumed_search_counts_the_time_its_stored_trials_took_against_the_time_budget(
+    tmp_path: Path,
+) -> None:
+    # A search cut by its caller's time limit and run again went back to proposing for its
+    # whole --time-budget, when its race was what remained (on a lent GPU: four more
+    # proposals, and the race still unfinished when the call's time ran out).
+    import time
+
+    def slow(config: TrainConfig, before: int) -> TrialResult:
+        time.sleep(0.3)
+        return ok(config, speed(config), memory(config))
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    first = optuna.create_study(
+        storage=storage, study_name="s", direction="maximize", sampler=make_sampler(0)
+    )
+    cut = make_tuner(FakeExecutor(slow), SPACE, study=first, trials=None, time_budget_s=1.0)
+    cut.references()
+    cut.search()  # cut here: the race never ran
+    proposed = sum(r.role in ("baseline", "search") for r in cut.log.records)
+    assert proposed >= 3
+    ran = sum(r.role in ("baseline", "search") and r.status == "ok" for r in cut.log.records)
+    assert cut.log.proposing_s() >= 0.3 * ran  # duplicates, stored without running, take none
+
+    again = optuna.load_study(study_name="s", storage=storage, sampler=make_sampler(1))
+    resumed = make_tuner(FakeExecutor(slow), SPACE, study=again, trials=None, time_budget_s=1.0)
+    resumed.reporter = said = Said()
+    resumed.run([], storage, "s")
+    # Counted afresh, the budget would hold three more proposals; the stored spans leave at
+    # most the moments between the cut run's trials (sampling, storing) to propose in.
+    assert sum(r.role in ("baseline", "search") for r in resumed.log.records) <= proposed + 1
+    assert any(r.role == "race" for r in resumed.log.records)
+    assert any(line.startswith("time budget: ") for line in said.lines)
