@@ -27,7 +27,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
-from autotune.runner.optimizer import default_optimizer, with_implementation
+from autotune.runner.optimizer import default_optimizer, device_default, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
     first_samples,
@@ -517,6 +517,8 @@ def _trace(
         wrapped, _, _, _ = prepare_model(model, config, device)
         params = wrapped.parameters()
         optimizer = factory(params) if factory else default_optimizer(params, learning_rate)
+        if implementation == "default":  # what the device would run: foreach on CUDA
+            implementation = device_default(optimizer, device_type)
         optimizer = with_implementation(optimizer, implementation)
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)

@@ -24,6 +24,22 @@ def accepted_implementations(optimizer_class: type) -> tuple[str, ...]:
     return tuple(flag for flag in IMPLEMENTATIONS if flag in parameters)
 
 
+def device_default(optimizer: Any, device_type: str) -> str:
+    """The implementation ``optimizer``, left at its default, runs on a ``device_type`` device:
+    on CUDA PyTorch picks ``foreach`` (its step on every tensor at once, one temporary the
+    size of all the parameters) where the class takes the flag and neither flag was set; on a
+    CPU it loops over the tensors one at a time (the rule of ``torch.optim``'s private
+    ``_default_to_fused_or_foreach``, mirrored here for traces run on a CPU for CUDA)."""
+    groups = optimizer.param_groups
+    if (
+        device_type == "cuda"
+        and "foreach" in accepted_implementations(type(optimizer))
+        and all(g.get("foreach") is None and not g.get("fused") for g in groups)
+    ):
+        return "foreach"
+    return "default"
+
+
 def with_implementation(optimizer: Any, implementation: str) -> Any:
     """``optimizer`` (just built, no state yet) rebuilt over the same parameter groups with
     ``implementation`` on and the other flag off; ``default`` returns it as it is."""

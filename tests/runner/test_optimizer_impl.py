@@ -48,3 +48,28 @@ def test_a_trial_runs_its_optimizer_fused() -> None:
     assert result.status == "ok", result.message
     assert result.ranks[0].diagnostics is not None
     assert result.ranks[0].diagnostics.optimizer_impl == "fused"
+
+
+def test_a_default_optimizer_is_traced_for_cuda_as_cuda_runs_it_foreach() -> None:
+    # On CUDA PyTorch steps a default AdamW foreach (one temporary the size of all the
+    # parameters); a CPU steps it one tensor at a time. A trace for CUDA runs on CPU tensors,
+    # so it asks for foreach itself, unless the user's optimizer set a flag of its own.
+    from autotune.runner.fake_memory import trace_step
+    from autotune.runner.optimizer import device_default
+
+    params = list(torch.nn.Linear(8, 8).parameters())
+    assert device_default(torch.optim.AdamW(params), "cuda") == "foreach"
+    assert device_default(torch.optim.AdamW(params), "cpu") == "default"
+    assert device_default(torch.optim.AdamW(params, foreach=False), "cuda") == "default"
+    assert device_default(torch.optim.AdamW(params, fused=True), "cuda") == "default"
+    assert device_default(torch.optim.LBFGS(params), "cuda") == "default"  # takes no flag
+
+    spec = WorkloadSpec(model="tests.fixtures.traced:WideBlocks")  # four 16 MiB blocks
+
+    def state(impl: str, device_type: str) -> int:
+        return trace_step(spec, 4, optimizer_impl=impl, device_type=device_type).optimizer_bytes
+
+    cuda = state("default", "cuda")
+    assert cuda == state("foreach", "cuda") == state("foreach", "cpu")
+    # two moments of 64 MiB, then sqrt of all of them at once against two of one block's
+    assert cuda - state("default", "cpu") == pytest.approx(32 * 2**20, rel=0.01)
