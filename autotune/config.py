@@ -237,12 +237,16 @@ class TrainConfig(BaseModel):
             self.compile in GRAPH_CAPTURING_MODES
             and self.device != "cpu"
             and self.grad_accum_steps > 1
+            and self.parallel != "single"
         ):
             # The backward graph's output becomes .grad and the next micro-step's replay
             # overwrites it (pytorch/pytorch#169545, open; seen on an H100 with torch 2.11).
+            # The trainer keeps gradients of their own then (TrainStep.keep_grads), shown on an
+            # H100 to accumulate as eager does on one device; not yet under DDP or FSDP.
             problems.append(
                 f"compile={self.compile} (CUDA graphs) cannot be combined with grad_accum_steps="
-                f"{self.grad_accum_steps} on CUDA; use grad_accum_steps=1 or compile=default"
+                f"{self.grad_accum_steps} under parallel={self.parallel} on CUDA (on one device "
+                "it can); use grad_accum_steps=1, parallel=single or compile=default"
             )
         if self.pin_memory and self.device == "cpu":
             problems.append("pin_memory=true needs device=cuda, got device=cpu")

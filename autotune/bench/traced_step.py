@@ -11,22 +11,28 @@ from typing import Any
 from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, put_on_path
 
 
-def real_step_peak(model: object, *args: object, optimizer: str = "AdamW", **kwargs: object) -> int:
+def real_step_peak(
+    model: object, *args: object, optimizer: str = "AdamW", amp: str = "off", **kwargs: object
+) -> int:
     """The tensors' peak of a real second training step (AdamW, or ``optimizer``: a class of
-    ``torch.optim``), as MemTracker counts it: what a traced step is checked against."""
+    ``torch.optim``; ``amp``: "off" or "bf16" autocast) on the model's device, as MemTracker
+    counts it: what a traced step is checked against."""
     import torch
 
     from autotune.runner.fake_memory import _peak_tracker  # imports torch
 
     assert isinstance(model, torch.nn.Module)
+    device = next(model.parameters()).device
     stepper = getattr(torch.optim, optimizer)(model.parameters(), lr=0.01)
 
     def step() -> None:
-        out = model(*args, **kwargs)
-        if isinstance(out, dict):
-            loss = out["loss"]
-        else:
-            loss = out.loss if hasattr(out, "loss") else out.square().mean()
+        # the loss under autocast too, as a trial computes it (CUDA's runs pow in float32)
+        with torch.autocast(device.type, torch.bfloat16, enabled=amp == "bf16"):
+            out = model(*args, **kwargs)
+            if isinstance(out, dict):
+                loss = out["loss"]
+            else:
+                loss = out.loss if hasattr(out, "loss") else out.square().mean()
         loss.backward()  # the output held through it, as a trial's step holds it
         stepper.step()
         stepper.zero_grad(set_to_none=True)
@@ -36,7 +42,8 @@ def real_step_peak(model: object, *args: object, optimizer: str = "AdamW", **kwa
     tracker.track_external(model, stepper)
     with tracker:
         step()
-    return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+    peaks = tracker.get_tracker_snapshot("peak")
+    return int(max(p["Total"] for d, p in peaks.items() if d.type == device.type))
 
 
 def real_batch_peak(spec: WorkloadSpec, micro_batch: int, optimizer: str = "AdamW") -> int:
