@@ -66,6 +66,12 @@ class TrialRecord(BaseModel):
         description="Measured: per-device peak on CUDA; all ranks' peaks together on CPU. "
         "None when nothing was measured.",
     )
+    allocated_bytes: int | None = Field(
+        None,
+        description="CUDA: the caching allocator's peak of allocated memory (the largest "
+        "rank's), under memory_used_bytes' reserved peak: what the traced tensors are held to. "
+        "None on CPU and when nothing was measured.",
+    )
     predicted_memory_bytes: int | None = Field(
         None,
         description="A prediction, made before the trial ran (or instead of running it), judged "

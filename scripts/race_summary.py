@@ -73,6 +73,9 @@ def summary(storage: str, model: str, peak_tflops: float) -> dict[str, Any]:
                 "speedup_over_baseline": over_base,
                 "speedup_over_recipe": over_recipe if config.key() != recipe_key else None,
                 "peak_bytes": max(r.memory_used_bytes or 0 for r in runs.values()),
+                "allocated_bytes": max((r.allocated_bytes or 0 for r in runs.values()), default=0)
+                or None,  # CUDA, stored since 2026-11-26
+                "predicted_bytes": [r.predicted_memory_bytes for r in runs.values()],
                 "tokens_per_s": mean * tokens if tokens else None,
                 "model_tflops": flops * mean / 1e12,
                 "mfu": flops * mean / 1e12 / peak_tflops,

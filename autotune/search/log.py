@@ -70,6 +70,9 @@ def to_record(
         data_wait_share=result.data_wait_share,
         race_round=race_round,
         memory_used_bytes=used,
+        allocated_bytes=max(r.peak_memory_bytes for r in result.ranks if r.status == "ok")
+        if device_type == "cuda" and used is not None
+        else None,
         feasible=feasible,
         message=result.message,
         overhead_s=result.overhead_s,

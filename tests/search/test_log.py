@@ -30,6 +30,20 @@ def test_cuda_takes_the_largest_rank_and_cpu_adds_the_ranks_up() -> None:
     assert memory_used(_result("cpu", *cpu), "cpu") == 2 * GIB
 
 
+def test_a_cuda_record_keeps_the_allocated_peak_beside_the_reserved_one() -> None:
+    # The traced tensors are held to the allocator's allocated peak, the search to its reserve.
+    from autotune.search.log import to_record
+
+    ranks = [
+        RankReport(rank=0, status="ok", peak_memory_bytes=2 * GIB, peak_reserved_bytes=3 * GIB),
+        RankReport(rank=1, status="ok", peak_memory_bytes=4 * GIB, peak_reserved_bytes=5 * GIB),
+    ]
+    cuda = to_record(0, "search", _result("cuda", *ranks), "cuda", 8 * GIB)
+    assert (cuda.memory_used_bytes, cuda.allocated_bytes) == (5 * GIB, 4 * GIB)
+    cpu = [RankReport(rank=i, status="ok", peak_memory_bytes=GIB) for i in range(2)]
+    assert to_record(0, "search", _result("cpu", *cpu), "cpu", 8 * GIB).allocated_bytes is None
+
+
 def test_a_pruned_trial_is_told_its_memory_where_read_and_no_verdict_where_not() -> None:
     import optuna
 
