@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -142,6 +143,10 @@ def wrap_model(
                 offload_policy=offload,
                 ignored_params=ignored,
             )
+            # A block's unsharded parameters can outlive the call in a reference cycle (the
+            # first DTensor's lazy import keeps the frames that hold them until a collection
+            # runs): on a device, a whole block each. Freed here, before the next block moves.
+            gc.collect()
         fully_shard(
             model, mesh=mesh, mp_policy=policy, offload_policy=offload, ignored_params=ignored
         )
