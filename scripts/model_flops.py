@@ -17,21 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-
-def flops_per_sample(model_ref: str) -> int:
-    from torch.utils.data import default_collate
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from autotune.runner.training import split_batch
-    from autotune.runner.workload import WorkloadSpec, build_workload
-
-    workload = build_workload(WorkloadSpec(model=model_ref))
-    args, kwargs, target = split_batch(default_collate([workload.dataset[0]]))
-    counter = FlopCounterMode(display=False)
-    with counter:
-        loss = workload.loss(workload.model(*args, **kwargs), target)
-        loss.backward()
-    return int(counter.get_total_flops())
+from autotune.bench.throughput import flops_per_sample
 
 
 def main() -> None:
