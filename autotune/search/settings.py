@@ -29,7 +29,8 @@ class BudgetSettings(BaseModel):
     time_budget_s: float | None = Field(
         None,
         gt=0,
-        description="Stop proposing after this long: seconds, or a duration such as 15m.",
+        description="Stop proposing after this long: seconds, or a duration such as 15m (a "
+        "resumed study counts the time its stored trials took).",
         json_schema_extra={"flag": "time-budget", "text": True},
     )
 
