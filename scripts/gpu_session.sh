@@ -24,7 +24,9 @@
 # holds the unseen tests and a short search with its race (`lease`), and what its bound cut off
 # (`rest`, at once: a resumed search counts its stored trials' time against --time-budget).
 #
-# Everything lands under $OUT (the device tool fetches at most 8 files; here: results/tmp/gpu).
+# Everything lands under $OUT, in at most 8 files (what the device tool fetches; here:
+# results/tmp/gpu): session.log, gpu_tests.log, memory_prediction_cuda.json, search.json,
+# search.log, search_best.yaml, search_report.html, gpu_search.db.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/tmp/gpu}
@@ -47,9 +49,9 @@ setup() {
       .whl/*.whl 2>&1 | tail -3
   fi
   export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/device.txt"
-  "$PY" -c "import torch; print('torch', torch.__version__)" >>"$OUT/device.txt"
-  cat "$OUT/device.txt"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+    | tee -a "$OUT/session.log"
+  "$PY" -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/session.log"
 }
 
 tests() {  # 1. the gpu tests (TESTS: a -k expression; default all)
@@ -64,7 +66,7 @@ memory() {  # 2. the allocator's peak and reserved peak of a grid, measured; tra
     --measure-only --plan-model "" \
     --models ${MEMORY_MODELS:-workloads.convnet:resnet18 workloads.gpt:gpt2_124m} \
     --amp ${MEMORY_AMP:-off bf16} --out "$OUT/memory_prediction_cuda.json" 2>&1 \
-    | tee "$OUT/memory_prediction_cuda.log" | tail -40 || true
+    | tee -a "$OUT/session.log" | tail -40 || true
 }
 
 gpu_tag() {  # h100, h200: results of one kind of GPU are never mixed with another's
@@ -110,11 +112,14 @@ case "${1:-}" in
     rm -f .whl/numpy-*.whl
     du -sh .whl
     ;;
-  lease)  # one call of at most 600 s: unseen tests, then a short search that still races
+  lease)  # one call of at most 600 s: unseen tests, a short search that still races, then
+           # the memory grid with what is left
     start=$SECONDS
     setup
     TESTS=${TESTS:-$NOT_YET_SEEN} TESTS_S=150 tests
     SEARCH_S=$((570 - (SECONDS - start))) SEARCH_ARGS=${SEARCH_ARGS:-$SHORT_SEARCH} search
+    left=$((570 - (SECONDS - start)))
+    if [ -f results/tmp/gpu_search.done ] && [ "$left" -gt 60 ]; then MEMORY_S=$left memory; fi
     ;;
   rest)  # the next call, at once, on the same warm machine (LEASE_S: its limit): the search
          # resumed where the last call's bound cut it, then the memory grid for what is left
