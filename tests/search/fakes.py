@@ -80,6 +80,16 @@ class FakeExecutor:
         return sum(all(getattr(r.config, k) == v for k, v in values.items()) for r in self.runs)
 
 
+class Said(Reporter):
+    """Keeps the phase lines a search says."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def phase(self, text: str) -> None:
+        self.lines.append(text)
+
+
 def make_tuner(
     executor: FakeExecutor,
     space: dict[str, Any],

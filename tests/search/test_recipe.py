@@ -10,7 +10,6 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.report import format_recommendation
 from autotune.result import TrialResult
-from autotune.search.progress import Reporter
 from autotune.search.recipe import (
     knobs_moved,
     numerics_changes,
@@ -19,7 +18,7 @@ from autotune.search.recipe import (
     simplicity,
 )
 from autotune.search.space import SearchSpace, parse_space
-from tests.search.fakes import FakeExecutor, make_tuner, ok
+from tests.search.fakes import FakeExecutor, Said, make_tuner, ok
 
 GPU_CHOICES = {
     "parallel": ["single", "dp", "ddp", "fsdp"],
@@ -162,18 +161,10 @@ def test_every_search_measures_the_recipe_and_states_the_speed_up_over_it() -> N
     assert '"speedup_over_recipe"' in recommendation.to_json()
 
 
-class _Phases(Reporter):
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def phase(self, text: str) -> None:
-        self.lines.append(text)
-
-
 def test_a_search_on_a_device_that_emulates_bf16_measures_the_recipe_without_it() -> None:
     tuner = make_tuner(FakeExecutor(_speeds(900.0, 0.005)), SPACE, trials=4, race_rounds=2)
     tuner.native_amp = ((), "oneDNN's check of this CPU's instructions")
-    tuner.reporter = phases = _Phases()
+    tuner.reporter = phases = Said()
     recommendation = tuner.run([], "s.db", "s")
     assert recommendation.recipe is not None and recommendation.recipe.amp == "off"
     assert recommendation.recipe.num_workers == 1  # the rest of the recipe stands

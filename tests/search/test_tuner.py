@@ -19,11 +19,10 @@ from autotune.runner.request import TrialOptions
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
 from autotune.search.lessons import failing_values
-from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal
 from autotune.search.study import make_sampler
 from autotune.search.tuner import SearchError
-from tests.search.fakes import PLATFORM, FakeExecutor, MiB, failed, make_tuner, ok
+from tests.search.fakes import PLATFORM, FakeExecutor, MiB, Said, failed, make_tuner, ok
 
 SPACE = {
     "parallel": ["ddp"],
@@ -31,16 +30,6 @@ SPACE = {
     "grad_accum_steps": [1, 2, 4],
     "num_workers": [0, 1],
 }
-
-
-class Said(Reporter):
-    """Keeps the phase lines a search says."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def phase(self, text: str) -> None:
-        self.lines.append(text)
 
 
 def speed(config: TrainConfig) -> float:
