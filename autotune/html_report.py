@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autotune.recommendation import Recommendation
-from autotune.records import TrialRecord, exclusion_lines
+from autotune.records import SEARCH_ROLES, TrialRecord, exclusion_lines
 from autotune.report import (
     baseline_cells,
     baseline_memory_cell,
@@ -126,7 +126,7 @@ def best_so_far(r: Recommendation) -> str:
     elapsed, best, steps = 0.0, 0.0, []
     for t in r.trials:
         elapsed += t.overhead_s + t.warmup_s + t.measured_s
-        if t.role in ("baseline", "search") and t.status == "ok" and t.feasible:
+        if t.role in SEARCH_ROLES and t.status == "ok" and t.feasible:
             best = max(best, t.samples_per_s or 0.0)
         if best:
             steps.append((elapsed, best))

@@ -143,7 +143,7 @@ class StudyLog:
         spans = sorted(
             (t.datetime_start, t.datetime_complete)
             for t in self.study.get_trials(deepcopy=False)
-            if roles.get(t.number) in ("baseline", "search")
+            if roles.get(t.number) in SEARCH_ROLES
             and t.datetime_start is not None
             and t.datetime_complete is not None
         )
