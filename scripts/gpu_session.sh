@@ -39,8 +39,9 @@ SHORT_SEARCH="--time-budget 150 --top-k 2 --race-rounds 3 --verify-factor 2"
 # Seen passing on an H100 (2026-11-26): TF32, the fused and the user's optimizer, offloading,
 # expandable segments, CUDA graphs accumulating with kept gradients, fused attention in fp32.
 # Failed there and changed since: the gathered blocks (a trial's peak could not show them), the
-# one-block move (64 MiB, not under 48: cause not found) and fused attention in bf16 (the real
-# step's loss ran outside autocast, the trials' inside).
+# one-block move (64 MiB, not under 48: one cause, a reference cycle, mended since; the test
+# prints where memory grows) and fused attention in bf16 (the real step's loss ran outside
+# autocast, the trials' inside).
 NOT_YET_SEEN="gathered or one_block or fused_attention"
 
 setup() {
