@@ -16,6 +16,7 @@ from autotune.records import SEARCH_ROLES, TrialRecord, exclusion_lines
 from autotune.report import (
     baseline_cells,
     baseline_memory_cell,
+    baseline_over_limit_line,
     compile_line,
     memory_cell,
     numerics_line,
@@ -219,6 +220,8 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
         summary.append(("compile", compile_line(r), ""))
     if base is not None and r.baseline_failed:
         summary.append(("baseline", "", f"{base.status}: {base.message}"))
+    if (over := baseline_over_limit_line(r)) is not None:
+        summary.append(("baseline", "", over.removeprefix("the baseline ")))
     summary_rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in summary
     )

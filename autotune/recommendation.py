@@ -187,6 +187,12 @@ class Recommendation(BaseModel):
         return self.baseline is not None and self.baseline.status != "ok"
 
     @property
+    def baseline_over_limit(self) -> bool:
+        """The baseline ran, but over the memory limit at every accumulation tried: its speed-up
+        is over a configuration that does not fit."""
+        return self.baseline is not None and self.baseline.status == "ok" and not self.baseline.fits
+
+    @property
     def compile_s(self) -> float | None:
         """torch.compile's one-time cost of the recommended config (median over its trials);
         None when it does not compile."""

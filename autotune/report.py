@@ -109,7 +109,20 @@ def baseline_memory_cell(r: Recommendation) -> str:
     """The baseline column's peak memory: the largest over its runs, as the recommended's is."""
     base = r.baseline
     used = r.baseline_memory_used_bytes or (base.memory_used_bytes if base else None)
-    return format_bytes(used) if used else "-"
+    over = " (over the limit)" if r.baseline_over_limit else ""
+    return f"{format_bytes(used)}{over}" if used else "-"
+
+
+def baseline_over_limit_line(r: Recommendation) -> str | None:
+    """Why the baseline's speed-up compares with a configuration that does not fit, or None."""
+    if r.baseline is None or not r.baseline_over_limit or r.baseline.config is None:
+        return None
+    accum = r.baseline.config.grad_accum_steps
+    return (
+        f"the baseline does not fit: over the memory limit {format_bytes(r.memory_limit_bytes)} "
+        f"at accumulation {accum}, the last the search tried; its speed-up is over a "
+        "configuration that does not fit"
+    )
 
 
 def verification_line(r: Recommendation) -> str:
@@ -260,6 +273,8 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     lines = ["  ".join(cell.ljust(width[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     if base is not None and r.baseline_failed:
         lines.append(f"baseline {base.status}: {base.message} (no speed-up can be given)")
+    elif (over := baseline_over_limit_line(r)) is not None:
+        lines.append(over)
     elif base is not None and base.config == r.config:
         lines.append("the baseline itself is the fastest configuration found: keep it")
     lines.extend(recipe_lines(r))

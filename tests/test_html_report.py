@@ -192,3 +192,22 @@ def test_the_report_names_the_runner_up_and_whether_the_race_told_them_apart() -
     page = render_html(r.model_copy(update={"runner_up": close}))
     assert "<td>runner-up</td>" in page and "workers=1" in page
     assert "0.97x" in page and "[90%: 0.90-1.04]" in page and "too close to call" in page
+
+
+def test_a_baseline_over_the_limit_is_said_not_to_fit_where_its_speed_up_is_shown() -> None:
+    # Seen on a user's T5 under a tight budget: the baseline measured over the limit at every
+    # accumulation tried, and the table showed its 1.4 GiB and the 1.33x over it unmarked.
+    from autotune.report import format_recommendation
+
+    r = _recommendation()
+    assert r.baseline is not None
+    assert "does not fit" not in format_recommendation(r) + render_html(r)
+    over = r.baseline.model_copy(update={"memory_used_bytes": 4 << 30, "feasible": False})
+    r = r.model_copy(update={"baseline": over, "baseline_memory_used_bytes": 4 << 30})
+    text = format_recommendation(r)
+    assert "4.0 GiB (over the limit)" in text
+    assert (
+        "the baseline does not fit: over the memory limit 3.0 GiB at accumulation 1, the last "
+        "the search tried; its speed-up is over a configuration that does not fit"
+    ) in text
+    assert "over the limit" in render_html(r) and "does not fit" in render_html(r)

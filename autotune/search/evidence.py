@@ -18,7 +18,7 @@ from autotune.recommendation import ROUNDS_IN_REACH, Recommendation, RunnerUp, T
 from autotune.records import Exclusion, TrialRecord, last_baseline
 from autotune.result import Platform, TrialResult
 from autotune.search import race
-from autotune.search.recipe import numerics_changes
+from autotune.search.recipe import knobs_moved, numerics_changes
 from autotune.stats import mean_interval, pairs_to_decide, ratio_interval
 
 THROUGHPUT_TOLERANCE = 0.10
@@ -105,21 +105,44 @@ def runner_up_report(
     )
 
 
-def simpler_choice(records: list[TrialRecord], winner: TrainConfig) -> str:
+def simpler_choice(
+    records: list[TrialRecord], winner: TrainConfig, reference: TrainConfig | None
+) -> str:
     """Why ``winner`` was recommended over a faster-measured finalist of the race ("" when it
-    is the fastest): the race could not tell them apart, and the winner changes less."""
+    is the fastest): the race could not tell them apart, and the winner changes less than it
+    from ``reference`` (the baseline that fitted, else the defaults), as ``prefer_simpler``
+    ordered them: numerics first, then knobs moved. Names what the faster one changes beyond
+    the winner, not what both change."""
     ranked = race.ranking(records, race.raced(records))
     if not ranked or ranked[0] == winner or winner not in ranked:
         return ""
     fastest = ranked[0]
     ratio = race.speedup(records, fastest, winner)
     measured = f" ({ratio[0]:.3f}x [{ratio[1]:.2f}, {ratio[2]:.2f}])" if ratio else ""
-    what = ", ".join(numerics_changes(fastest)) or "more knobs"
+    faster_numerics, winner_numerics = numerics_changes(fastest), numerics_changes(winner)
+    if len(faster_numerics) > len(winner_numerics):
+        beyond = [n for n in faster_numerics if n not in winner_numerics]
+        what = f"its numerics: {', '.join(beyond)}"
+    else:
+        mine, theirs = winner.model_dump(), fastest.model_dump()
+        differs = ", ".join(f"{k}={v}" for k, v in theirs.items() if v != mine[k])
+        source = "the baseline" if reference is not None else "the defaults"
+        what = (
+            f"{knobs_moved(fastest, reference)} knobs moved from {source} against "
+            f"{knobs_moved(winner, reference)}; it sets {differs}"
+        )
     return (
         f"{fastest.summary()} measured faster{measured}, but the race could not tell it from "
         f"this one beyond the noise, and it changes more ({what}): the one that changes less "
         "is recommended"
     )
+
+
+def simplicity_reference(records: list[TrialRecord]) -> TrainConfig | None:
+    """What a configuration's changes are counted from (``recipe.simplicity``): the last
+    baseline where it fitted, else None (the defaults)."""
+    base = last_baseline(records)
+    return base.config if base is not None and base.fits else None
 
 
 def recommend(
@@ -219,7 +242,7 @@ def recommend(
         speedup_over_recipe_high=over_recipe[2] if over_recipe else None,
         numerics_changes=numerics_changes(winner),
         memory_caveats=memory_caveats or [],
-        simpler_choice=simpler_choice(records, winner),
+        simpler_choice=simpler_choice(records, winner, simplicity_reference(records)),
         runner_up=runner_up_report(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,
         trials=sorted(records, key=lambda r: r.number),

@@ -25,7 +25,7 @@ from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import race
-from autotune.search.evidence import finalists, recommend
+from autotune.search.evidence import finalists, recommend, simplicity_reference
 from autotune.search.lessons import (
     accumulation_cut_memory,
     failing_alike,
@@ -284,7 +284,13 @@ class Tuner:
 
     def references(self) -> None:
         """Measure what the pick is compared with: the baseline, then the standard recipe."""
-        self.baseline()
+        base = self.baseline()
+        if base.status == "ok" and not base.fits and base.config is not None:
+            self.reporter.phase(
+                f"baseline: over the limit at accumulation {base.config.grad_accum_steps}, the "
+                "last tried; it stays the reference, a speed-up over it is over a configuration "
+                "that does not fit, and the race leaves it out"
+            )
         self.recipe_config = self.recipe()
 
     def recipe(self) -> TrainConfig | None:
@@ -518,8 +524,7 @@ class Tuner:
         again."""
         finishing = self.settings.finishing
         candidates = finalists(self.log.records, finishing.top_k)
-        base = self.log.baseline()
-        baseline = base.config if base is not None and base.fits else None
+        baseline = simplicity_reference(self.log.records)  # the baseline, where it fitted
         references = [baseline, self.recipe_config]
         for reference in references:
             if reference is not None and reference not in candidates:

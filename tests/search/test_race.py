@@ -7,7 +7,8 @@ from autotune.records import TrialRecord
 from autotune.report import format_recommendation
 from autotune.result import TrialResult
 from autotune.search import race
-from autotune.search.evidence import runner_up_report
+from autotune.search.evidence import runner_up_report, simpler_choice
+from autotune.search.tuner import prefer_simpler
 from tests.search.fakes import FakeExecutor, MiB, make_tuner, ok
 
 BASELINE = TrainConfig(global_batch_size=32, device="cpu", parallel="ddp", world_size=2)
@@ -98,3 +99,23 @@ def test_a_search_whose_machine_slows_after_the_baseline_left_recommends_the_rac
     # the baseline's mean (its three rounds before the slow stretch) reads above the pick's,
     # whose speed-up pairs those rounds: its cell says how many runs it rests on
     assert "(4 race runs, spread" in text and "(3 race runs)" in text
+
+
+def test_a_simpler_pick_names_what_the_faster_finalist_changes_beyond_it() -> None:
+    # Seen on a user's T5 (the baseline over the limit): both finalists ran bf16, the faster
+    # accumulated 2 micro-steps; the output said the faster "changes more (amp=bf16)", which
+    # the recommended changed as well.
+    single = TrainConfig(global_batch_size=32, device="cpu", amp="bf16", num_workers=1)
+    accumulating = single.model_copy(update={"grad_accum_steps": 2})
+    records = runs({accumulating: [39.3, 38.8, 36.9, 38.3], single: [38.3, 39.8, 36.1, 36.3]})
+    assert race.compare(race.log_ratios(records, single, accumulating)) != "faster"
+    assert prefer_simpler(records, race.ranking(records, race.raced(records)), None)[0] == single
+    said = simpler_choice(records, single, None)
+    assert said.endswith(
+        "changes more (3 knobs moved from the defaults against 2; it sets grad_accum_steps=2): "
+        "the one that changes less is recommended"
+    )
+    # Where the faster one changes the arithmetic and the pick does not, that is what is named.
+    fp32 = single.model_copy(update={"amp": "off"})
+    records = runs({single: [40.0, 39.0, 41.0], fp32: [39.5, 39.2, 40.1]})
+    assert "changes more (its numerics: amp=bf16)" in simpler_choice(records, fp32, None)

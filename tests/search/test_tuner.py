@@ -58,6 +58,25 @@ def test_the_baseline_accumulates_only_as_far_as_needed_to_fit() -> None:
     assert len(executor.runs) == 2
 
 
+def test_a_baseline_over_the_limit_at_every_accumulation_is_said_to_be_so() -> None:
+    # DDP's buckets and state hold the peak whatever the micro-batch (a user's T5 under a tight
+    # budget): accumulation cuts nothing, and the search goes on without a baseline that fits.
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        return ok(config, speed(config), 600 if config.num_workers == 0 else 400)
+
+    tuner = make_tuner(FakeExecutor(outcome), SPACE, limit_mib=500, trials=4, race_rounds=2)
+    tuner.reporter = phases = Said()
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.baseline is not None and not recommendation.baseline.fits
+    assert recommendation.baseline_over_limit and recommendation.config.num_workers == 1
+    said = [line for line in phases.lines if line.startswith("baseline: over the limit")]
+    assert said == [
+        "baseline: over the limit at accumulation 2, the last tried; it stays the reference, a "
+        "speed-up over it is over a configuration that does not fit, and the race leaves it out"
+    ]
+    assert "the baseline does not fit" in format_recommendation(recommendation)
+
+
 def test_a_configuration_is_never_measured_twice_and_the_budget_counts_measurements() -> None:
     executor = FakeExecutor(steady)
     tuner = make_tuner(executor, SPACE, trials=6, climb=False)  # the sampler repeats itself
