@@ -224,6 +224,7 @@ def check_workload(spec: WorkloadSpec) -> None:
         resolve_reference(spec.data, "--data")
     load_loss(spec, module)
     load_collate(spec, module)
+    _check_synthetic_flags(spec, module)
     if spec.input_shape is not None:
         import torch
 
@@ -232,6 +233,32 @@ def check_workload(spec: WorkloadSpec) -> None:
                 f"--input-dtype {spec.input_dtype!r} is not a torch dtype; use e.g. float32, "
                 "bfloat16, int64"
             )
+
+
+SYNTHETIC_LAST = "the first of --data, autotune_dataset, model.example_input, --input-shape wins"
+
+
+def _check_synthetic_flags(spec: WorkloadSpec, module: Any) -> None:
+    """``--input-shape`` and ``--input-dtype`` shape synthetic data, the last source of data:
+    given beside a source that comes first, they would be ignored, so say so instead."""
+    if spec.input_shape is None:
+        if spec.input_dtype != "float32":
+            raise WorkloadError(
+                f"--input-dtype {spec.input_dtype} shapes synthetic samples and needs "
+                "--input-shape (e.g. 3x224x224)"
+            )
+        return
+    shape = "x".join(map(str, spec.input_shape))
+    if spec.data:
+        source = f"--data {spec.data}"
+    elif hasattr(module, DATASET_ATTRIBUTE):
+        source = _beside_model(spec, DATASET_ATTRIBUTE)
+    else:
+        return
+    raise WorkloadError(
+        f"--input-shape {shape} would be ignored: the data comes from {source} "
+        f"({SYNTHETIC_LAST}); drop one of them"
+    )
 
 
 def declared_global_batch(spec: WorkloadSpec) -> int | None:
@@ -317,6 +344,11 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     from autotune.runner.synthetic import SyntheticDataset  # imports torch: when data is needed
 
     example = getattr(model, EXAMPLE_INPUT_ATTRIBUTE, None)
+    if example is not None and spec.input_shape is not None:
+        raise WorkloadError(
+            f"--input-shape {'x'.join(map(str, spec.input_shape))} would be ignored: the model "
+            f"has '{EXAMPLE_INPUT_ATTRIBUTE}' ({SYNTHETIC_LAST}); drop --input-shape"
+        )
     if example is not None:
         return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
     if spec.input_shape is not None:

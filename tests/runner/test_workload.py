@@ -82,6 +82,25 @@ def test_no_data_at_all_says_what_to_pass() -> None:
         build_workload(WorkloadSpec(model="tests.fixtures.nodata:Bare"))
 
 
+def test_an_input_shape_beside_a_source_of_data_that_comes_first_is_refused() -> None:
+    # A user gave --data and --input-shape; the shape was silently ignored.
+    said = r"^--input-shape 3x64 would be ignored: the data comes from --data tests\.fixtures"
+    with pytest.raises(WorkloadError, match=said + r"\.models:Pairs \(the first of"):
+        check_workload(
+            WorkloadSpec(
+                model="tests.fixtures.nodata:Bare",
+                data="tests.fixtures.models:Pairs",
+                input_shape=(3, 64),
+            )
+        )
+    with pytest.raises(WorkloadError, match=r"comes from tests\.fixtures\.models:autotune_data"):
+        check_workload(WorkloadSpec(model="tests.fixtures.models:Small", input_shape=(8,)))
+    with pytest.raises(WorkloadError, match="the model has 'example_input'"):
+        build_workload(WorkloadSpec(model="tests.fixtures.nodata:WithExample", input_shape=(5,)))
+    with pytest.raises(WorkloadError, match="--input-dtype int64 shapes synthetic samples and "):
+        check_workload(WorkloadSpec(model="tests.fixtures.models:Small", input_dtype="int64"))
+
+
 def test_named_data_and_loss_are_used() -> None:
     workload = build_workload(
         WorkloadSpec(
