@@ -29,8 +29,19 @@ WARMUP_PRUNE_FACTOR = 10.0
 once: a configuration 100x slower than the incumbent stops after its first step."""
 
 STEP_PHASES = ("warm-up step", "measured step")
-"""How a rank names the phase of a step the rule judges (then the step's number); a first step
-that compiles is named otherwise and never judged."""
+"""How a rank names the phase of a step the rule judges (then the step's number); a step that
+may compile is named otherwise (``warmup_phase``) and is not judged while it runs."""
+
+
+def warmup_phase(index: int, compiling: bool) -> str:
+    """The phase of warm-up step ``index`` (from 0). Under torch.compile the first step
+    compiles, and any warm-up step may compile again where the first broke a guard (a Hugging
+    Face classifier sets ``config.problem_type`` in its first forward: seen on a ViT, whose
+    second step recompiled for 5.6 s on 2 CPU cores and was pruned as hopeless). Such steps
+    are not judged while they run: the rank judges each once it ends, if it did not compile."""
+    if not compiling:
+        return f"{STEP_PHASES[0]} {index + 1}"
+    return "compiling (first step)" if index == 0 else f"compiled warm-up step {index + 1}"
 
 
 def _line_step_s(options: TrialOptions, global_batch_size: int) -> float | None:

@@ -9,7 +9,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.result import RankReport, summarise_steps
 from autotune.runner.request import TrialOptions
-from autotune.runner.window import Window, overran, step_limit_s
+from autotune.runner.window import Window, overran, step_limit_s, warmup_phase
 from autotune.stats import mean_interval, t_quantile
 
 
@@ -87,6 +87,12 @@ def test_a_step_still_running_past_the_limit_is_known_hopeless_before_it_ends() 
     # what the rule never judges: a step that compiles, the epoch boundary, building
     for phase in ("compiling (first step)", "measuring an epoch boundary", "building the workload"):
         assert overran(options, 32, phase, 100.0) is None
+    # under torch.compile any warm-up step may compile again: judged once it ends, not before
+    assert [warmup_phase(i, compiling=True) for i in range(3)] == [
+        "compiling (first step)", "compiled warm-up step 2", "compiled warm-up step 3"
+    ]  # fmt: skip
+    assert overran(options, 32, warmup_phase(1, compiling=True), 100.0) is None
+    assert overran(options, 32, warmup_phase(1, compiling=False), 100.0) is not None
     assert overran(TrialOptions(), 32, "warm-up step 1", 1e6) is None
 
 
