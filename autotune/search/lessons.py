@@ -81,29 +81,51 @@ def accumulation_cut_memory(records: list[TrialRecord], baseline: TrialRecord) -
     return baseline.memory_used_bytes < 0.95 * earlier[-1]
 
 
+IMPLICATED = (
+    ("_fused_", "optimizer_impl", "fused"),
+    ("_foreach_", "optimizer_impl", "foreach"),
+)
+"""(text of an error, knob, value): an error naming an op of that implementation implicates
+that value beside the knob that failed. Seen: FSDP with a fused SGD failed on
+``aten._fused_sgd_.default does not have a sharding strategy registered`` (DTensor has none),
+and the lesson excluded FSDP, which runs with SGD's default implementation."""
+
+
 @dataclass(frozen=True)
 class FailingValue:
-    """A knob's value that made a trial fail where the configuration one knob away ran."""
+    """A knob's value that made a trial fail where the configuration one knob away ran; with
+    ``company``, only beside those other values, which the error names (``IMPLICATED``)."""
 
     knob: str
     value: Any
     failed: TrialRecord
     ran: TrialRecord
+    company: tuple[tuple[str, Any], ...] = ()
 
     def matches(self, config: TrainConfig) -> bool:
-        return bool(getattr(config, self.knob) == self.value)
+        wanted = ((self.knob, self.value), *self.company)
+        return all(getattr(config, knob) == value for knob, value in wanted)
+
+    @property
+    def label(self) -> str:
+        """``knob=value``, and the company it fails in."""
+        beside = " and ".join(f"{k}={v}" for k, v in self.company)
+        return f"{self.knob}={self.value}" + (f" with {beside}" if beside else "")
 
     def reason(self) -> str:
         cause = self.failed.message.splitlines()[0] if self.failed.message else "no message"
+        named = " (its error names the company it fails in)" if self.company else ""
         return (
             f"failed in trial {self.failed.number} ({cause[:160]}) "
             f"where trial {self.ran.number}, {self.knob}={getattr(self.ran.config, self.knob)} "
-            "and otherwise the same, ran"
+            f"and otherwise the same, ran{named}"
         )
 
     def exclusion(self) -> Exclusion:
         """The value as one of the recommendation's exclusions."""
-        return Exclusion(knob=self.knob, value=self.value, reason=self.reason())
+        beside = self.label.removeprefix(f"{self.knob}={self.value}").strip()
+        reason = f"{beside}: {self.reason()}" if beside else self.reason()
+        return Exclusion(knob=self.knob, value=self.value, reason=reason)
 
 
 def _one_knob_apart(a: TrainConfig, b: TrainConfig) -> str | None:
@@ -129,7 +151,7 @@ def failing_values(records: list[TrialRecord]) -> list[FailingValue]:
         and not needs_unused_parameters(r)
     ]
     ran = [r for r in records if r.status == "ok" and r.config is not None]
-    found: dict[tuple[str, Any], FailingValue] = {}
+    found: dict[tuple[str, Any, tuple[tuple[str, Any], ...]], FailingValue] = {}
     for bad in failed:
         for good in ran:
             assert bad.config is not None and good.config is not None
@@ -137,7 +159,15 @@ def failing_values(records: list[TrialRecord]) -> list[FailingValue]:
             if knob is None:
                 continue
             value = getattr(bad.config, knob)
+            company = tuple(
+                (other, implicated)
+                for text, other, implicated in IMPLICATED
+                if other != knob
+                and text in bad.message
+                and getattr(bad.config, other) == implicated
+            )
+            failing = FailingValue(knob, value, bad, good, company)
             # a value that ran elsewhere fails only in company: the lesson would over-reach
-            if not any(getattr(r.config, knob) == value for r in ran):
-                found.setdefault((knob, value), FailingValue(knob, value, bad, good))
+            if not any(r.config is not None and failing.matches(r.config) for r in ran):
+                found.setdefault((knob, value, company), failing)
     return list(found.values())

@@ -96,7 +96,7 @@ class Tuner:
         self.started = time.perf_counter()
         self.recipe_config: TrainConfig | None = None
         """The standard recipe as measured (None: not measured, or it fits nowhere)."""
-        self._failing: set[tuple[str, object]] = set()  # (knob, value) said to fail
+        self._failing: set[str] = set()  # the failing values said, by label
 
     # -- running ----------------------------------------------------------------------------
 
@@ -395,13 +395,12 @@ class Tuner:
         value to fail (``lessons.failing_values``): from then on ``decide`` skips every
         configuration with it."""
         for failing in failing_values(self.log.records):
-            known = (failing.knob, failing.value)
+            known = failing.label
             shown_by = record is None or record in (failing.failed, failing.ran)
             if shown_by and known not in self._failing:
                 self._failing.add(known)
                 self.reporter.phase(
-                    f"{failing.knob}={failing.value} {failing.reason()}: configurations with "
-                    "it are skipped from now on"
+                    f"{known} {failing.reason()}: configurations with it are skipped from now on"
                 )
 
     def decide(self, proposal: Proposal) -> TrialRecord | None:
@@ -430,7 +429,7 @@ class Tuner:
             )
         failing = next((f for f in failing_values(self.log.records) if f.matches(config)), None)
         if failing is not None:
-            message = f"{failing.knob}={failing.value} {failing.reason()}"
+            message = f"{failing.label} {failing.reason()}"
             return TrialRecord(**base, status="skipped", message=message)
         prediction = self.gate.predict(config)
         verdict = precheck(
