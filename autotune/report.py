@@ -59,8 +59,8 @@ def format_trial(result: TrialResult) -> str:
             lines.append(f"  collate       {result.collate}")
         if result.compile_s is not None:
             lines.append(
-                f"  compile       {result.compile_s:.1f} s once per run (the first step; in the "
-                "warm-up, never in the measured steps)"
+                f"  compile       {result.compile_s:.1f} s once per run (the warm-up steps that "
+                "compile; never in the measured steps)"
             )
     lines.append(
         f"  time          {result.total_s:.1f} s: overhead {result.overhead_s:.1f} s (launch "
@@ -187,8 +187,9 @@ def compile_line(r: Recommendation) -> str:
     """What torch.compile costs the recommended config: once per run, outside samples/s."""
     cost = f"{r.compile_s:.1f} s" if r.compile_s is not None else "not measured"
     return (
-        f"torch.compile mode={r.config.compile}: compiling takes {cost} once per run (the first "
-        "step, measured in its trials; not in samples/s)"
+        f"torch.compile mode={r.config.compile}: compiling takes {cost} once per run (the warm-up "
+        "steps that compile, the first and any that compiles again, measured in its trials; not "
+        "in samples/s)"
     )
 
 
