@@ -148,7 +148,7 @@ def plan(
     *,
     devices: int,
     device_memory: str | int,
-    device: str = "cuda",
+    device: str | None = None,
     space: str | None = "default",
     config: TrainConfig | dict[str, Any] | str | Path | None = None,
     global_batch_size: int | None = None,
@@ -165,9 +165,12 @@ def plan(
     on ``devices`` devices of ``device_memory`` each, without running a step: the model traced
     under fake tensors on this machine. ``calibrate=True`` first runs one short real trial here
     to measure what the process adds to its tensors (only for this machine's kind of device).
-    Every number in the result is a prediction. Bad input raises ``AutotuneError``."""
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {device!r}: use cpu or cuda")
+    Every number in the result is a prediction. ``device``: the kind planned for; by default
+    ``config``'s own device (where it names one), else cuda. Bad input raises
+    ``AutotuneError``."""
+    chosen = as_config(config) if config is not None else None
+    device = _planned_device(device, chosen, devices)
+    chosen = chosen.resolved(device) if chosen is not None else None  # device=auto: this one
     if devices < 1:
         raise ConfigError(f"--devices {devices}: must be at least 1")
     if not 0 <= safety_margin < 1:
@@ -179,7 +182,6 @@ def plan(
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     check_workload(workload)
     check_batches(workload)
-    chosen = as_config(config) if config is not None else None
     if chosen is not None:
         gbs = chosen.global_batch_size
     else:
@@ -203,6 +205,28 @@ def plan(
         config=chosen,
         measure=measure,
     )
+
+
+def _planned_device(device: str | None, config: TrainConfig | None, devices: int) -> str:
+    """The kind of device a plan is for: ``device``, else the configuration's own, else cuda.
+    A configuration planned as another device than its own, or on fewer devices than it
+    uses, is refused: the plan would show numbers for something other than the file."""
+    if device is not None and device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: use cpu or cuda")
+    if config is None:
+        return device or "cuda"
+    own = config.device
+    if device is not None and own != "auto" and own != device:
+        raise ConfigError(
+            f"--device {device}: the configuration's device is {own}; drop --device to plan it "
+            f"as it is, or set device: {device} in it"
+        )
+    if config.world_size > devices:
+        raise ConfigError(
+            f"--devices {devices}: the configuration uses world_size={config.world_size}; "
+            f"plan it with --devices {config.world_size} or more"
+        )
+    return device or (own if own != "auto" else "cuda")
 
 
 def _short_trial_peak(workload: WorkloadSpec) -> Any:

@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--device",
         choices=("cuda", "cpu"),
-        default="cuda",
-        help="Kind of device planned for (cuda); cpu: ranks sharing this kind of host.",
+        default=None,
+        help="Kind of device planned for: cuda (the default), or the --config's own device; "
+        "cpu: ranks sharing this kind of host.",
     )
     where.add_argument(
         "--safety-margin",

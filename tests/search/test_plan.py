@@ -66,6 +66,34 @@ def test_one_config_as_json_carries_the_predicted_peak_and_its_parts(
     assert out["calibration"].startswith("the tensors x1.10 for the caching allocator's reserve")
 
 
+def test_one_config_is_planned_on_its_own_device_and_a_conflicting_flag_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A user planned a config file saying device: cpu; the plan predicted it as CUDA (the
+    # flag's default) and said the caching allocator's reserve.
+    config = TrainConfig(global_batch_size=64, parallel="ddp", world_size=2, device="cpu")
+    save_config(config, tmp_path / "c.yaml")
+    argv = [
+        "plan",
+        "--model",
+        MODEL,
+        "--device-memory",
+        "8GiB",
+        "--config",
+        str(tmp_path / "c.yaml"),
+    ]
+    assert main([*argv, "--devices", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (
+        "caching allocator" not in out["calibration"] and "process" in out["predicted_parts_bytes"]
+    )
+    assert main([*argv, "--devices", "2", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: the configuration's device is cpu; drop --device" in err
+    assert main([*argv, "--devices", "1"]) == 2
+    assert "--devices 1: the configuration uses world_size=2" in capsys.readouterr().err
+
+
 def test_a_mixture_of_experts_plan_says_it_took_routing_as_uniform(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
