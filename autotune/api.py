@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from autotune.config import TrainConfig, load_config, make_config
 from autotune.errors import ConfigError, validated
@@ -207,14 +207,16 @@ def plan(
     )
 
 
-def _planned_device(device: str | None, config: TrainConfig | None, devices: int) -> str:
+def _planned_device(
+    device: str | None, config: TrainConfig | None, devices: int
+) -> Literal["cpu", "cuda"]:
     """The kind of device a plan is for: ``device``, else the configuration's own, else cuda.
     A configuration planned as another device than its own, or on fewer devices than it
     uses, is refused: the plan would show numbers for something other than the file."""
     if device is not None and device not in ("cpu", "cuda"):
         raise ConfigError(f"--device {device!r}: use cpu or cuda")
     if config is None:
-        return device or "cuda"
+        return "cpu" if device == "cpu" else "cuda"
     own = config.device
     if device is not None and own != "auto" and own != device:
         raise ConfigError(
@@ -226,7 +228,7 @@ def _planned_device(device: str | None, config: TrainConfig | None, devices: int
             f"--devices {devices}: the configuration uses world_size={config.world_size}; "
             f"plan it with --devices {config.world_size} or more"
         )
-    return device or (own if own != "auto" else "cuda")
+    return "cpu" if (device or own) == "cpu" else "cuda"
 
 
 def _short_trial_peak(workload: WorkloadSpec) -> Any:
