@@ -28,6 +28,7 @@ from autotune.runner.optimizer import default_optimizer, running_implementation
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
+from autotune.runner.training import OPTIMIZER_STEP
 from autotune.runner.window import STEP_PHASES, Decision, Window, warmup_phase
 from autotune.runner.workload import WorkloadCache, build_workload
 
@@ -136,7 +137,9 @@ def run_rank(
         return RankReport(status="ok", **report)
     except BaseException as error:  # a rank must report, whatever went wrong
         status, message = classify_exception(error)
-        return RankReport(status=status, message=f"{progress.phase}: {message}", **report)
+        where = [n for n in getattr(error, "__notes__", ()) if n.startswith(OPTIMIZER_STEP)]
+        message = ": ".join([progress.phase, *where[:1], message])
+        return RankReport(status=status, message=message, **report)
 
 
 def _measure(

@@ -27,6 +27,10 @@ from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blo
 from autotune.runner.loss import first_tensor
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+OPTIMIZER_STEP = "in the optimizer's step"
+"""The note an error raised by the optimizer's step carries (then the optimizer's class): the
+rank's one-line reason says it, since such an error is the optimizer's, not the model's (a
+user's Adafactor under FSDP2 mixed plain tensors with DTensor parameters)."""
 
 
 @dataclass
@@ -298,11 +302,15 @@ class TrainStep:
             hook_calls.append(self.hooks.calls - calls_before)
             total_loss += loss.detach().float()
             self.micro_steps += 1
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        try:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        except Exception as error:  # said with the error: the user's optimizer, not the model
+            error.add_note(f"{OPTIMIZER_STEP} ({type(self.optimizer).__name__})")
+            raise
         self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         loss_value = float(total_loss.item())  # also waits for the device to finish the step
         if self.device.type == "cuda":

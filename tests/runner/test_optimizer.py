@@ -81,6 +81,17 @@ def test_a_factory_that_returns_no_optimizer_fails_the_trial_with_its_reason() -
     assert "returned a str, expected a torch.optim.Optimizer" in result.message
 
 
+def test_an_error_in_the_optimizer_s_step_is_said_to_be_there() -> None:
+    # A user's Adafactor under FSDP2: "warm-up step 1: RuntimeError: aten.add_.Tensor got mixed
+    # torch.Tensor and DTensor" did not say the optimizer, not the model, raised it.
+    result = _trial("tests.fixtures.optimizers:refusing")
+    assert result.status == "error"
+    assert result.message == (
+        "rank 0: warm-up step 1: in the optimizer's step (_Refusing): RuntimeError: aten.add_."
+        "Tensor got mixed torch.Tensor and DTensor"
+    )
+
+
 def test_the_trial_summary_names_the_optimizer() -> None:
     from autotune.config import make_config
     from autotune.report import format_trial
