@@ -111,6 +111,15 @@ class _Agreement:
         agreed_step, agreed_elapsed = value.tolist()
         return agreed_step, agreed_elapsed
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (a step that compiled on one is compile time on
+        all: they judge the same step alike)."""
+        if self.device is None:
+            return flag
+        value = torch.tensor([float(flag)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
 
 def _agreement(config: TrainConfig, device: torch.device) -> _Agreement:
     many = config.processes > 1 and dist.is_available() and dist.is_initialized()
@@ -216,7 +225,7 @@ def _measure(
         progress(warmup_phase(i, compiling))
         graphs = _compiled_graphs() if compiling else 0
         step_s, _ = run_step()
-        if compiling and (i == 0 or _compiled_graphs() > graphs):
+        if compiling and (i == 0 or agree.any(_compiled_graphs() > graphs)):
             # It compiled (the first step) or compiled again (a guard the first step broke:
             # Hugging Face's classifiers set config.problem_type in their first forward): paid
             # once per run, reported as compile time, never judged or measured.

@@ -93,17 +93,20 @@ def test_the_trial_summary_states_the_compile_time_apart() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("parallel", [{}, {"parallel": "ddp", "world_size": 2}])
 def test_a_warm_up_step_that_compiles_again_is_compile_time_not_a_hopeless_step(
-    monkeypatch: pytest.MonkeyPatch,
+    parallel: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A Hugging Face ViT's second compiled step recompiled (its first forward set
     # config.problem_type) for 5.6 s and was pruned as 10x slower than the pruning line.
-    # Here the line allows 0.1 s a step (1,600 samples/s at 16): a step of this model takes
+    # Here the line allows 0.4 s a step (400 samples/s at 16): a step of this model takes
     # milliseconds, compiling it again without Inductor's caches about a second.
     monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     monkeypatch.setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
-    options = OPTIONS.model_copy(update={"prune_below_samples_per_s": 1600.0, "warmup_steps": 2})
-    config = make_config({"global_batch_size": 16, "device": "cpu", "compile": "default"})
+    options = OPTIONS.model_copy(update={"prune_below_samples_per_s": 400.0, "warmup_steps": 2})
+    config = make_config(
+        {"global_batch_size": 16, "device": "cpu", "compile": "default", **parallel}
+    )  # under DDP the ranks agree that a step compiled, so they judge it alike
     result = run_trial(
         config, WorkloadSpec(model="tests.fixtures.models:SettlesOnFirstCall"), options
     )
@@ -111,4 +114,4 @@ def test_a_warm_up_step_that_compiles_again_is_compile_time_not_a_hopeless_step(
     diagnostics = result.ranks[0].diagnostics
     assert diagnostics is not None and diagnostics.compiled_graphs >= 2  # it did compile again
     assert result.compile_s is not None and result.compile_s > 0.1
-    assert len(result.ranks[0].step_times_s) == 4 and max(result.ranks[0].step_times_s) < 0.1
+    assert len(result.ranks[0].step_times_s) == 4 and max(result.ranks[0].step_times_s) < 0.04
