@@ -235,7 +235,22 @@ def recipe_lines(r: Recommendation) -> list[str]:
     if r.speedup_over_recipe:
         interval = _range(r.speedup_over_recipe_low, r.speedup_over_recipe_high, ".2f")
         over = f"{r.speedup_over_recipe:.2f}x{interval}"
-    return [f"over the standard recipe ({r.recipe.summary()}, {speed}): {over}"]
+    return [f"over the standard recipe ({r.recipe.summary()}, {speed}): {over}{_recipe_over(r)}"]
+
+
+def _recipe_over(r: Recommendation) -> str:
+    """Where a run of the recipe went over the memory limit: it fits only some of the time
+    (on CPU the heap moves a peak by several percent between runs), and the race left it."""
+    assert r.recipe is not None
+    runs = [t for t in r.trials if t.config == r.recipe and t.status == "ok"]
+    over = [t.memory_used_bytes or 0 for t in runs if not t.fits]
+    if not over:
+        return ""
+    return (
+        f"; the recipe went over the memory limit {format_bytes(r.memory_limit_bytes)} in "
+        f"{len(over)} of its {len(runs)} runs (up to {format_bytes(max(over))}), so the race "
+        "left it"
+    )
 
 
 def numerics_line(r: Recommendation) -> str:

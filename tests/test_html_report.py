@@ -211,3 +211,26 @@ def test_a_baseline_over_the_limit_is_said_not_to_fit_where_its_speed_up_is_show
         "the search tried; its speed-up is over a configuration that does not fit"
     ) in text
     assert "over the limit" in render_html(r) and "does not fit" in render_html(r)
+
+
+def test_a_recipe_that_went_over_the_limit_in_a_race_run_is_said_to_have() -> None:
+    # A user's T5: the recipe fitted in its search trial (1,375 of 1,382 MiB) and measured
+    # 1,505 MiB in the race, which left it; the output gave "1.01x" the recipe and no why.
+    from autotune.report import format_recommendation
+
+    r = _recommendation()
+    recipe = r.config.model_copy(update={"num_workers": 1})
+    runs = [
+        TrialRecord(number=10, role="search", status="ok", config=recipe, samples_per_s=140.0,
+                    memory_used_bytes=2 << 30, feasible=True),
+        TrialRecord(number=11, role="race", status="ok", config=recipe, samples_per_s=139.0,
+                    memory_used_bytes=7 << 29, feasible=False, race_round=1),
+    ]  # fmt: skip
+    fitting = r.model_copy(update={"recipe": recipe, "recipe_samples_per_s": 140.0,
+                                   "speedup_over_recipe": 1.07})  # fmt: skip
+    assert "went over" not in format_recommendation(fitting)
+    r = fitting.model_copy(update={"trials": [*r.trials, *runs]})
+    assert (
+        "1.07x; the recipe went over the memory limit 3.0 GiB in 1 of its 2 runs (up to 3.5 GiB), "
+        "so the race left it"
+    ) in format_recommendation(r)
