@@ -222,7 +222,7 @@ def _measure(
     warm_start = time.perf_counter()
     compile_steps_s: list[float] = []
     for i in range(options.warmup_for(config)):
-        progress(warmup_phase(i, compiling))
+        progress(warmup_phase(i, compiling, compile_steps_s[0] if compile_steps_s else 0.0))
         graphs = _compiled_graphs() if compiling else 0
         step_s, _ = run_step()
         if compiling and (i == 0 or agree.any(_compiled_graphs() > graphs)):

@@ -16,6 +16,7 @@ it, and end a trial whose step has run past that limit (``overran``) rather than
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,15 +34,26 @@ STEP_PHASES = ("warm-up step", "measured step")
 may compile is named otherwise (``warmup_phase``) and is not judged while it runs."""
 
 
-def warmup_phase(index: int, compiling: bool) -> str:
+RECOMPILE_ALLOWANCE = 2.0
+"""A compiled warm-up step after the first may run this many times as long as the first step
+(which compiled the whole step) before the rule may judge it while it runs: compiling again
+takes no longer than compiling it all did, a hopeless step does."""
+_ALLOWED = re.compile(r"^compiled warm-up step \d+ \(compiling again: up to (\d+(?:\.\d+)?) s\)")
+
+
+def warmup_phase(index: int, compiling: bool, first_step_s: float = 0.0) -> str:
     """The phase of warm-up step ``index`` (from 0). Under torch.compile the first step
     compiles, and any warm-up step may compile again where the first broke a guard (a Hugging
     Face classifier sets ``config.problem_type`` in its first forward: seen on a ViT, whose
-    second step recompiled for 5.6 s on 2 CPU cores and was pruned as hopeless). Such steps
-    are not judged while they run: the rank judges each once it ends, if it did not compile."""
+    second step recompiled for 5.6 s on 2 CPU cores and was pruned as hopeless). The rank
+    judges such a step once it ends, if it did not compile; while it runs, only past
+    ``RECOMPILE_ALLOWANCE`` times ``first_step_s`` (which the phase carries, for ``overran``)."""
     if not compiling:
         return f"{STEP_PHASES[0]} {index + 1}"
-    return "compiling (first step)" if index == 0 else f"compiled warm-up step {index + 1}"
+    if index == 0:
+        return "compiling (first step)"
+    allowed = RECOMPILE_ALLOWANCE * first_step_s
+    return f"compiled warm-up step {index + 1} (compiling again: up to {allowed:.1f} s)"
 
 
 def _line_step_s(options: TrialOptions, global_batch_size: int) -> float | None:
@@ -72,8 +84,12 @@ def overran(
     options: TrialOptions, global_batch_size: int, phase: str, running_s: float
 ) -> str | None:
     """Why a rank ``running_s`` into ``phase`` has already made the trial hopeless (the rule
-    would prune it when the step ends), or None."""
-    if not phase.startswith(STEP_PHASES):
+    would prune it when the step ends), or None. A compiled warm-up step may compile again:
+    it is judged only past the time its phase allows that (``warmup_phase``)."""
+    allowed = _ALLOWED.match(phase)
+    if allowed is not None and running_s <= float(allowed.group(1)):
+        return None
+    if not phase.startswith(STEP_PHASES) and allowed is None:
         return None
     why = _past_the_limit(options, global_batch_size, running_s)
     return f"{phase} still running after {running_s:.3g} s, {why}" if why else None

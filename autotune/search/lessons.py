@@ -27,7 +27,9 @@ __all__ = [
 ALIKE_FAILURES = 3
 """Failed trials, the baseline's among them, none run, one error: the step fails whatever the
 configuration, and the search stops (``failing_alike``)."""
-_WHERE = re.compile(r"^rank \d+: (?:(?:compiled warm-up|warm-up|measured) step \d+: )?")
+_WHERE = re.compile(
+    r"^rank \d+: (?:(?:compiled warm-up|warm-up|measured) step \d+(?: \([^)]*\))?: )?"
+)
 
 
 def _error(record: TrialRecord) -> str:

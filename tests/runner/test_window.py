@@ -87,11 +87,18 @@ def test_a_step_still_running_past_the_limit_is_known_hopeless_before_it_ends() 
     # what the rule never judges: a step that compiles, the epoch boundary, building
     for phase in ("compiling (first step)", "measuring an epoch boundary", "building the workload"):
         assert overran(options, 32, phase, 100.0) is None
-    # under torch.compile any warm-up step may compile again: judged once it ends, not before
-    assert [warmup_phase(i, compiling=True) for i in range(3)] == [
-        "compiling (first step)", "compiled warm-up step 2", "compiled warm-up step 3"
-    ]  # fmt: skip
-    assert overran(options, 32, warmup_phase(1, compiling=True), 100.0) is None
+    # under torch.compile any warm-up step may compile again: while it runs, it is judged only
+    # past twice the first step's time (which compiled all of it), then by the rule
+    assert [warmup_phase(i, compiling=True, first_step_s=20.0) for i in range(3)] == [
+        "compiling (first step)",
+        "compiled warm-up step 2 (compiling again: up to 40.0 s)",
+        "compiled warm-up step 3 (compiling again: up to 40.0 s)",
+    ]
+    again = warmup_phase(1, compiling=True, first_step_s=20.0)
+    assert overran(options, 32, again, 39.0) is None  # 12x the limit, but it may be compiling
+    late = overran(options, 32, again, 41.0)
+    assert late is not None and late.startswith(f"{again} still running after 41 s, over 10x")
+    assert overran(TrialOptions(), 32, again, 1e6) is None  # no line, no limit
     assert overran(options, 32, warmup_phase(1, compiling=False), 100.0) is not None
     assert overran(TrialOptions(), 32, "warm-up step 1", 1e6) is None
 

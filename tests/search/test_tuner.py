@@ -671,3 +671,24 @@ def test_a_resumed_search_counts_the_time_its_stored_trials_took_against_the_tim
     assert sum(r.role in ("baseline", "search") for r in resumed.log.records) <= proposed + 2
     assert any(r.role == "race" for r in resumed.log.records)
     assert any(line.startswith("time budget: ") for line in said.lines)
+
+
+def test_one_error_is_one_error_whichever_step_phase_raised_it() -> None:
+    from autotune.search.lessons import failing_alike
+
+    phases = [
+        "rank 0: warm-up step 1",
+        "rank 1: measured step 3",
+        "rank 0: compiled warm-up step 2 (compiling again: up to 40.0 s)",
+    ]
+    records = [
+        TrialRecord(
+            number=i, role="baseline" if i == 0 else "search", status="error",
+            config=TrainConfig(global_batch_size=16, parallel=mode, world_size=size),
+            message=f"{phase}: OSError: no data",
+        )
+        for i, (phase, (mode, size)) in enumerate(
+            zip(phases, [("ddp", 2), ("fsdp", 2), ("single", 1)], strict=True)
+        )
+    ]  # fmt: skip
+    assert failing_alike(records, 3) == ("OSError: no data", 3)
