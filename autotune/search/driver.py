@@ -139,7 +139,6 @@ def run_search(
     check_batches(workload)
     settings, batch_source = resolve_global_batch(workload, settings)
     space = load_space(settings.space)
-    storage = open_storage(settings.study.storage, settings.study.storage_wait_s, reporter.phase)
     device = resolve_device(settings.cluster.device)
     platform = detect_platform(device)
     count = platform.device_count if device == "cuda" else usable_cpus()
@@ -167,6 +166,8 @@ def run_search(
     optimizer_source = describe_optimizer(workload)
     collate = describe_collate(workload)
     name = settings.study.study_name or default_study_name(workload, settings)
+    # opened once the input is known good: a bad flag leaves no empty study database behind
+    storage = open_storage(settings.study.storage, settings.study.storage_wait_s, reporter.phase)
     study, name, requeued = open_study(storage, name, fingerprint, settings.study.new_study)
 
     # the first time on a platform this tries comm hooks and torch.compile in tiny trials

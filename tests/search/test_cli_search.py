@@ -48,6 +48,7 @@ def test_bad_search_input_is_one_line(
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s.db").exists()  # bad input leaves no empty study database
 
 
 @pytest.mark.slow
