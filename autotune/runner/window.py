@@ -31,14 +31,18 @@ once: a configuration 100x slower than the incumbent stops after its first step.
 
 STEP_PHASES = ("warm-up step", "measured step")
 """How a rank names the phase of a step the rule judges (then the step's number); a step that
-may compile is named otherwise (``warmup_phase``) and is not judged while it runs."""
-
+may compile is named otherwise (``warmup_phase``) and is judged while it runs only past the
+time its phase allows for compiling."""
+COMPILED_WARMUP = f"compiled {STEP_PHASES[0]}"
+"""A warm-up step after the first under torch.compile (then its number and its allowance)."""
 
 RECOMPILE_ALLOWANCE = 2.0
 """A compiled warm-up step after the first may run this many times as long as the first step
 (which compiled the whole step) before the rule may judge it while it runs: compiling again
 takes no longer than compiling it all did, a hopeless step does."""
-_ALLOWED = re.compile(r"^compiled warm-up step \d+ \(compiling again: up to (\d+(?:\.\d+)?) s\)")
+_ALLOWED = re.compile(
+    rf"^{re.escape(COMPILED_WARMUP)} \d+ \(compiling again: up to (\d+(?:\.\d+)?) s\)"
+)
 
 
 def warmup_phase(index: int, compiling: bool, first_step_s: float = 0.0) -> str:
@@ -53,7 +57,7 @@ def warmup_phase(index: int, compiling: bool, first_step_s: float = 0.0) -> str:
     if index == 0:
         return "compiling (first step)"
     allowed = RECOMPILE_ALLOWANCE * first_step_s
-    return f"compiled warm-up step {index + 1} (compiling again: up to {allowed:.1f} s)"
+    return f"{COMPILED_WARMUP} {index + 1} (compiling again: up to {allowed:.1f} s)"
 
 
 def _line_step_s(options: TrialOptions, global_batch_size: int) -> float | None:

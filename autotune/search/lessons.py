@@ -13,6 +13,7 @@ from autotune.runner.outcome import (
     is_peer_failure,
     unused_parameters_failure,
 )
+from autotune.runner.window import COMPILED_WARMUP, STEP_PHASES
 
 __all__ = [
     "UNUSED_PARAMETERS_ERROR",
@@ -27,9 +28,8 @@ __all__ = [
 ALIKE_FAILURES = 3
 """Failed trials, the baseline's among them, none run, one error: the step fails whatever the
 configuration, and the search stops (``failing_alike``)."""
-_WHERE = re.compile(
-    r"^rank \d+: (?:(?:compiled warm-up|warm-up|measured) step \d+(?: \([^)]*\))?: )?"
-)
+_STEPS = "|".join(map(re.escape, (COMPILED_WARMUP, *STEP_PHASES)))
+_WHERE = re.compile(rf"^rank \d+: (?:(?:{_STEPS}) \d+(?: \([^)]*\))?: )?")
 
 
 def _error(record: TrialRecord) -> str:
