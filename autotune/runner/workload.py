@@ -248,16 +248,20 @@ def _check_synthetic_flags(spec: WorkloadSpec, module: Any) -> None:
                 "--input-shape (e.g. 3x224x224)"
             )
         return
-    shape = "x".join(map(str, spec.input_shape))
     if spec.data:
         source = f"--data {spec.data}"
     elif hasattr(module, DATASET_ATTRIBUTE):
         source = _beside_model(spec, DATASET_ATTRIBUTE)
     else:
         return
-    raise WorkloadError(
-        f"--input-shape {shape} would be ignored: the data comes from {source} "
-        f"({SYNTHETIC_LAST}); drop one of them"
+    raise _shape_ignored(spec, f"the data comes from {source}", "one of them")
+
+
+def _shape_ignored(spec: WorkloadSpec, because: str, drop: str) -> WorkloadError:
+    """The error for ``--input-shape`` given beside a source of data that comes first."""
+    shape = "x".join(map(str, spec.input_shape or ()))
+    return WorkloadError(
+        f"--input-shape {shape} would be ignored: {because} ({SYNTHETIC_LAST}); drop {drop}"
     )
 
 
@@ -345,10 +349,7 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
 
     example = getattr(model, EXAMPLE_INPUT_ATTRIBUTE, None)
     if example is not None and spec.input_shape is not None:
-        raise WorkloadError(
-            f"--input-shape {'x'.join(map(str, spec.input_shape))} would be ignored: the model "
-            f"has '{EXAMPLE_INPUT_ATTRIBUTE}' ({SYNTHETIC_LAST}); drop --input-shape"
-        )
+        raise _shape_ignored(spec, f"the model has '{EXAMPLE_INPUT_ATTRIBUTE}'", "--input-shape")
     if example is not None:
         return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
     if spec.input_shape is not None:
