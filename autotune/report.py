@@ -333,13 +333,16 @@ def format_costs(recommendation: Recommendation, train_samples: int, price: floa
 
 def memory_cell(record: TrialRecord) -> str:
     """A record's peak memory: measured, with the prediction made before it ran and its error
-    beside it, or marked as the prediction it is ('' if neither)."""
+    beside it (no error where the trial stopped early: its peak may be partial), or marked as
+    the prediction it is ('' if neither)."""
     predicted = record.predicted_memory_bytes
     if record.memory_used_bytes:
         measured = format_bytes(record.memory_used_bytes)
         error = record.prediction_error
-        if predicted is None or error is None:
+        if predicted is None:
             return measured
+        if error is None:
+            return f"{measured} (~{format_bytes(predicted)} predicted)"
         return f"{measured} (~{format_bytes(predicted)} predicted, {error:+.0%})"
     if predicted:
         return f"~{format_bytes(predicted)} predicted"

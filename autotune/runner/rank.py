@@ -101,15 +101,16 @@ class _Agreement:
     def __init__(self, device: torch.device | None) -> None:
         self.device, self.spent_s = device, 0.0
 
-    def __call__(self, step_s: float, elapsed_s: float = 0.0) -> tuple[float, float]:
+    def __call__(self, *seconds: float) -> list[float]:
+        """Each of ``seconds`` as its largest over the ranks."""
         if self.device is None:
-            return step_s, elapsed_s
+            return list(seconds)
         started = time.perf_counter()
-        value = torch.tensor([step_s, elapsed_s], dtype=torch.float64, device=self.device)
+        value = torch.tensor(seconds, dtype=torch.float64, device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         self.spent_s += time.perf_counter() - started
-        agreed_step, agreed_elapsed = value.tolist()
-        return agreed_step, agreed_elapsed
+        agreed: list[float] = value.tolist()
+        return agreed
 
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank (a step that compiled on one is compile time on
@@ -208,15 +209,20 @@ def _measure(
     agree = _agreement(config, device)
     data_wait = 0.0
 
-    def run_step(since: float | None = None) -> tuple[float, float]:
-        """One step; (step time, seconds since ``since`` less agreement), as all ranks agree."""
+    def run_step(since: float | None = None) -> tuple[float, float, float]:
+        """One step; (step time, seconds since ``since`` less agreement, the step's wait for an
+        epoch's first batch), as all ranks agree: the slowest rank's step, and the wait that
+        leaves the slowest step without it."""
+        epoch_start_s = training.epoch_start_s
         stats = step.run(batches)
+        epoch_start_s = training.epoch_start_s - epoch_start_s
         losses.append(stats.loss)
         hook_calls.extend(stats.hook_calls)
         nonlocal data_wait
         data_wait += stats.data_wait_s
         elapsed = 0.0 if since is None else time.perf_counter() - since - agree.spent_s
-        return agree(stats.wall_s, elapsed)
+        step_s, elapsed, without = agree(stats.wall_s, elapsed, stats.wall_s - epoch_start_s)
+        return step_s, elapsed, step_s - without
 
     decision: Decision = "measure"
     warm_start = time.perf_counter()
@@ -224,14 +230,14 @@ def _measure(
     for i in range(options.warmup_for(config)):
         progress(warmup_phase(i, compiling, compile_steps_s[0] if compile_steps_s else 0.0))
         graphs = _compiled_graphs() if compiling else 0
-        step_s, _ = run_step()
+        step_s, _, epoch_start_s = run_step()
         if compiling and (i == 0 or agree.any(_compiled_graphs() > graphs)):
             # It compiled (the first step) or compiled again (a guard the first step broke:
             # Hugging Face's classifiers set config.problem_type in their first forward): paid
             # once per run, reported as compile time, never judged or measured.
             compile_steps_s.append(step_s)
             continue
-        decision = window.warmup_step(step_s)
+        decision = window.warmup_step(step_s, epoch_start_s)
         if decision == "prune":
             break
     report["warmup_s"] = time.perf_counter() - warm_start
@@ -243,8 +249,8 @@ def _measure(
     measure_start = time.perf_counter()
     while decision == "measure":
         progress(f"{STEP_PHASES[1]} {len(window.steps) + 1}")
-        step_s, elapsed_s = run_step(since=measure_start)
-        decision = window.measured_step(step_s, elapsed_s)
+        step_s, elapsed_s, epoch_start_s = run_step(since=measure_start)
+        decision = window.measured_step(step_s, elapsed_s, epoch_start_s)
     # At least the steps themselves: a trial pruned in warm-up measured that one step.
     elapsed = time.perf_counter() - measure_start - agree.spent_s
     report["measured_s"] = max(elapsed, sum(window.steps))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -128,6 +129,7 @@ class Training:
     owns_process_group: bool = False  # prepare() joined it, so close() leaves it
 
     epochs_started: int = 0
+    epoch_start_s: float = 0.0  # waited for epochs' first batches (workers started), in all
     _restart: bool = False
 
     def batches(self) -> Iterator[Any]:
@@ -140,11 +142,13 @@ class Training:
                 target.set_epoch(epoch)
             self.epochs_started += 1
             self._restart = False
-            first = True
+            first, started = True, time.perf_counter()
             iterator = iter(self.loader)
             for batch in iterator:
-                if first and self.loader.num_workers:
-                    self.worker_pids.append(sorted(child_pids()))
+                if first:
+                    self.epoch_start_s += time.perf_counter() - started
+                    if self.loader.num_workers:
+                        self.worker_pids.append(sorted(child_pids()))
                 first = False
                 yield batch
                 if self._restart:

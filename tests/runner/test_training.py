@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 
-from autotune.config import make_config
+from autotune.config import TrainConfig, make_config
 from autotune.runner.loss import default_loss
+from autotune.runner.session import prepare
 from autotune.runner.training import TrainStep, prepare_model, split_batch
 from workloads.mlp import autotune_dataset, mlp_tiny
 
@@ -74,3 +78,37 @@ def test_kept_gradients_train_exactly_as_gradients_set_to_none() -> None:
     assert all(torch.equal(a, b) for a, b in zip(plain_params, kept_params, strict=True))
     assert all(g is None for g in plain_grads)
     assert all(g is not None and not g.any() for g in kept_grads)  # zeroed, still there
+
+
+class _SlowToStart(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Each process's first sample takes 0.3 s, as a DataLoader worker's start-up can."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            time.sleep(0.3)
+        return torch.randn(8), torch.randn(4)
+
+
+def test_the_wait_for_an_epochs_first_batch_is_counted_apart_from_the_step() -> None:
+    # What the pruning rule does not hold against one step (autotune.runner.window): paid once
+    # an epoch, where a worker that is not persistent starts again.
+    config = TrainConfig(global_batch_size=8, device="cpu", num_workers=1)
+    training = prepare(config, torch.nn.Linear(8, 4), _SlowToStart())
+    batches = training.batches()
+    first = training.step(batches)
+    waited = training.epoch_start_s
+    assert 0.3 <= waited <= first.wall_s
+    for _ in range(3):  # 8 batches an epoch
+        training.step(batches)
+    assert training.epoch_start_s == waited
+    training.start_next_epoch()
+    training.step(batches)
+    assert training.epoch_start_s >= waited + 0.3
+    training.close()

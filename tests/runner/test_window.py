@@ -76,6 +76,25 @@ def test_a_hopeless_step_is_pruned_at_once_even_in_warm_up() -> None:
     assert "over 10x" in window.reason
 
 
+def test_one_long_step_after_steps_within_the_limit_is_a_stall_not_the_trial() -> None:
+    # Seen in a search on 2 CPU cores: a 0.49 s pause among steps of 26 ms pruned a trial
+    # faster than the line (0.374 s was the one-step limit). The interval decides such a trial.
+    window = Window(TrialOptions(prune_below_samples_per_s=100.0, target_interval=0), 32)
+    assert window.warmup_step(0.1) == "measure"
+    assert _run(window, [0.1] * 10 + [0.32 * 11] + [0.1] * 20) == ("done", 5)
+    stalled = Window(TrialOptions(prune_below_samples_per_s=100.0), 32)  # at most 10 s
+    assert _run(stalled, [0.1] * 10 + [0.32 * 11] + [0.1] * 200)[0] == "done"
+    assert stalled.reason == ""
+
+
+def test_a_steps_wait_for_an_epochs_first_batch_is_not_held_against_it() -> None:
+    options = TrialOptions(prune_below_samples_per_s=100.0)  # one-step limit 3.2 s
+    assert Window(options, 32).warmup_step(4.0, epoch_start_s=3.5) == "measure"
+    hopeless = Window(options, 32)
+    assert hopeless.warmup_step(4.0, epoch_start_s=0.5) == "prune"
+    assert hopeless.reason.startswith("one step took 3.5 s besides 0.5 s for an epoch's first")
+
+
 def test_a_step_still_running_past_the_limit_is_known_hopeless_before_it_ends() -> None:
     options = TrialOptions(prune_below_samples_per_s=100.0)  # 0.32 s a step at the line
     assert step_limit_s(options, 32) == pytest.approx(3.2)

@@ -117,3 +117,5 @@ def test_a_trial_that_ran_shows_its_prediction_beside_its_measurement() -> None:
     assert memory_cell(record) == "300.0 MiB (~270.0 MiB predicted, +10%)"
     skipped = record.model_copy(update={"status": "skipped", "memory_used_bytes": None})
     assert memory_cell(skipped) == "~270.0 MiB predicted"  # never shown as measured
+    pruned = record.model_copy(update={"status": "pruned"})  # its peak may be partial: no error
+    assert memory_cell(pruned) == "300.0 MiB (~270.0 MiB predicted)"
