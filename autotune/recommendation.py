@@ -192,14 +192,43 @@ class Recommendation(BaseModel):
         is over a configuration that does not fit."""
         return self.baseline is not None and self.baseline.status == "ok" and not self.baseline.fits
 
+    def _compiled(self) -> list[TrialRecord]:
+        return [t for t in self.trials if t.config == self.config and t.compile_s is not None]
+
     @property
     def compile_s(self) -> float | None:
-        """torch.compile's one-time cost of the recommended config (median over its trials);
-        None when it does not compile."""
-        values = [
-            t.compile_s for t in self.trials if t.config == self.config and t.compile_s is not None
-        ]
+        """torch.compile's one-time cost of the recommended config: the median over its trials
+        in fresh processes, else over all of them (``compiled_before``); None when it does not
+        compile."""
+        trials = self._compiled()
+        fresh = [t for t in trials if not t.compiled_before]
+        values = [t.compile_s for t in fresh or trials if t.compile_s is not None]
         return statistics.median(values) if values else None
+
+    @property
+    def compiled_before(self) -> bool:
+        """Every trial of the recommended config ran in processes that had compiled before (a
+        reused rank keeps Inductor's imports and loaded kernels): ``compile_s`` is less than a
+        run of its own pays. Seen on 2 CPU cores: a Transformer encoder compiled in 26.5 s in a
+        fresh rank, 0.4 s in one that had compiled it before, 2.2 s in a fresh process with
+        Inductor's disk cache warm."""
+        trials = self._compiled()
+        return bool(trials) and all(t.compiled_before for t in trials)
+
+    @property
+    def fresh_compile(self) -> TrialRecord | None:
+        """The search's first trial that compiled in fresh processes (None: none did)."""
+        return next((t for t in self.trials if t.compile_s and not t.compiled_before), None)
+
+    @property
+    def run_compile_s(self) -> float | None:
+        """What compiling costs one run of the recommended config: ``compile_s``, or the
+        search's first fresh compile where that is more and the config's trials all ran in
+        processes that had compiled before."""
+        fresh = self.fresh_compile
+        if not self.compiled_before or self.compile_s is None or fresh is None:
+            return self.compile_s
+        return max(self.compile_s, fresh.compile_s or 0.0)
 
     @property
     def headroom_bytes(self) -> int:
@@ -212,7 +241,7 @@ class Recommendation(BaseModel):
         self, train_samples: int, price_per_device_hour: float | None = None
     ) -> dict[str, dict[str, float]]:
         """Hours (and cost) to train on ``train_samples`` samples, recommended vs baseline."""
-        rows = {"recommended": (self.samples_per_s, self.config.world_size, self.compile_s)}
+        rows = {"recommended": (self.samples_per_s, self.config.world_size, self.run_compile_s)}
         if self.baseline_samples_per_s and self.baseline and self.baseline.config:
             base = (self.baseline_samples_per_s, self.baseline.config.world_size)
             rows["baseline"] = (*base, self.baseline.compile_s)

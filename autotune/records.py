@@ -95,6 +95,9 @@ class TrialRecord(BaseModel):
     warmup_s: float = 0.0
     measured_s: float = 0.0
     compile_s: float | None = Field(None, description="torch.compile's one-time cost (in warm-up).")
+    compiled_before: bool = Field(
+        False, description="Its processes had compiled before it: compile_s is under a fresh run's."
+    )
 
     @property
     def is_measurement(self) -> bool:

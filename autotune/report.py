@@ -58,9 +58,10 @@ def format_trial(result: TrialResult) -> str:
         if result.collate:
             lines.append(f"  collate       {result.collate}")
         if result.compile_s is not None:
+            warm = ", in processes that had compiled before: a run of its own compiles longer"
             lines.append(
                 f"  compile       {result.compile_s:.1f} s once per run (the warm-up steps that "
-                "compile; never in the measured steps)"
+                f"compile; never in the measured steps{warm if result.compiled_before else ''})"
             )
     lines.append(
         f"  time          {result.total_s:.1f} s: overhead {result.overhead_s:.1f} s (launch "
@@ -184,12 +185,28 @@ def _split_clause(rounds: int | None) -> str:
 
 
 def compile_line(r: Recommendation) -> str:
-    """What torch.compile costs the recommended config: once per run, outside samples/s."""
-    cost = f"{r.compile_s:.1f} s" if r.compile_s is not None else "not measured"
+    """What torch.compile costs the recommended config: once per run, outside samples/s; what
+    its trials measured in processes that had compiled before is said to be less than a run of
+    its own pays."""
+    head = f"torch.compile mode={r.config.compile}: "
+    steps = "the warm-up steps that compile, the first and any that compiles again"
+    if r.compile_s is None:
+        return f"{head}compiling takes not measured once per run ({steps}; not in samples/s)"
+    if not r.compiled_before:
+        return (
+            f"{head}compiling takes {r.compile_s:.1f} s once per run ({steps}, measured in its "
+            "trials; not in samples/s)"
+        )
+    warm = (
+        f"{head}compiling took {r.compile_s:.1f} s in its trials, whose processes had compiled "
+        f"before ({steps}; not in samples/s): a run of its own compiles longer"
+    )
+    fresh = r.fresh_compile
+    if fresh is None or fresh.config is None or fresh.compile_s is None:
+        return warm
     return (
-        f"torch.compile mode={r.config.compile}: compiling takes {cost} once per run (the warm-up "
-        "steps that compile, the first and any that compiles again, measured in its trials; not "
-        "in samples/s)"
+        f"{warm}; the search's first compile in fresh processes took {fresh.compile_s:.1f} s "
+        f"(#{fresh.number}, {fresh.config.summary()})"
     )
 
 

@@ -110,6 +110,10 @@ class RankReport(BaseModel):
     compile_s: float | None = Field(
         None, description="torch.compile: the first step's time beyond a measured step's."
     )
+    compiled_before: bool = Field(
+        False,
+        description="The process had compiled before this trial: a fresh run compiles longer.",
+    )
     torch_threads: int = 0
     optimizer: str = Field("", description="Class of the optimizer the rank trained with.")
     collate: str = Field("", description="Where the rank's collate function came from.")
@@ -155,6 +159,11 @@ class TrialResult(BaseModel):
         None,
         description="torch.compile's one-time cost (slowest rank): paid once per run, part of "
         "the warm-up, never in the measured steps.",
+    )
+    compiled_before: bool = Field(
+        False,
+        description="A rank's process had compiled before this trial (a reused rank): what "
+        "compile_s measured is less than a fresh run pays.",
     )
     step_time_median_s: float | None = None
     step_time_p10_s: float | None = None
@@ -226,6 +235,7 @@ def summarise_steps(config: TrainConfig, reports: list[RankReport]) -> dict[str,
         "epoch_boundary_s": boundary_s,
         "steps_per_epoch": per_epoch,
         "compile_s": max((r.compile_s for r in reports if r.compile_s is not None), default=None),
+        "compiled_before": any(r.compiled_before for r in reports if r.compile_s is not None),
         "measured_steps": n,
         "step_time_median_s": median,
         "step_time_p10_s": p10,

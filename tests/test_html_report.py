@@ -171,6 +171,32 @@ def test_the_recommendation_states_compile_time_apart_from_throughput() -> None:
     assert "torch.compile" not in format_recommendation(base)
 
 
+def test_a_compile_measured_in_processes_that_compiled_before_is_not_passed_off_as_a_runs() -> None:
+    # Reused ranks keep Inductor's imports and kernels: a Transformer encoder's recommended
+    # config measured 0.4 s where its search's first compile, in a fresh rank, took 26.5 s.
+    from autotune.report import format_recommendation
+
+    base = _recommendation()
+    config = base.config.model_copy(update={"compile": "default"})
+    other = base.trials[1].config.model_copy(update={"compile": "default", "amp": "bf16"})
+    first = base.trials[1].model_copy(update={"config": other, "compile_s": 26.5})
+    warm = base.trials[2].model_copy(
+        update={"config": config, "compile_s": 0.4, "compiled_before": True}
+    )
+    compiled = base.model_copy(update={"config": config, "trials": [base.trials[0], first, warm]})
+    assert compiled.compiled_before and compiled.compile_s == 0.4
+    assert compiled.fresh_compile == first and compiled.run_compile_s == 26.5
+    text = format_recommendation(compiled)
+    assert "compiling took 0.4 s in its trials, whose processes had compiled before" in text
+    assert f"first compile in fresh processes took 26.5 s (#{first.number}, " in text
+    assert "once per run" not in text.split("torch.compile", 1)[1].split("\n")[0]
+    hours = compiled.training_cost(5_400_000)["recommended"]["hours"]
+    assert hours == pytest.approx((5_400_000 / 150.0 + 26.5) / 3600)
+    fresh_too = warm.model_copy(update={"compiled_before": False, "compile_s": 9.0})
+    own = compiled.model_copy(update={"trials": [base.trials[0], first, warm, fresh_too]})
+    assert not own.compiled_before and own.compile_s == 9.0  # its fresh trials only
+
+
 def test_a_baseline_that_wins_is_said_to_win() -> None:
     from autotune.report import format_recommendation
 

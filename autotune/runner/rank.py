@@ -266,6 +266,7 @@ def _measure(
     if compile_steps_s and window.steps:
         steady = window.interval().mean
         report["compile_s"] = sum(max(0.0, s - steady) for s in compile_steps_s)
+        report["compiled_before"] = graphs_before > 0  # reset, but its imports and kernels stay
     peak = tracker.stop()
     progress("reporting")
     report.update(

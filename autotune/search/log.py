@@ -79,6 +79,7 @@ def to_record(
         warmup_s=result.warmup_s,
         measured_s=result.measured_s,
         compile_s=result.compile_s,
+        compiled_before=result.compiled_before,
         predicted_memory_bytes=prediction[0] if prediction else None,
         predicted_memory_source=prediction[1] if prediction else "",
     )

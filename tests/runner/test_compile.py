@@ -10,8 +10,9 @@ import torch
 from autotune.config import make_config
 from autotune.errors import ConfigError
 from autotune.runner.launch import run_trial
-from autotune.runner.request import TrialOptions
-from autotune.runner.workload import WorkloadSpec
+from autotune.runner.rank import run_rank
+from autotune.runner.request import TrialOptions, TrialRequest
+from autotune.runner.workload import WorkloadCache, WorkloadSpec
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -53,6 +54,7 @@ def test_compiling_costs_the_first_step_which_is_reported_and_never_measured() -
     assert compiled.compile_s is not None
     assert compiled.compile_s > 20 * statistics.median(steps)  # not in the measured steps
     assert compiled.warmup_s > compiled.compile_s  # it is part of the warm-up
+    assert not compiled.compiled_before  # fresh processes: what a run of its own pays
 
 
 @pytest.mark.slow
@@ -115,3 +117,18 @@ def test_a_warm_up_step_that_compiles_again_is_compile_time_not_a_hopeless_step(
     assert diagnostics is not None and diagnostics.compiled_graphs >= 2  # it did compile again
     assert result.compile_s is not None and result.compile_s > 0.1
     assert len(result.ranks[0].step_times_s) == 4 and max(result.ranks[0].step_times_s) < 0.04
+
+
+@pytest.mark.slow
+def test_a_rank_that_compiled_before_says_so_beside_its_compile_time() -> None:
+    # A reused rank (a Ray actor) resets dynamo between trials but keeps Inductor's imports and
+    # kernels: its later compiles are cheaper than a run of its own (the recommendation says so).
+    workloads = WorkloadCache()
+    config = make_config({"global_batch_size": 16, "device": "cpu", "compile": "default"})
+    spec = WorkloadSpec(model="tests.fixtures.models:Small")
+    reports = [
+        run_rank(TrialRequest(config=config, workload=spec, options=OPTIONS), 0, None, workloads)
+        for _ in range(2)
+    ]
+    assert all(r.status == "ok" and r.compile_s is not None for r in reports)
+    assert reports[1].compiled_before
