@@ -22,6 +22,20 @@ class WorkloadError(AutotuneError):
 Model = TypeVar("Model", bound=BaseModel)
 
 
+NOT_TENSORS = "the model was given"
+"""How the note begins that an error raised by the model's forward carries when its inputs held
+what is not a tensor (strings, which torch's default_collate leaves as tuples): the rank's
+reason ends with it in brackets, and a search that stops on the error repeats it, since a
+collate function is then the likely fix. A model may take such inputs (one that tokenizes its
+own text): the note is added only when the forward failed."""
+
+
+def batch_hint(message: str) -> str:
+    """The ``NOT_TENSORS`` note at the end of a trial's reason ('' where there is none)."""
+    _, found, rest = message.rpartition(f" ({NOT_TENSORS} ")
+    return f"{NOT_TENSORS} {rest.removesuffix(')')}" if found else ""
+
+
 def error_line(error: BaseException, limit: int = 300) -> str:
     """``error`` in one line, its type first (``RuntimeError: stack expects ...``): the first
     line of its message, at most ``limit`` characters in all."""

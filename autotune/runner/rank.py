@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError, WorkloadError, error_line
+from autotune.errors import NOT_TENSORS, ConfigError, WorkloadError, error_line
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
@@ -147,8 +147,10 @@ def run_rank(
         return RankReport(status="ok", **report)
     except BaseException as error:  # a rank must report, whatever went wrong
         status, message = classify_exception(error)
-        where = [n for n in getattr(error, "__notes__", ()) if n.startswith(OPTIMIZER_STEP)]
-        message = ": ".join([progress.phase, *where[:1], message])
+        notes = getattr(error, "__notes__", ())
+        where = [n for n in notes if n.startswith(OPTIMIZER_STEP)]
+        hints = [f" ({n})" for n in notes if n.startswith(NOT_TENSORS)]
+        message = ": ".join([progress.phase, *where[:1], message]) + "".join(hints[:1])
         return RankReport(status=status, message=message, **report)
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
+from autotune.errors import NOT_TENSORS
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
 from autotune.runner.loss import first_tensor
 
@@ -31,6 +32,50 @@ OPTIMIZER_STEP = "in the optimizer's step"
 """The note an error raised by the optimizer's step carries (then the optimizer's class): the
 rank's one-line reason says it, since such an error is the optimizer's, not the model's (a
 user's Adafactor under FSDP2 mixed plain tensors with DTensor parameters)."""
+
+
+def _not_a_tensor(value: Any) -> str | None:
+    """What ``value`` is, where it holds something other than tensors (None: tensors only)."""
+    if isinstance(value, torch.Tensor):
+        return None
+    if isinstance(value, dict):
+        inner = (_not_a_tensor(v) for v in value.values())
+        return next((f"{kind} in a dict" for kind in inner if kind), None)
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(v).__name__ for v in value if _not_a_tensor(v)})
+        return f"a {type(value).__name__} of {len(value)} {', '.join(kinds)}" if kinds else None
+    return f"a {type(value).__name__}"
+
+
+def input_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why a forward may have failed on its batch: an input that is not a tensor, with the
+    fix (a collate function that makes tensors of the samples); None when all are tensors."""
+    inputs = [(f"input {i}", v) for i, v in enumerate(args)]
+    inputs += [(repr(k), v) for k, v in kwargs.items()]
+    for name, value in inputs:
+        kind = _not_a_tensor(value)
+        if kind:
+            return (
+                f"{NOT_TENSORS} {kind} as {name}, not a tensor: a collate function (--collate "
+                "module:attr, or autotune_collate in the model's module) makes tensors of the "
+                "samples"
+            )
+    return None
+
+
+def check_loss(loss: Any) -> None:
+    """Refuse a loss that backward cannot start from, naming what it is."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return
+    what = (
+        f"a tensor of shape {tuple(loss.shape)}"
+        if isinstance(loss, torch.Tensor)
+        else f"a {type(loss).__name__}"
+    )
+    raise ValueError(
+        f"the loss returned {what}, not a scalar tensor: reduce it in the loss function "
+        "(.mean() or .sum())"
+    )
 
 
 @dataclass
@@ -294,8 +339,16 @@ class TrainStep:
                 torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
             with self._sync_context(micro == accum - 1):
                 with self._autocast():
-                    output = self.model(*args, **kwargs)
-                    loss = self.loss_fn(output, target) / accum
+                    try:
+                        output = self.model(*args, **kwargs)
+                    except Exception as error:
+                        hint = input_hint(args, kwargs)
+                        if hint:
+                            error.add_note(hint)
+                        raise
+                    loss = self.loss_fn(output, target)
+                    check_loss(loss)
+                    loss = loss / accum
                 if self.output_dtype is None:
                     self.output_dtype = _output_dtype(output)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autotune.config import TrainConfig
-from autotune.errors import AutotuneError, ConfigError, describe_validation_error
+from autotune.errors import AutotuneError, ConfigError, batch_hint, describe_validation_error
 from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
@@ -234,10 +234,12 @@ class Tuner:
             return
         cause = traced.split(MODEL_AT_FAULT)[0].strip()
         if cause and cause in baseline.message:
+            hint = batch_hint(baseline.message)
             raise SearchError(
                 f"the training step fails whatever the configuration: {cause} (the baseline, "
                 f"trial {baseline.number}, and the memory trace before it, on one device in "
-                "fp32); fix the model, data, loss or optimizer (--optimizer) and search again"
+                f"fp32){'; ' + hint if hint else ''}; fix the model, data, loss or optimizer "
+                "(--optimizer) and search again"
             )
 
     def _stop_if_every_trial_fails_alike(self) -> None:

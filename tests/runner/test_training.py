@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import torch
 
 from autotune.config import TrainConfig, make_config
 from autotune.runner.loss import default_loss
 from autotune.runner.session import prepare
-from autotune.runner.training import TrainStep, prepare_model, split_batch
+from autotune.runner.training import TrainStep, check_loss, input_hint, prepare_model, split_batch
 from workloads.mlp import autotune_dataset, mlp_tiny
 
 
@@ -112,3 +113,53 @@ def test_the_wait_for_an_epochs_first_batch_is_counted_apart_from_the_step() -> 
     training.step(batches)
     assert training.epoch_start_s >= waited + 0.3
     training.close()
+
+
+def test_a_forward_failing_on_strings_says_a_collate_function_makes_tensors() -> None:
+    from tests.fixtures.texts import Net, Texts
+
+    config = TrainConfig(global_batch_size=8, device="cpu")
+    training = prepare(config, Net(), Texts())
+    with pytest.raises(AttributeError) as raised:
+        training.step(training.batches())
+    assert raised.value.__notes__ == [
+        "the model was given a tuple of 8 str as input 0, not a tensor: a collate function "
+        "(--collate module:attr, or autotune_collate in the model's module) makes tensors of "
+        "the samples"
+    ]
+    training.close()
+    # tensors, however nested, give no hint; what is not one is named where it sits
+    assert input_hint((torch.zeros(2), [torch.zeros(1)]), {"mask": torch.ones(2)}) is None
+    assert input_hint((), {"ids": torch.zeros(2), "meta": {"lang": "en"}}) == (
+        input_hint((), {"meta": {"lang": "en"}})
+    )
+    assert "a str in a dict as 'meta'" in str(input_hint((), {"meta": {"lang": "en"}}))
+
+
+def test_a_loss_that_is_not_a_scalar_is_refused_naming_its_shape() -> None:
+    check_loss(torch.tensor(1.0))
+    check_loss(torch.ones(1))  # one element: backward starts from it
+    with pytest.raises(ValueError, match=r"returned a tensor of shape \(8, 4\), not a scalar"):
+        check_loss(torch.ones(8, 4))
+    with pytest.raises(ValueError, match="returned a float, not a scalar tensor"):
+        check_loss(0.5)
+
+
+def test_a_ranks_reason_ends_with_the_hint_the_forward_left() -> None:
+    from autotune.runner.rank import run_rank
+    from autotune.runner.request import TrialOptions, TrialRequest
+    from autotune.runner.workload import WorkloadSpec
+
+    request = TrialRequest(
+        config=TrainConfig(global_batch_size=8, device="cpu"),
+        workload=WorkloadSpec(model="tests.fixtures.texts:Net"),
+        options=TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0),
+    )
+    report = run_rank(request, 0)
+    assert report.status == "error"
+    assert report.message.startswith("warm-up step 1: AttributeError: ")
+    assert report.message.endswith(
+        " (the model was given a tuple of 8 str as input 0, not a "
+        "tensor: a collate function (--collate module:attr, or autotune_collate in the model's "
+        "module) makes tensors of the samples)"
+    )

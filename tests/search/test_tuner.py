@@ -223,6 +223,25 @@ def test_a_baseline_failing_as_the_traced_step_did_ends_the_search_after_one_tri
     assert "\n" not in str(raised.value) and "--optimizer" in str(raised.value)
 
 
+def test_a_search_stopped_by_a_batch_of_strings_says_a_collate_function_is_the_fix() -> None:
+    from autotune.runner.fake_memory import MODEL_AT_FAULT, TraceError, trace_step
+    from autotune.runner.training import input_hint
+
+    spec = WorkloadSpec(model="tests.fixtures.texts:Net")
+    with pytest.raises(TraceError) as traced:
+        trace_step(spec, 8)
+    cause = str(traced.value).removesuffix(MODEL_AT_FAULT)
+    rank_says = f"rank 0: warm-up step 1: {cause} ({input_hint((('a', 'b'),), {})})"
+    executor = FakeExecutor(lambda config, before: failed(config, "error", rank_says))
+    space = {"parallel": ["ddp", "single"], "world_size": [1, 2]}
+    tuner = make_tuner(executor, space, workload=spec, predict_memory=True, global_batch_size=16)
+    with pytest.raises(SearchError, match="fails whatever the configuration") as raised:
+        tuner.run([], "s.db", "s")
+    assert "; the model was given a tuple of 2 str as input 0, not a tensor: a collate " in str(
+        raised.value
+    )
+
+
 def test_measurements_noisier_than_the_tolerance_are_not_called_verified() -> None:
     def outcome(config: TrainConfig, before: int) -> TrialResult:
         noisy = speed(config) * (0.7 if before == 1 else 1.0)  # the first race round: 30% off
