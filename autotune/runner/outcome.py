@@ -112,6 +112,14 @@ def assemble_result(
         message = f"{message} ({UNEVEN_SAMPLES_HINT})"
     if failure.status == "timed_out":
         message = f"no result within timeout_s={options.timeout_s:g}; {message}"
+    reached = {  # how far the ranks got: what the overhead and warm-up were, as measured
+        name: max((getattr(r, name) for r in reports), default=0.0)
+        for name in ("startup_s", "build_s", "warmup_s")
+    }
     return TrialResult(
-        status=failure.status, message=message, measured_steps=options.measured_steps, **common
+        status=failure.status,
+        message=message,
+        measured_steps=options.measured_steps,
+        **common,
+        **reached,
     )

@@ -194,3 +194,13 @@ def test_an_aborting_rank_is_a_crash_with_its_signal() -> None:
     result = _trial("tests.fixtures.models:Aborting", parallel="ddp", world_size=2)
     assert result.status == "crashed"
     assert "rank 1" in result.message and "SIGABRT" in result.message
+
+
+def test_a_failed_trial_says_how_far_its_ranks_got_and_what_the_model_was_given() -> None:
+    result = _trial("tests.fixtures.texts:Net")
+    assert result.status == "error"
+    assert result.message.startswith("rank 0: warm-up step 1: AttributeError")
+    assert "(the model was given a tuple of 16 str as input 0, not a tensor" in result.message
+    # the time before the failing step was measured: not shown as 0 beside the overhead
+    assert result.startup_s > 0 and result.build_s > 0
+    assert result.overhead_s >= result.startup_s + result.build_s
