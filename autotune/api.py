@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,42 +45,97 @@ def as_options(options: TrialOptions | None, overrides: dict[str, Any]) -> Trial
     return validated(TrialOptions, {**base, **overrides}, "trial options")
 
 
+Reference = str | Callable[..., Any]
+"""A workload part as a reference ("pkg.module:Name" or "file.py:Name"), or the class or function
+itself where it lives in an importable module."""
+
+
+def _reference(value: Reference | None, what: str, paths: list[str]) -> str | None:
+    """``value`` as the reference every rank imports it by, adding to ``paths`` the directory
+    its module is imported from. A class or function of the script being run (``__main__``),
+    or one defined inside a function, has none: refused in one line."""
+    if value is None or isinstance(value, str):
+        return value
+    module_name = getattr(value, "__module__", None)
+    name = getattr(value, "__qualname__", None)
+    module = sys.modules.get(module_name or "")
+    kind = type(value).__name__
+    shown = f"{module_name}.{name}" if name else f"a{'n' * (kind[0] in 'aeiou')} {kind} object"
+    where = f"{what}={shown}"
+    if not callable(value) or module is None or not name:
+        raise ConfigError(
+            f"{where}: give the class or factory every rank builds it with, as an object of "
+            "an importable module or as 'pkg.module:Name' / 'path/to/file.py:Name'"
+        )
+    if module_name == "__main__" or "<locals>" in name:
+        inside = "the script being run" if module_name == "__main__" else "a function"
+        raise ConfigError(
+            f"{where}: defined in {inside}, which the ranks cannot import; move it to a module "
+            "and pass it from there"
+        )
+    found: Any = module
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    if found is not value:
+        raise ConfigError(f"{where}: not found as {module_name}:{name}; give 'pkg.module:Name'")
+    source = getattr(module, "__file__", None)
+    if source:  # the directory the top-level package is imported from, for the ranks
+        file = Path(source).resolve()
+        depth = module.__name__.count(".") + (file.name == "__init__.py")
+        paths.append(str(file.parents[depth]))
+    return f"{module_name}:{name}"
+
+
 def _workload(
-    model: str,
-    data: str | None,
-    loss: str | None,
+    model: Reference,
+    data: Reference | None,
+    loss: Reference | None,
     input_shape: tuple[int, ...] | None,
     input_dtype: str,
-    optimizer: str | None = None,
-    collate: str | None = None,
+    optimizer: Reference | None = None,
+    collate: Reference | None = None,
 ) -> WorkloadSpec:
-    """The workload references, importable from ranks as from the caller's directory."""
-    return WorkloadSpec(
-        model=model,
-        data=data,
-        loss=loss,
-        optimizer=optimizer,
-        collate=collate,
-        input_shape=input_shape,
-        input_dtype=input_dtype,
-        search_path=(os.getcwd(),),
+    """The workload references, importable from ranks as from the caller's directory (and
+    from where the modules of parts given as objects were imported)."""
+    paths = [os.getcwd()]
+    parts = {
+        what: _reference(value, what, paths)
+        for what, value in (
+            ("model", model),
+            ("data", data),
+            ("loss", loss),
+            ("optimizer", optimizer),
+            ("collate", collate),
+        )
+    }
+    return validated(
+        WorkloadSpec,
+        {
+            **parts,
+            "input_shape": input_shape,
+            "input_dtype": input_dtype,
+            "search_path": tuple(dict.fromkeys(paths)),
+        },
+        "the workload",
     )
 
 
 def run_trial(
-    model: str,
+    model: Reference,
     config: TrainConfig | dict[str, Any] | str | Path,
     *,
-    data: str | None = None,
-    loss: str | None = None,
-    optimizer: str | None = None,
-    collate: str | None = None,
+    data: Reference | None = None,
+    loss: Reference | None = None,
+    optimizer: Reference | None = None,
+    collate: Reference | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
     options: TrialOptions | None = None,
     **option_overrides: Any,
 ) -> TrialResult:
-    """Measure one configuration of ``model`` ("pkg.mod:Model" or "file.py:Model").
+    """Measure one configuration of ``model`` ("pkg.mod:Model" or "file.py:Model", or the
+    class or factory itself where it lives in an importable module; the same for the other
+    parts).
 
     Bad input raises ``AutotuneError`` (a one-line message); a trial that fails (OOM, crash,
     hang, an exception in the model) is returned as a ``TrialResult`` with its status.
@@ -94,9 +151,9 @@ def run_trial(
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     check_workload(workload)
     if isinstance(config, dict) and "global_batch_size" not in config:
-        config = {**config, "global_batch_size": declared_global_batch_size(model)}
+        config = {**config, "global_batch_size": declared_global_batch_size(workload.model)}
     chosen = as_config(config)
-    check_shardable(chosen, model)
+    check_shardable(chosen, workload.model)
     return launch(chosen, workload, as_options(options, option_overrides))
 
 
@@ -113,20 +170,21 @@ def declared_global_batch_size(model: str) -> int:
 
 
 def tune(
-    model: str,
+    model: Reference,
     *,
     global_batch_size: int | None = None,
-    data: str | None = None,
-    loss: str | None = None,
-    optimizer: str | None = None,
-    collate: str | None = None,
+    data: Reference | None = None,
+    loss: Reference | None = None,
+    optimizer: Reference | None = None,
+    collate: Reference | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
     progress: bool = False,
     reporter: Reporter | None = None,
     **settings: Any,
 ) -> Recommendation:
-    """Search for the fastest configuration of ``model`` that fits the memory budget.
+    """Search for the fastest configuration of ``model`` (a reference or an importable class
+    or factory, as for ``run_trial``) that fits the memory budget.
 
     ``settings`` are ``SearchSettings`` fields by their flat names: ``memory_budget``
     ("20GiB" or 0.9), ``trials``, ``time_budget_s``, ``space``, ``devices``, ``storage``,
@@ -144,7 +202,7 @@ def tune(
 
 
 def plan(
-    model: str,
+    model: Reference,
     *,
     devices: int,
     device_memory: str | int,
@@ -154,10 +212,10 @@ def plan(
     global_batch_size: int | None = None,
     safety_margin: float = 0.1,
     calibrate: bool = False,
-    data: str | None = None,
-    loss: str | None = None,
-    optimizer: str | None = None,
-    collate: str | None = None,
+    data: Reference | None = None,
+    loss: Reference | None = None,
+    optimizer: Reference | None = None,
+    collate: Reference | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
 ) -> Plan:
