@@ -116,7 +116,7 @@ def _workload(
             "input_dtype": input_dtype,
             "search_path": tuple(dict.fromkeys(paths)),
         },
-        "the workload",
+        "workload",
     )
 
 
