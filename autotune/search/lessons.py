@@ -37,11 +37,18 @@ def _error(record: TrialRecord) -> str:
     return _WHERE.sub("", record.message.splitlines()[0]) if record.message else ""
 
 
+def _numbers_aside(error: str) -> str:
+    """``error`` with its numbers blanked: sizes, shapes and versions that move with the
+    configuration (an in-place edit of a buffer backward needs was "at version 3" under DDP,
+    "at version 2" on one device and under FSDP: one error)."""
+    return re.sub(r"\d+", "#", error)
+
+
 def failing_alike(records: list[TrialRecord], parallel_modes: int) -> tuple[str, int] | None:
     """(the error the baseline failed with, how many trials failed with it), when no trial
     has run (fit or not) and at least ``ALIKE_FAILURES`` trials, the baseline's included,
-    failed with it (which rank, which step aside) across every parallel mode of the space
-    (``parallel_modes`` of them) or at least two: not a value's failure, which
+    failed with it (which rank, which step and its numbers aside) across every parallel mode
+    of the space (``parallel_modes`` of them) or at least two: not a value's failure, which
     ``failing_values`` learns from a neighbour that ran, but the step's own (a path the ranks
     cannot read, say), which would fail every trial left. Other failures beside it (the same
     error as a DataLoader worker words it) do not count either way. None otherwise."""
@@ -50,7 +57,7 @@ def failing_alike(records: list[TrialRecord], parallel_modes: int) -> tuple[str,
     if baseline is None or any(r.status not in ("error", "crashed") for r in measured):
         return None
     error = _error(baseline)
-    alike = [r for r in measured if _error(r) == error]
+    alike = [r for r in measured if _numbers_aside(_error(r)) == _numbers_aside(error)]
     modes = {r.config.parallel for r in alike if r.config is not None}
     if not error or len(alike) < ALIKE_FAILURES or len(modes) < min(2, parallel_modes):
         return None

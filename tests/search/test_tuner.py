@@ -711,3 +711,22 @@ def test_one_error_is_one_error_whichever_step_phase_raised_it() -> None:
         )
     ]  # fmt: skip
     assert failing_alike(records, 3) == ("OSError: no data", 3)
+
+
+def test_one_error_is_one_error_whatever_numbers_the_configuration_put_in_it() -> None:
+    # An in-place edit of a buffer that backward needs (a contrastive model's queue): "at
+    # version 3" under DDP, "at version 2" on one device and under FSDP.
+    from autotune.search.lessons import failing_alike
+
+    error = "RuntimeError: one of the variables ... [torch.FloatTensor [128, 8192]] is at version"
+    records = [
+        TrialRecord(
+            number=i, role="baseline" if i == 0 else "search", status="error",
+            config=TrainConfig(global_batch_size=16, parallel=mode, world_size=size),
+            message=f"rank 0: warm-up step 1: {error} {version}; expected version 0",
+        )
+        for i, (mode, size, version) in enumerate([("ddp", 2, 3), ("single", 1, 2), ("fsdp", 2, 2)])
+    ]  # fmt: skip
+    assert failing_alike(records, 3) == (f"{error} 3; expected version 0", 3)
+    other = records[2].model_copy(update={"message": "rank 0: warm-up step 1: OSError: no data"})
+    assert failing_alike([*records[:2], other], 3) is None
