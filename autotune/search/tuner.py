@@ -252,7 +252,8 @@ class Tuner:
             ran = sum(r.counts_toward_budget for r in self.log.records)
             raise SearchError(
                 f"the training step fails whatever the configuration: {alike} of {ran} trials, "
-                f"the baseline's among them and across parallel modes, failed with {error[:200]}"
+                "the baseline's among them and across parallel modes, failed with "
+                f"{_shortened(error)}"
                 ", and none ran; fix it and search again (every trial is stored: see "
                 "`autotune show`)"
             )
@@ -643,3 +644,8 @@ def prefer_simpler(
     ]
     simplest = min(tied, key=lambda c: (simplicity(c, baseline), ranked.index(c)))
     return [simplest, *[c for c in ranked if c != simplest]]
+
+
+def _shortened(error: str, limit: int = 200) -> str:
+    """``error`` cut to ``limit`` characters, marked where it was cut."""
+    return error if len(error) <= limit else f"{error[:limit].rstrip()}..."
