@@ -465,6 +465,7 @@ class Tuner:
         pending: Proposal | None = None
         limit = self.settings.cluster.concurrency or 1
         unproductive = refused = 0
+        said_skipped: set[str] = set()  # a configuration proposed again is skipped in silence
         while True:
             while len(running) < limit:
                 if pending is None:
@@ -476,7 +477,9 @@ class Tuner:
                     if decided is not None:
                         unproductive += 1
                         stored = self.proposer.record(proposal, decided)
-                        if stored.status == "skipped":
+                        key = stored.config.key() if stored.config else ""
+                        if stored.status == "skipped" and key not in said_skipped:
+                            said_skipped.add(key)
                             self.reporter.trial_finished(stored, self.log.best())
                         continue
                     unproductive = 0
@@ -572,8 +575,7 @@ class Tuner:
                 raise SearchError(
                     "no configuration fits the memory budget of "
                     f"{self.budget_bytes / 2**30:.2f} GiB (limit "
-                    f"{self.limit_bytes / 2**30:.2f} GiB after the safety margin); raise "
-                    "--memory-budget or allow checkpointing and accumulation in the search space"
+                    f"{self.limit_bytes / 2**30:.2f} GiB after the safety margin){self._least()}"
                 )
             lost = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c in candidates)
             raise SearchError(
@@ -593,6 +595,32 @@ class Tuner:
             fallback = fallback or (config, result)
         assert fallback is not None  # ranked is not empty
         return fallback
+
+    def _least(self) -> str:
+        """What the least any configuration measured or was predicted to need was, and what
+        would make room: for the no-fit error."""
+        needs = [
+            (r.memory_used_bytes or r.predicted_memory_bytes or 0, r)
+            for r in self.log.records
+            if r.config is not None and (r.memory_used_bytes or r.predicted_memory_bytes)
+        ]
+        choices = self.proposer.space.choices()
+        missing = [
+            f"allow {name} in the search space"
+            for name in ("checkpoint_segments", "grad_accum_steps")
+            if len(choices.get(name, ())) < 2
+        ]
+        if not needs:
+            return "; raise --memory-budget" + "".join(f" or {m}" for m in missing)
+        least, record = min(needs, key=lambda n: (n[0], not n[1].memory_used_bytes))
+        how = "measured" if record.memory_used_bytes else "predicted"
+        assert record.config is not None
+        room = least / (1 - self.settings.memory.safety_margin)
+        return (
+            f": the least was {least / 2**20:,.0f} MiB, {how} ({record.config.summary()}, "
+            f"trial {record.number}); a budget of at least {room / 2**30:.2f} GiB would hold it"
+            + "".join(f", or {m}" for m in missing)
+        )
 
     def _last_failure(self, config: TrainConfig) -> str:
         tried = [r for r in self.log.records if r.config == config and r.role == "race"]

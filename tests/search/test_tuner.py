@@ -163,12 +163,13 @@ def test_a_search_where_every_trial_failed_says_so_not_that_nothing_fits() -> No
     # A model whose optimizer refuses its gradients failed every trial, and the search ended
     # with "no configuration fits the memory budget ...; raise --memory-budget".
     def outcome(config: TrainConfig, before: int) -> TrialResult:  # each its own error
-        return failed(config, "error", f"rank 0: RuntimeError: {config.grad_accum_steps} bad")
+        word = {1: "one", 2: "two", 4: "four"}[config.grad_accum_steps]
+        return failed(config, "error", f"rank 0: RuntimeError: {word} bad")
 
     with pytest.raises(SearchError) as raised:
         make_tuner(FakeExecutor(outcome), SPACE, trials=3).run([], "s.db", "s")
     text = str(raised.value)
-    assert text.startswith("no trial ran: all 3 failed (trial 0: rank 0: RuntimeError: 1 bad)")
+    assert text.startswith("no trial ran: all 3 failed (trial 0: rank 0: RuntimeError: one bad)")
     assert "memory" not in text and "autotune show" in text
 
 
@@ -730,3 +731,50 @@ def test_one_error_is_one_error_whatever_numbers_the_configuration_put_in_it() -
     assert failing_alike(records, 3) == (f"{error} 3; expected version 0", 3)
     other = records[2].model_copy(update={"message": "rank 0: warm-up step 1: OSError: no data"})
     assert failing_alike([*records[:2], other], 3) is None
+
+
+class _Finished(Said):
+    """Keeps the trials a search reports as finished, skipped ones included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finished: list[TrialRecord] = []
+
+    def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        self.finished.append(record)
+
+
+def test_a_search_where_nothing_fits_says_each_skip_once_and_what_would_hold_the_least(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A LoRA stack under a 400 MiB budget: every configuration was predicted not to fit, the
+    # same ones proposed over and over (200 lines), and the error advised allowing checkpointing
+    # and accumulation, which its space already had.
+    import autotune.search.tuner as tuner_module
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        return ok(config, 100.0, memory(config))  # 100 MiB a sample of micro-batch
+
+    def predicted_over(proposal: Proposal) -> TrialRecord:
+        assert proposal.config is not None
+        return TrialRecord(
+            number=proposal.number, role="search", status="skipped", config=proposal.config,
+            feasible=False, message="predicted not to fit", predicted_memory_bytes=300 * MiB,
+        )  # fmt: skip
+
+    monkeypatch.setattr(tuner_module, "MAX_UNPRODUCTIVE_PROPOSALS", 30)
+    tuner = make_tuner(FakeExecutor(outcome), SPACE, limit_mib=90, trials=20)
+    monkeypatch.setattr(tuner, "decide", predicted_over)
+    tuner.reporter = said = _Finished()
+    with pytest.raises(SearchError) as raised:
+        tuner.run([], "s.db", "s")
+    skipped = [r.config.key() for r in said.finished if r.status == "skipped" and r.config]
+    stored = sum(r.status == "skipped" for r in tuner.log.records)
+    assert len(skipped) == len(set(skipped)) < stored == 30  # each said once, all stored
+    text = str(raised.value)
+    assert text.startswith("no configuration fits the memory budget of 0.09 GiB")
+    # the baseline accumulated to micro-batch 1, beyond the space's accumulations
+    assert ": the least was 100 MiB, measured (ddpx2 " in text and "accum=8 mbs=1" in text
+    assert "a budget of at least 0.10 GiB would hold it" in text
+    assert text.endswith(", or allow checkpoint_segments in the search space")  # not accum
+    assert "grad_accum_steps" not in text and "\n" not in text
