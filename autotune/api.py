@@ -24,7 +24,7 @@ from autotune.runner.workload import (
 from autotune.search.driver import resolve_global_batch, run_search
 from autotune.search.log import memory_used
 from autotune.search.plan import Plan, make_plan
-from autotune.search.probe import check_batches, check_shardable
+from autotune.search.probe import check_autocast, check_batches, check_shardable
 from autotune.search.progress import LineReporter, Reporter
 from autotune.search.settings import make_settings
 from autotune.search.space import load_space
@@ -154,6 +154,7 @@ def run_trial(
         config = {**config, "global_batch_size": declared_global_batch_size(workload.model)}
     chosen = as_config(config)
     check_shardable(chosen, workload.model)
+    check_autocast(chosen, workload.model)
     return launch(chosen, workload, as_options(options, option_overrides))
 
 

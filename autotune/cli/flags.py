@@ -105,4 +105,8 @@ def workload_flags(parser: argparse.ArgumentParser) -> None:
         "else torch's default_collate).",
     )
     group.add_argument("--input-shape", type=_shape, help="Synthetic sample shape, e.g. 3x32x32.")
-    group.add_argument("--input-dtype", default="float32", help="Synthetic sample dtype.")
+    group.add_argument(
+        "--input-dtype",
+        default="float32",
+        help="Synthetic sample dtype (float32 follows a model whose parameters are all float64).",
+    )

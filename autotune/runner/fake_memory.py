@@ -146,13 +146,17 @@ def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
         with mode:
             module, model = load_model(spec.model)
     except WorkloadError as error:
-        if not isinstance(error.__cause__, _data_dependent_error()):
-            raise
-        # A constructor that reads its initial values (Hugging Face ViT's trunc_normal_
-        # draws again until no value lies out of range) cannot run on fake tensors; on the
-        # meta device initialisation is skipped, and the shapes are the same.
-        with torch.device("meta"):
-            module, model = load_model(spec.model)
+        # A constructor that cannot run on fake tensors: one that reads its initial values
+        # (Hugging Face ViT's trunc_normal_ draws again until no value lies out of range), or
+        # converts its parameters (``.double()``: ``_apply`` cannot swap a fake parameter for
+        # one of another dtype). On the meta device initialisation is skipped and conversions
+        # work, with the same shapes and dtypes; a constructor that fails there too is the
+        # model's, and its first error is said.
+        try:
+            with torch.device("meta"):
+                module, model = load_model(spec.model)
+        except WorkloadError:
+            raise error from error.__cause__
 
     def fake(tensor: Any) -> Any:
         if tensor.is_meta:  # shapes only: an empty fake tensor of the same shape, on the CPU

@@ -353,8 +353,12 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     if example is not None:
         return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
     if spec.input_shape is not None:
-        dataset = SyntheticDataset.from_shape(spec.input_shape, spec.input_dtype)
-        return dataset, f"synthetic {spec.input_dtype}{list(spec.input_shape)}"
+        dtype, why = spec.input_dtype, ""
+        floating = {p.dtype for p in model.parameters() if p.is_floating_point()}
+        if dtype == "float32" and {str(d) for d in floating} == {"torch.float64"}:
+            dtype, why = "float64", " (the model's parameters are float64)"  # the default follows
+        dataset = SyntheticDataset.from_shape(spec.input_shape, dtype)
+        return dataset, f"synthetic {dtype}{list(spec.input_shape)}{why}"
     raise WorkloadError(
         f"no data for --model {spec.model!r}: pass --data module:attr, expose "
         f"'{DATASET_ATTRIBUTE}' in the model's module, give the model an "

@@ -28,6 +28,7 @@ from autotune.runner.workload import (
 )
 from autotune.search.memory_model import budget_scope
 from autotune.search.probe import (
+    autocast_ignored,
     check_batches,
     every_block,
     feeds_images,
@@ -183,6 +184,7 @@ def run_search(
         optimizer_flags=flags,
         block_class=blocks[1] if blocks else "",
         fsdp_refusal=fsdp_refusal(workload.model),
+        autocast_ignored=autocast_ignored(workload.model),
     )
     executor = _executor(settings, space, platform, devices)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)

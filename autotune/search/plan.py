@@ -29,7 +29,9 @@ from autotune.search.memory_model import (
     prior_for,
 )
 from autotune.search.probe import (
+    autocast_ignored,
     blocks_phrase,
+    check_autocast,
     check_shardable,
     every_block,
     fsdp_refusal,
@@ -207,6 +209,7 @@ def make_plan(
         raise ConfigError("plan needs a search space or a configuration")
     configs, left_out = _checkpointable(workload, configs, config is not None)
     configs, left_out = _shardable(workload, configs, config is not None, left_out)
+    configs, left_out = _autocastable(workload, configs, config is not None, left_out)
     if config is None and space is not None:
         left_out += _unsplittable(plan_space(space, devices, device_type), global_batch_size)
     model = MemoryModel(workload, device_type, prior_for(device_type, workload))
@@ -304,6 +307,21 @@ def _shardable(
     if refusal is None:
         return configs, left_out
     return [c for c in configs if c.parallel != "fsdp"], [*left_out, f"parallel fsdp: {refusal}"]
+
+
+def _autocastable(
+    workload: WorkloadSpec, configs: list[TrainConfig], one: bool, left_out: list[str]
+) -> tuple[list[TrainConfig], list[str]]:
+    """``configs`` without AMP where it would change nothing (``probe.autocast_ignored``, as
+    the search's probe drops it), ``left_out`` with a line saying why; for a configuration
+    given alone, a one-line error instead."""
+    if one:
+        check_autocast(configs[0], workload.model)
+    amps = sorted({c.amp for c in configs if c.amp != "off"})
+    ignored = autocast_ignored(workload.model) if amps else None
+    if ignored is None:
+        return configs, left_out
+    return [c for c in configs if c.amp == "off"], [*left_out, f"amp {', '.join(amps)}: {ignored}"]
 
 
 def _calibrate(

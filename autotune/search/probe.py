@@ -163,6 +163,7 @@ def restrict_space(
     optimizer_flags: tuple[str, tuple[str, ...]] | None = None,
     block_class: str = "",
     fsdp_refusal: str | None = None,
+    autocast_ignored: str | None = None,
 ) -> tuple[SearchSpace, list[Exclusion]]:
     """Drop the choices that cannot work here; return the space and what was dropped (the
     ``all`` of checkpointing made the model's number of blocks first: ``every_block``)."""
@@ -212,6 +213,9 @@ def restrict_space(
                 drop("optimizer_impl", flag, f"the optimizer {name} takes no {flag} flag")
     if fsdp_refusal:
         drop("parallel", "fsdp", fsdp_refusal)
+    if autocast_ignored:
+        for precision in ("fp16", "bf16"):
+            drop("amp", precision, autocast_ignored)
     if image_batches is False:
         drop("channels_last", True, "the model is not fed 4-D image batches (N, C, H, W)")
     cores = platform.cpu_count
@@ -317,6 +321,29 @@ def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None
         return tuple(first_samples(dataset, count))
     except Exception:  # the trials will say what is wrong with it
         return None
+
+
+def autocast_ignored(model_reference: str) -> str | None:
+    """Why AMP would change nothing for the model: every floating parameter float64, which
+    autocast leaves alone (a physics-informed network trained in double precision: amp=bf16
+    ran it in float64 and was reported as bf16). None otherwise, or when the model cannot be
+    built on the meta device."""
+    import torch
+
+    built = _meta_model(model_reference)
+    if built is None:
+        return None
+    floating = [p.dtype for p in built[1].parameters() if p.is_floating_point()]
+    if not floating or any(dtype != torch.float64 for dtype in floating):
+        return None
+    return "the model's parameters are all float64, which autocast leaves alone"
+
+
+def check_autocast(config: TrainConfig, model_reference: str) -> None:
+    """A configuration given alone: one line, before anything runs, where it asks for AMP that
+    would change nothing (``autocast_ignored``)."""
+    if config.amp != "off" and (ignored := autocast_ignored(model_reference)):
+        raise ConfigError(f"amp={config.amp}: {ignored}; use amp=off")
 
 
 def check_shardable(config: TrainConfig, model_reference: str) -> None:

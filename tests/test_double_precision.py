@@ -1,0 +1,67 @@
+"""A model trained in float64: AMP, which autocast does not apply to float64, is neither searched
+nor run as if it were, and synthetic samples follow the model's dtype."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.api import plan, run_trial
+from autotune.errors import ConfigError
+from autotune.runner.workload import WorkloadSpec, build_workload
+from autotune.search.probe import autocast_ignored, restrict_space
+from autotune.search.space import parse_space
+from tests.search.fakes import PLATFORM
+
+PINN = "tests.fixtures.double:PINN"
+
+
+def test_autocast_is_known_to_change_nothing_only_where_every_parameter_is_float64() -> None:
+    assert autocast_ignored(PINN) == (
+        "the model's parameters are all float64, which autocast leaves alone"
+    )
+    assert autocast_ignored("tests.fixtures.double:Mixed") is None
+    assert autocast_ignored("tests.fixtures.models:Small") is None
+
+
+def test_the_search_drops_amp_for_such_a_model_and_says_why() -> None:
+    space = parse_space({"parallel": ["single"], "amp": ["off", "fp16", "bf16"]}, "test")
+    kept, dropped = restrict_space(
+        space, PLATFORM, 1, None, run_checks=False, autocast_ignored=autocast_ignored(PINN)
+    )
+    assert kept.choices()["amp"] == ["off"]
+    assert [(d.knob, d.value) for d in dropped] == [("amp", "fp16"), ("amp", "bf16")]
+    assert dropped[0].reason.startswith("the model's parameters are all float64")
+
+
+def test_a_trial_or_a_plan_asking_for_it_is_refused_in_one_line() -> None:
+    config = {"global_batch_size": 8, "device": "cpu", "amp": "bf16"}
+    with pytest.raises(ConfigError, match=r"^amp=bf16: the model's parameters are all float64"):
+        run_trial(PINN, config, input_shape=(3,))
+    with pytest.raises(ConfigError, match=r"use amp=off$"):
+        plan(PINN, devices=1, device="cpu", device_memory="4GiB", config=config, input_shape=(3,))
+    table = plan(
+        PINN, devices=1, device="cpu", device_memory="4GiB", space="quick", input_shape=(3,)
+    )
+    assert {row.config.amp for row in table.rows} == {"off"}
+    assert any(line.startswith("amp bf16: the model's parameters") for line in table.left_out)
+
+
+def test_synthetic_samples_take_the_float64_of_such_a_model() -> None:
+    built = build_workload(WorkloadSpec(model=PINN, input_shape=(3,)))
+    assert built.dataset[0].dtype == torch.float64
+    assert built.data_source == "synthetic float64[3] (the model's parameters are float64)"
+    given = build_workload(WorkloadSpec(model=PINN, input_shape=(3,), input_dtype="float16"))
+    assert given.dataset[0].dtype == torch.float16  # a dtype given is kept
+
+
+def test_a_constructor_that_converts_its_parameters_is_traced_from_the_meta_device() -> None:
+    # `.double()` in __init__ under fake tensors: "_apply(): Couldn't swap Linear.weight", and
+    # the plan fell back to "a search predicts it by a fit over measured trials".
+    from autotune.runner.fake_memory import trace_step
+
+    traced = trace_step(WorkloadSpec(model=PINN, input_shape=(3,)), 8)
+    parameters = (3 * 32 + 32 + 32 + 1) * 8  # float64
+    assert traced.parameters_bytes == parameters
+    # AdamW's two float64 moments, and a step count (4 bytes) for each of the 4 parameters
+    assert traced.optimizer_bytes == 2 * parameters + 4 * 4
