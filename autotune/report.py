@@ -191,7 +191,7 @@ def compile_line(r: Recommendation) -> str:
     head = f"torch.compile mode={r.config.compile}: "
     steps = "the warm-up steps that compile, the first and any that compiles again"
     if r.compile_s is None:
-        return f"{head}compiling takes not measured once per run ({steps}; not in samples/s)"
+        return f"{head}compiling, once per run, was not measured ({steps}; not in samples/s)"
     if not r.compiled_before:
         return (
             f"{head}compiling takes {r.compile_s:.1f} s once per run ({steps}, measured in its "

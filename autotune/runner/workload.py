@@ -354,9 +354,9 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
         return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
     if spec.input_shape is not None:
         dtype, why = spec.input_dtype, ""
-        floating = {p.dtype for p in model.parameters() if p.is_floating_point()}
-        if dtype == "float32" and {str(d) for d in floating} == {"torch.float64"}:
-            dtype, why = "float64", " (the model's parameters are float64)"  # the default follows
+        floating = {str(p.dtype) for p in model.parameters() if p.is_floating_point()}
+        if dtype == "float32" and floating == {"torch.float64"}:  # the default follows the model
+            dtype, why = "float64", " (the model's parameters are float64)"
         dataset = SyntheticDataset.from_shape(spec.input_shape, dtype)
         return dataset, f"synthetic {dtype}{list(spec.input_shape)}{why}"
     raise WorkloadError(
