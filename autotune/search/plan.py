@@ -212,6 +212,10 @@ def make_plan(
     configs, left_out = _autocastable(workload, configs, config is not None, left_out)
     if config is None and space is not None:
         left_out += _unsplittable(plan_space(space, devices, device_type), global_batch_size)
+        spread = sorted({c.parallel for c in configs if c.parallel != "single"})
+        if devices == 1 and spread:  # as the search drops them: one process has no one to share
+            configs = [c for c in configs if c.parallel == "single"]
+            left_out.append(f"parallel {', '.join(spread)}: needs more than one device; 1 planned")
     model = MemoryModel(workload, device_type, prior_for(device_type, workload))
     if len(configs) > 1:
         model.interpolate_between(configs)
