@@ -65,11 +65,3 @@ def test_a_constructor_that_converts_its_parameters_is_traced_from_the_meta_devi
     assert traced.parameters_bytes == parameters
     # AdamW's two float64 moments, and a step count (4 bytes) for each of the 4 parameters
     assert traced.optimizer_bytes == 2 * parameters + 4 * 4
-
-
-def test_a_plan_for_one_device_leaves_out_the_modes_that_need_more() -> None:
-    table = plan(
-        PINN, devices=1, device="cpu", device_memory="4GiB", space="quick", input_shape=(3,)
-    )  # was: "ddpx1" and "fsdpx1" rows, which the search never runs on one device
-    assert {row.config.parallel for row in table.rows} == {"single"}
-    assert "parallel ddp, fsdp: needs more than one device; 1 planned" in table.left_out

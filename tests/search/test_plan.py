@@ -359,3 +359,12 @@ def test_a_spaces_all_choice_plans_checkpointing_every_block(
     assert sorted(peaks) == [0, 2, 4] and peaks[4] < peaks[2] < peaks[0]
     assert main(argv) == 0
     assert "added: checkpoint_segments=4: every one" in capsys.readouterr().out
+
+
+def test_a_plan_for_one_device_leaves_out_the_modes_that_need_more() -> None:
+    from autotune.api import plan
+
+    table = plan(MODEL, devices=1, device="cpu", device_memory="4GiB", space="quick")
+    # was: "ddpx1" and "fsdpx1" rows, which no search runs on one device
+    assert {row.config.parallel for row in table.rows} == {"single"}
+    assert "parallel ddp, fsdp: needs more than one device; 1 planned" in table.left_out
