@@ -29,7 +29,7 @@ from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
 from autotune.runner.training import OPTIMIZER_STEP
-from autotune.runner.window import STEP_PHASES, Decision, Window, warmup_phase
+from autotune.runner.window import AFTER_FASTER, STEP_PHASES, Decision, Window, warmup_phase
 from autotune.runner.workload import WorkloadCache, build_workload
 
 
@@ -150,7 +150,8 @@ def run_rank(
         notes = getattr(error, "__notes__", ())
         where = [n for n in notes if n.startswith(OPTIMIZER_STEP)]
         hints = [f" ({n})" for n in notes if n.startswith(NOT_TENSORS)]
-        message = ": ".join([progress.phase, *where[:1], message]) + "".join(hints[:1])
+        phase = progress.phase.removesuffix(AFTER_FASTER)  # how the pruning rule read it: not news
+        message = ": ".join([phase, *where[:1], message]) + "".join(hints[:1])
         return RankReport(status=status, message=message, **report)
 
 
@@ -230,7 +231,9 @@ def _measure(
     warm_start = time.perf_counter()
     compile_steps_s: list[float] = []
     for i in range(options.warmup_for(config)):
-        progress(warmup_phase(i, compiling, compile_steps_s[0] if compile_steps_s else 0.0))
+        progress(
+            window.phase(warmup_phase(i, compiling, compile_steps_s[0] if compile_steps_s else 0.0))
+        )
         graphs = _compiled_graphs() if compiling else 0
         step_s, _, epoch_start_s = run_step()
         if compiling and (i == 0 or agree.any(_compiled_graphs() > graphs)):
@@ -250,7 +253,7 @@ def _measure(
     agree.spent_s = 0.0  # from here on, the agreement's time is not the training's
     measure_start = time.perf_counter()
     while decision == "measure":
-        progress(f"{STEP_PHASES[1]} {len(window.steps) + 1}")
+        progress(window.phase(f"{STEP_PHASES[1]} {len(window.steps) + 1}"))
         step_s, elapsed_s, epoch_start_s = run_step(since=measure_start)
         decision = window.measured_step(step_s, elapsed_s, epoch_start_s)
     # At least the steps themselves: a trial pruned in warm-up measured that one step.

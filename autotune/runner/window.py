@@ -46,6 +46,9 @@ RECOMPILE_ALLOWANCE = 2.0
 """A compiled warm-up step after the first may run this many times as long as the first step
 (which compiled the whole step) before the rule may judge it while it runs: compiling again
 takes no longer than compiling it all did, a hopeless step does."""
+AFTER_FASTER = " (after a step faster than the line: its interval judges it)"
+"""Said after a step's phase once the trial has shown a step faster than the pruning line: a
+long step is then a stall of the machine, which the executors do not end (``overran``)."""
 _ALLOWED = re.compile(
     rf"^{re.escape(COMPILED_WARMUP)} \d+ \(compiling again: up to (\d+(?:\.\d+)?) s\)"
 )
@@ -96,6 +99,8 @@ def overran(
     """Why a rank ``running_s`` into ``phase`` has already made the trial hopeless (the rule
     would prune it when the step ends), or None. A compiled warm-up step may compile again:
     it is judged only past the time its phase allows that (``warmup_phase``)."""
+    if phase.endswith(AFTER_FASTER):
+        return None
     allowed = _ALLOWED.match(phase)
     if allowed is not None and running_s <= float(allowed.group(1)):
         return None
@@ -115,6 +120,11 @@ class Window:
     reason: str = ""
     _sums: list[float] = field(default_factory=lambda: [0.0])  # running sums of ``steps``
     _faster: bool = False  # a step has ended faster than a step at the pruning line
+
+    def phase(self, name: str) -> str:
+        """A step's phase ``name`` as the executors read it: marked once the trial has shown a
+        step faster than the line (``AFTER_FASTER``)."""
+        return f"{name}{AFTER_FASTER}" if self._faster else name
 
     def interval(self) -> Interval:
         """The 95% interval of the mean step time (batch means once there are enough)."""

@@ -29,7 +29,7 @@ ALIKE_FAILURES = 3
 """Failed trials, the baseline's among them, none run, one error: the step fails whatever the
 configuration, and the search stops (``failing_alike``)."""
 _STEPS = "|".join(map(re.escape, (COMPILED_WARMUP, *STEP_PHASES)))
-_WHERE = re.compile(rf"^rank \d+: (?:(?:{_STEPS}) \d+(?: \([^)]*\))?: )?")
+_WHERE = re.compile(rf"^rank \d+: (?:(?:{_STEPS}) \d+(?: \([^)]*\))*: )?")
 
 
 def _error(record: TrialRecord) -> str:

@@ -9,7 +9,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.result import RankReport, summarise_steps
 from autotune.runner.request import TrialOptions
-from autotune.runner.window import Window, overran, step_limit_s, warmup_phase
+from autotune.runner.window import AFTER_FASTER, Window, overran, step_limit_s, warmup_phase
 from autotune.stats import mean_interval, t_quantile
 
 
@@ -85,6 +85,17 @@ def test_one_long_step_after_steps_within_the_limit_is_a_stall_not_the_trial() -
     stalled = Window(TrialOptions(prune_below_samples_per_s=100.0), 32)  # at most 10 s
     assert _run(stalled, [0.1] * 10 + [0.32 * 11] + [0.1] * 200)[0] == "done"
     assert stalled.reason == ""
+
+
+def test_a_stall_after_a_faster_step_is_not_ended_from_outside_either() -> None:
+    options = TrialOptions(prune_below_samples_per_s=100.0)  # 0.32 s a step at the line
+    window = Window(options, 32)
+    assert window.phase("measured step 1") == "measured step 1"  # nothing shown yet
+    assert overran(options, 32, window.phase("measured step 1"), 3.3) is not None
+    window.measured_step(0.1, 0.1)
+    phase = window.phase("measured step 2")
+    assert phase == f"measured step 2{AFTER_FASTER}"
+    assert overran(options, 32, phase, 100.0) is None  # a stall: the trial's timeout remains
 
 
 def test_a_steps_wait_for_an_epochs_first_batch_is_not_held_against_it() -> None:
