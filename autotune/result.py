@@ -203,6 +203,16 @@ def _quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
+def rank_times(reports: list[RankReport]) -> dict[str, float]:
+    """The trial's start-up, build and warm-up times: the slowest rank's, as far as the ranks
+    got (a failed trial's too)."""
+    return {
+        "startup_s": max((r.startup_s for r in reports), default=0.0),
+        "build_s": max((r.build_s for r in reports), default=0.0),
+        "warmup_s": max((r.warmup_s for r in reports), default=0.0),
+    }
+
+
 def summarise_steps(config: TrainConfig, reports: list[RankReport]) -> dict[str, object]:
     """Aggregate per-rank measurements into the trial-level numbers of ``TrialResult``.
 
@@ -244,9 +254,7 @@ def summarise_steps(config: TrainConfig, reports: list[RankReport]) -> dict[str,
         "data_wait_share": max(r.data_wait_s / r.measured_s for r in reports if r.measured_s),
         "peak_memory_bytes": max(r.peak_memory_bytes for r in reports),
         "loss_finite": all(_finite(x) for x in losses) and bool(losses),
-        "startup_s": max(r.startup_s for r in reports),
-        "build_s": max(r.build_s for r in reports),
-        "warmup_s": max(r.warmup_s for r in reports),
+        **rank_times(reports),
         "measured_s": measured_s,
     }
 

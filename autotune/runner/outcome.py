@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from autotune.config import TrainConfig
-from autotune.result import Platform, RankReport, TrialResult, TrialStatus, summarise_steps
+from autotune.result import (
+    Platform,
+    RankReport,
+    TrialResult,
+    TrialStatus,
+    rank_times,
+    summarise_steps,
+)
 from autotune.runner.request import TrialRequest
 
 _PEER_FAILURE_HINTS = ("connection closed by peer", "connection reset", "broken pipe", "timed out")
@@ -112,14 +119,10 @@ def assemble_result(
         message = f"{message} ({UNEVEN_SAMPLES_HINT})"
     if failure.status == "timed_out":
         message = f"no result within timeout_s={options.timeout_s:g}; {message}"
-    reached = {  # how far the ranks got: what the overhead and warm-up were, as measured
-        name: max((getattr(r, name) for r in reports), default=0.0)
-        for name in ("startup_s", "build_s", "warmup_s")
-    }
     return TrialResult(
         status=failure.status,
         message=message,
         measured_steps=options.measured_steps,
         **common,
-        **reached,
+        **rank_times(reports),
     )
