@@ -92,6 +92,13 @@ class Workload:
     collate_source: str = DEFAULT_COLLATE
 
 
+def all_float64(model: Any) -> bool:
+    """Whether every floating parameter of ``model`` is float64 (and it has one): a model
+    trained in double precision, which autocast leaves alone."""
+    floating = {str(p.dtype) for p in model.parameters() if p.is_floating_point()}
+    return floating == {"torch.float64"}
+
+
 def _split_reference(reference: str, what: str) -> tuple[str, str]:
     location, sep, attribute = reference.rpartition(":")
     if not sep or not location or not attribute:
@@ -354,8 +361,7 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
         return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
     if spec.input_shape is not None:
         dtype, why = spec.input_dtype, ""
-        floating = {str(p.dtype) for p in model.parameters() if p.is_floating_point()}
-        if dtype == "float32" and floating == {"torch.float64"}:  # the default follows the model
+        if dtype == "float32" and all_float64(model):  # the default follows the model
             dtype, why = "float64", " (the model's parameters are float64)"
         dataset = SyntheticDataset.from_shape(spec.input_shape, dtype)
         return dataset, f"synthetic {dtype}{list(spec.input_shape)}{why}"

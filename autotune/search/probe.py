@@ -25,6 +25,7 @@ from autotune.runner.outcome import UNEVEN_SAMPLES_ERROR, UNEVEN_SAMPLES_HINT
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import (
     WorkloadSpec,
+    all_float64,
     first_samples,
     load_collate,
     load_dataset,
@@ -328,13 +329,8 @@ def autocast_ignored(model_reference: str) -> str | None:
     autocast leaves alone (a physics-informed network trained in double precision: amp=bf16
     ran it in float64 and was reported as bf16). None otherwise, or when the model cannot be
     built on the meta device."""
-    import torch
-
     built = _meta_model(model_reference)
-    if built is None:
-        return None
-    floating = [p.dtype for p in built[1].parameters() if p.is_floating_point()]
-    if not floating or any(dtype != torch.float64 for dtype in floating):
+    if built is None or not all_float64(built[1]):
         return None
     return "the model's parameters are all float64, which autocast leaves alone"
 
