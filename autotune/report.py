@@ -55,6 +55,8 @@ def format_trial(result: TrialResult) -> str:
             lines.append(
                 f"  optimizer     {result.optimizer}" + (f" (--optimizer {given})" if given else "")
             )
+        if result.data:
+            lines.append(f"  samples       {result.data}")
         if result.collate:
             lines.append(f"  collate       {result.collate}")
         if result.compile_s is not None:

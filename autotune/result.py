@@ -117,6 +117,7 @@ class RankReport(BaseModel):
     torch_threads: int = 0
     optimizer: str = Field("", description="Class of the optimizer the rank trained with.")
     collate: str = Field("", description="Where the rank's collate function came from.")
+    data: str = Field("", description="Where the rank's samples came from.")
     node: str = Field("", description="The Ray node the rank ran on (empty: the local launcher).")
     diagnostics: StepDiagnostics | None = None
 
@@ -136,6 +137,11 @@ class TrialResult(BaseModel):
     )
     collate: str = Field(
         "", description="Where the trial's collate function came from (empty: not built)."
+    )
+    data: str = Field(
+        "",
+        description="Where the trial's samples came from, synthetic ones with their shape and "
+        "range (empty: not built).",
     )
     warmup_steps: int = 0
     measured_steps: int = 0

@@ -90,6 +90,7 @@ def assemble_result(
         ),
         "optimizer": next((r.optimizer for r in reports if r.optimizer), ""),
         "collate": next((r.collate for r in reports if r.collate), ""),
+        "data": next((r.data for r in reports if r.data), ""),
         "warmup_steps": options.warmup_for(request.config),
         "launch_s": launch_s,
         "total_s": total_s,

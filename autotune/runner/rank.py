@@ -202,6 +202,7 @@ def _measure(
     )
     report["optimizer"] = type(training.optimizer).__name__
     report["collate"] = workload.collate_source
+    report["data"] = workload.data_source
     batches = training.batches()
     step = training.runner
     report["build_s"] = time.time() - started

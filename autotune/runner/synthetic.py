@@ -8,6 +8,28 @@ import torch
 from torch.utils.data import Dataset
 
 SYNTHETIC_LENGTH = 1 << 20
+INTEGER_HIGH = 1000
+"""Integer samples from ``--input-shape`` are drawn from ``[0, INTEGER_HIGH)`` unless the model
+bounds them (``lookup_bound``)."""
+
+
+def lookup_bound(model: torch.nn.Module) -> int | None:
+    """The fewest rows of the model's lookup tables (``nn.Embedding``, ``nn.EmbeddingBag``):
+    integer inputs below it index every table, where a larger draw would fail the lookup with
+    "index out of range". None when the model has no such table."""
+    sizes = [
+        m.num_embeddings
+        for m in model.modules()
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+    ]
+    return min(sizes) if sizes else None
+
+
+def integer_high(dtype: torch.dtype, high: int) -> int | None:
+    """``high`` for an integer ``dtype`` (a bool draws 0 or 1), None for a floating one."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return None
+    return 2 if dtype == torch.bool else high
 
 
 def _template(value: Any) -> Any:
@@ -46,12 +68,20 @@ class SyntheticDataset(Dataset[Any]):
         return cls(_template(example))
 
     @classmethod
-    def from_shape(cls, shape: tuple[int, ...], dtype: str) -> SyntheticDataset:
+    def from_shape(
+        cls, shape: tuple[int, ...], dtype: str, high: int = INTEGER_HIGH
+    ) -> SyntheticDataset:
+        """Samples of ``shape`` and ``dtype``; integers are drawn from ``[0, high)``."""
         torch_dtype = getattr(torch, dtype, None)
         if not isinstance(torch_dtype, torch.dtype):
             raise ValueError(f"input dtype {dtype!r} is not a torch dtype (e.g. float32, int64)")
-        high = None if torch_dtype.is_floating_point else 1000
-        return cls(("tensor", tuple(shape), torch_dtype, high))
+        return cls(("tensor", tuple(shape), torch_dtype, integer_high(torch_dtype, high)))
+
+    @property
+    def high(self) -> int | None:
+        """The bound integer samples are drawn below (None for floating samples or a structure)."""
+        template = self.template
+        return template[3] if isinstance(template, tuple) and template[0] == "tensor" else None
 
     def __len__(self) -> int:
         return self.length

@@ -352,7 +352,11 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
         reference = _beside_model(spec, DATASET_ATTRIBUTE)
         source = getattr(model_module, DATASET_ATTRIBUTE)
         return _instantiate_dataset(source, model, reference, "dataset"), reference
-    from autotune.runner.synthetic import SyntheticDataset  # imports torch: when data is needed
+    from autotune.runner.synthetic import (  # imports torch: when data is needed
+        INTEGER_HIGH,
+        SyntheticDataset,
+        lookup_bound,
+    )
 
     example = getattr(model, EXAMPLE_INPUT_ATTRIBUTE, None)
     if example is not None and spec.input_shape is not None:
@@ -363,7 +367,12 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
         dtype, why = spec.input_dtype, ""
         if dtype == "float32" and all_float64(model):  # the default follows the model
             dtype, why = "float64", " (the model's parameters are float64)"
-        dataset = SyntheticDataset.from_shape(spec.input_shape, dtype)
+        bound = lookup_bound(model)
+        dataset = SyntheticDataset.from_shape(spec.input_shape, dtype, bound or INTEGER_HIGH)
+        if dataset.high is not None:
+            why = f" in [0, {dataset.high})" + (
+                " (the model's smallest lookup table)" if bound == dataset.high else ""
+            )
         return dataset, f"synthetic {dtype}{list(spec.input_shape)}{why}"
     raise WorkloadError(
         f"no data for --model {spec.model!r}: pass --data module:attr, expose "

@@ -30,6 +30,7 @@ from autotune.search.memory_model import budget_scope
 from autotune.search.probe import (
     autocast_ignored,
     check_batches,
+    data_source,
     every_block,
     feeds_images,
     fsdp_refusal,
@@ -153,6 +154,11 @@ def run_search(
         "platform": platform.fingerprint(),
         "model": model_hash(workload.model),
         "data": workload.data,
+        **(
+            {"input": [list(workload.input_shape), workload.input_dtype]}
+            if workload.input_shape
+            else {}
+        ),
         "loss": workload.loss,
         **({"optimizer": workload.optimizer} if workload.optimizer else {}),
         **({"collate": workload.collate} if workload.collate else {}),
@@ -196,6 +202,7 @@ def run_search(
             + (f" ({requeued} interrupted trial(s) re-queued)" if requeued else ""),
             platform=f"{platform.device_name} x{devices} ({platform.backend})",
             **{"global batch": f"{settings.global_batch_size} ({batch_source})"},
+            **({"data": data} if (data := data_source(workload)) else {}),
             optimizer=optimizer_source,
             **({"batches": f"made by {collate}"} if collate else {}),
             budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "

@@ -311,15 +311,34 @@ BATCH_CHECKED = 4
 
 
 @functools.cache
-def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None:
-    """The dataset's first ``count`` samples (fewer if it holds fewer), the dataset built once
-    beside the meta-device model; None when that cannot be done here (the trials will say)."""
+@functools.cache
+def _dataset(workload: WorkloadSpec) -> tuple[Any, str] | None:
+    """(dataset, where it came from), built once beside the meta-device model; None when that
+    cannot be done here (the trials will say)."""
     built = _meta_model(workload.model)
     if built is None:
         return None
     try:
-        dataset, _ = load_dataset(workload, *built)
-        return tuple(first_samples(dataset, count))
+        return load_dataset(workload, *built)
+    except Exception:  # the trials will say what is wrong with it
+        return None
+
+
+def data_source(workload: WorkloadSpec) -> str | None:
+    """Where the trials' samples come from, in words (synthetic ones with their shape and
+    range); None when that cannot be told here."""
+    dataset = _dataset(workload)
+    return dataset[1] if dataset else None
+
+
+def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None:
+    """The dataset's first ``count`` samples (fewer if it holds fewer); None when the dataset
+    cannot be built or read here (the trials will say)."""
+    dataset = _dataset(workload)
+    if dataset is None:
+        return None
+    try:
+        return tuple(first_samples(dataset[0], count))
     except Exception:  # the trials will say what is wrong with it
         return None
 

@@ -21,6 +21,8 @@ def test_ranks_and_their_dataloader_workers_batch_with_the_modules_collate_funct
     assert result.workload is not None and result.workload["collate"] is None  # the module's
     assert result.collate == "tests.fixtures.padded:autotune_collate"
     assert "  collate       tests.fixtures.padded:autotune_collate" in format_trial(result)
+    assert result.data == "tests.fixtures.padded:autotune_dataset"  # where the samples came from
+    assert "  samples       tests.fixtures.padded:autotune_dataset" in format_trial(result)
 
 
 def test_samples_torch_cannot_stack_fail_with_how_to_pad_them() -> None:

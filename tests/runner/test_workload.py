@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from autotune.api import run_trial
 from autotune.errors import WorkloadError
 from autotune.runner.loss import default_loss
 from autotune.runner.workload import (
@@ -14,6 +15,7 @@ from autotune.runner.workload import (
     check_workload,
     load_model,
 )
+from autotune.search.probe import data_source
 
 
 @pytest.mark.parametrize(
@@ -75,6 +77,38 @@ def test_synthetic_data_from_example_input_and_from_shape() -> None:
     )
     assert shaped.dataset[0].shape == (6,)
     assert torch.equal(shaped.dataset[1], shaped.dataset[1])  # deterministic per index
+
+
+def test_synthetic_token_ids_stay_inside_the_models_lookup_tables() -> None:
+    # A user's --input-shape 16 --input-dtype int64 drew ids below 1,000 for a table of 100
+    # rows: every trial failed with "index out of range in self".
+    spec = WorkloadSpec(
+        model="tests.fixtures.nodata:Lookup", input_shape=(16,), input_dtype="int64"
+    )
+    workload = build_workload(spec)
+    ids = torch.stack([workload.dataset[i] for i in range(64)])
+    assert ids.dtype == torch.int64 and int(ids.max()) < 50 and int(ids.max()) > 25
+    assert workload.data_source == (
+        "synthetic int64[16] in [0, 50) (the model's smallest lookup table)"
+    )
+    workload.model(ids)  # every id indexes both tables
+    trial = run_trial(
+        "tests.fixtures.nodata:Lookup", {"global_batch_size": 8, "device": "cpu"},
+        input_shape=(16,), input_dtype="int64", warmup_steps=1, measured_steps=2,
+        target_interval=0,
+    )  # fmt: skip
+    assert trial.status == "ok", trial.message
+    assert trial.data == workload.data_source  # and the trial says the range it drew from
+    assert data_source(spec) == workload.data_source  # as the search's first lines do
+    bare = build_workload(
+        WorkloadSpec(model="tests.fixtures.nodata:Bare", input_shape=(6,), input_dtype="int32")
+    )
+    assert bare.data_source == "synthetic int32[6] in [0, 1000)"
+    assert int(bare.dataset[0].max()) < 1000
+    flags = build_workload(
+        WorkloadSpec(model="tests.fixtures.nodata:Bare", input_shape=(6,), input_dtype="bool")
+    )
+    assert flags.dataset[0].dtype == torch.bool
 
 
 def test_no_data_at_all_says_what_to_pass() -> None:

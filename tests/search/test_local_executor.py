@@ -55,6 +55,7 @@ def test_a_search_runs_its_trials_without_ray(
     ran = {t.config.num_workers for t in recommendation.trials if t.status == "ok" and t.config}
     assert ran == {0, 1}  # with and without a DataLoader worker (2 gloo ranks: test_launch)
     assert heard["executor"].startswith("rank processes of this machine")
+    assert heard["data"] == "tests.fixtures.models:autotune_dataset"  # where the samples come from
 
 
 def test_the_local_executor_cannot_take_a_ray_address() -> None:
