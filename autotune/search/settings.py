@@ -165,7 +165,11 @@ class StorageSettings(BaseModel):
 
     storage: str = Field("autotune.db", description="A file path or an Optuna storage URL.")
     study_name: str | None = Field(None, description="Default: from the model and global batch.")
-    new_study: bool = Field(False, description="Start a new study when the stored one differs.")
+    new_study: bool = Field(
+        False,
+        description="Start a new study instead of resuming the stored one of the same name "
+        "(the new one's name gets a -2, -3... suffix).",
+    )
     storage_wait_s: float = Field(
         300.0,
         ge=0,

@@ -32,7 +32,8 @@ def model_hash(model_reference: str) -> str:
 def open_study(
     storage: Any, name: str, fingerprint: dict[str, Any], new_study: bool
 ) -> tuple[Any, str, int]:
-    """Create or resume the study; return (study, its name, trials re-queued)."""
+    """Create or resume the study; return (study, its name, trials re-queued). ``new_study``:
+    never resume; a stored study of that name leaves the new one a ``-2``, ``-3``... suffix."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -41,7 +42,7 @@ def open_study(
     if name in names:
         stored = names[name].user_attrs.get(ATTR_PREFIX + "fingerprint")
         # None: another driver created the study a moment ago and has not stored it yet
-        if stored is not None and stored != fingerprint:
+        if new_study or (stored is not None and stored != fingerprint):
             if not new_study:
                 changed = sorted(
                     k

@@ -68,6 +68,9 @@ def test_a_fingerprint_mismatch_is_refused_unless_forced(tmp_path: Path) -> None
     assert name == "s-2"
     _, same, _ = open_study(storage, "s", {"model": "a", "devices": 2}, new_study=False)
     assert same == "s"
+    # the resume line says "--new-study to start again": it does, fingerprint alike or not
+    fresh, again, _ = open_study(storage, "s", {"model": "a", "devices": 2}, new_study=True)
+    assert again == "s-3" and fresh.trials == []
 
 
 def test_trials_left_running_are_failed_and_requeued(tmp_path: Path) -> None:
