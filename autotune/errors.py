@@ -36,6 +36,11 @@ def batch_hint(message: str) -> str:
     return f"{NOT_TENSORS} {rest.removesuffix(')')}" if found else ""
 
 
+def shortened(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters, marked where it was cut."""
+    return text if len(text) <= limit else f"{text[:limit].rstrip()}..."
+
+
 def error_line(error: BaseException, limit: int = 300) -> str:
     """``error`` in one line, its type first (``RuntimeError: stack expects ...``): the first
     line of its message, at most ``limit`` characters in all."""

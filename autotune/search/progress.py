@@ -7,6 +7,7 @@ import time
 from typing import Any, TextIO
 
 from autotune.config import TrainConfig
+from autotune.errors import shortened
 from autotune.records import TrialRecord
 
 
@@ -54,7 +55,7 @@ def _outcome(record: TrialRecord) -> str:
         return (
             f"{record.samples_per_s:,.1f} samples/s, {used:,.0f} MiB ({fits}{predicted}){compiled}"
         )
-    return f"{record.status}: {record.message}"[:200]
+    return shortened(f"{record.status}: {record.message}")
 
 
 class LineReporter(Reporter):

@@ -7,7 +7,9 @@ is held to beside the plain baseline: bf16 autocast where the device computes it
 at no micro-batch, one device when neither does), the largest micro-batch that fits,
 DataLoader workers ``min(4, cores per rank)`` with pinned memory and persistent workers on
 CUDA, the optimizer's fused form where it has one. "Where it works" is what the space offers
-after the probe: a choice the probe dropped is not the recipe's either.
+after the probe: a choice the probe dropped is not the recipe's either; and where the model
+itself fails under compile or autocast (an op autocast leaves in fp32 beside one it casts), the
+recipe goes on without that knob, as the engineer who saw the error would (``recipe_fallback``).
 
 Knobs that change numerics (autocast, compressed gradients, TF32, FSDP's bf16 policy) must
 earn their place: ``numerics_changes`` names them, ``simplest_of`` orders configurations by how
@@ -64,6 +66,20 @@ def recipe_values(
     if offered("optimizer_impl", "fused"):
         values["optimizer_impl"] = "fused"
     return values
+
+
+FALLBACKS = (("compile", "off"), ("amp", "off"))
+"""What the recipe gives up, in this order, when a trial of it fails for another reason than
+memory: compile first (the likelier to fail), then autocast."""
+
+
+def recipe_fallback(values: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(the knob given up, the recipe without it) after a trial of ``values`` failed for another
+    reason than memory; None when it has nothing left to give up."""
+    for knob, plain in FALLBACKS:
+        if values.get(knob, plain) != plain:
+            return f"{knob}={values[knob]}", {**values, knob: plain}
+    return None
 
 
 def recipe_amp(amp_choices: Sequence[Value], native_amp: Sequence[str]) -> str:

@@ -15,7 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from autotune.config import TrainConfig
-from autotune.errors import AutotuneError, ConfigError, batch_hint, describe_validation_error
+from autotune.errors import (
+    AutotuneError,
+    ConfigError,
+    batch_hint,
+    describe_validation_error,
+    shortened,
+)
 from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
 from autotune.result import Platform, TrialResult
@@ -38,7 +44,12 @@ from autotune.search.memory_model import MemoryModel, Prediction, prior_for
 from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
-from autotune.search.recipe import recipe_candidates, recipe_values, simplicity
+from autotune.search.recipe import (
+    recipe_candidates,
+    recipe_fallback,
+    recipe_values,
+    simplicity,
+)
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
 
@@ -253,7 +264,7 @@ class Tuner:
             raise SearchError(
                 f"the training step fails whatever the configuration: {alike} of {ran} trials, "
                 "the baseline's among them and across parallel modes, failed with "
-                f"{_shortened(error)}"
+                f"{shortened(error)}"
                 ", and none ran; fix it and search again (every trial is stored: see "
                 "`autotune show`)"
             )
@@ -314,7 +325,28 @@ class Tuner:
                 f"standard recipe: autocast off, {' and '.join(emulated)} would be emulated on "
                 f"this {self.platform.device_type.upper()}, not computed natively ({told})"
             )
-        found = None
+        found, failed = self._recipe_at(values)
+        while found is None and failed is not None and (fallback := recipe_fallback(values)):
+            given_up, values = fallback
+            self.reporter.phase(
+                f"standard recipe: failed with {given_up} ({shortened(failed.message)}); "
+                f"tried without it, as an engineer who saw the error would"
+            )
+            found, failed = self._recipe_at(values)
+        self.log.study.set_user_attr(RECIPE_ATTR, found.model_dump(mode="json") if found else {})
+        if failed is not None:
+            self.reporter.phase(
+                f"the standard recipe failed ({shortened(failed.message)}): the race compares "
+                "with the baseline alone"
+            )
+        elif found is None:
+            self.reporter.phase("the standard recipe fits at no micro-batch the space offers")
+        return found
+
+    def _recipe_at(self, values: dict[str, Any]) -> tuple[TrainConfig | None, TrialRecord | None]:
+        """(the recipe of ``values`` at the largest micro-batch predicted to fit that does, the
+        record of a trial of it that failed for another reason than memory): a smaller batch
+        would fail that way too, so the search stops there."""
         for config in recipe_candidates(values, self.proposer.space, self.proposer.completer()):
             # Largest first: the first predicted to fit is the one tried.
             if self.gate.fits(self.gate.predict(config)) is False:
@@ -328,14 +360,10 @@ class Tuner:
                 else:
                     record, _ = self._run_one(config, "search", trial=trial)
             if record is not None and record.fits:
-                found = config
-                break
+                return config, None
             if record is not None and record.status not in ("ok", "oom"):
-                break  # it failed for another reason than memory: a smaller batch will too
-        self.log.study.set_user_attr(RECIPE_ATTR, found.model_dump(mode="json") if found else {})
-        if found is None:
-            self.reporter.phase("the standard recipe fits at no micro-batch the space offers")
-        return found
+                return None, record
+        return None, None
 
     def _baseline_values(self, accum: int) -> dict[str, object]:
         return {
@@ -672,8 +700,3 @@ def prefer_simpler(
     ]
     simplest = min(tied, key=lambda c: (simplicity(c, baseline), ranked.index(c)))
     return [simplest, *[c for c in ranked if c != simplest]]
-
-
-def _shortened(error: str, limit: int = 200) -> str:
-    """``error`` cut to ``limit`` characters, marked where it was cut."""
-    return error if len(error) <= limit else f"{error[:limit].rstrip()}..."

@@ -36,6 +36,10 @@ def test_plain_lines_say_done_budget_best_and_outcome() -> None:
     assert "search trial: singlex1" in lines[0]
     assert "#3 120.0 samples/s, 300 MiB (fits)  [trials 1/10, best 120.0 samples/s]" in lines[1]
     assert "#4 crashed: rank 1: killed by SIGABRT  [trials 2/10" in lines[2]
+    long = _record(5, None, "skipped").model_copy(update={"message": "amp=bf16 failed " * 20})
+    reporter.trial_finished(long, _record(3, 120.0))
+    said = stream.getvalue().splitlines()[3]  # cut where marked, not mid-word unmarked
+    assert "skipped: amp=bf16 failed amp=bf16" in said and "failed...  [trials 2/10" in said
 
 
 @pytest.mark.parametrize(

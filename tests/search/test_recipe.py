@@ -14,11 +14,12 @@ from autotune.search.recipe import (
     knobs_moved,
     numerics_changes,
     recipe_candidates,
+    recipe_fallback,
     recipe_values,
     simplicity,
 )
 from autotune.search.space import SearchSpace, parse_space
-from tests.search.fakes import FakeExecutor, Said, make_tuner, ok
+from tests.search.fakes import FakeExecutor, Said, failed, make_tuner, ok
 
 GPU_CHOICES = {
     "parallel": ["single", "dp", "ddp", "fsdp"],
@@ -171,6 +172,57 @@ def test_a_search_on_a_device_that_emulates_bf16_measures_the_recipe_without_it(
     assert (
         "standard recipe: autocast off, bf16 would be emulated on this CPU, not computed "
         "natively (oneDNN's check of this CPU's instructions)"
+    ) in phases.lines
+
+
+def test_the_recipe_gives_up_compile_then_autocast_and_nothing_else() -> None:
+    values = {"amp": "bf16", "compile": "default", "num_workers": 4}
+    assert recipe_fallback(values) == (
+        "compile=default",
+        {"amp": "bf16", "compile": "off", "num_workers": 4},
+    )
+    assert recipe_fallback({"amp": "bf16", "num_workers": 4}) == (
+        "amp=bf16",
+        {"amp": "off", "num_workers": 4},
+    )
+    assert recipe_fallback({"amp": "off", "compile": "off", "num_workers": 4}) is None
+
+
+AUTOCAST_BREAKS = (
+    "rank 0: warm-up step 1: RuntimeError: index_add_(): self (Float) and source (BFloat16) "
+    "must have the same scalar type"
+)
+
+
+def test_a_model_that_fails_under_autocast_gets_the_recipe_without_it() -> None:
+    # A user's graph network adds bf16 messages into an fp32 buffer: every trial under autocast
+    # failed, the recipe's among them, and the search said the recipe "fits at no micro-batch".
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        if config.amp == "bf16":
+            return failed(config, "error", AUTOCAST_BREAKS)
+        return ok(config, 1000.0 + 100 * config.num_workers, 100)
+
+    tuner = make_tuner(FakeExecutor(outcome), SPACE, trials=4, race_rounds=2)
+    tuner.reporter = phases = Said()
+    recommendation = tuner.run([], "s.db", "s")
+    recipe = recommendation.recipe
+    assert recipe is not None and (recipe.amp, recipe.num_workers) == ("off", 1)
+    said = [line for line in phases.lines if "standard recipe" in line]
+    assert said[0].startswith("standard recipe: failed with amp=bf16 (rank 0: warm-up step 1:")
+    assert said[0].endswith("tried without it, as an engineer who saw the error would")
+    assert not any("fits at no micro-batch" in line for line in phases.lines)
+
+    def everything_fails(config: TrainConfig, before: int) -> TrialResult:
+        if config.amp == "off" and config.num_workers == 0:
+            return ok(config, 1000.0, 100)  # the baseline alone runs
+        return failed(config, "error", "rank 0: warm-up step 1: RuntimeError: no")
+
+    tuner = make_tuner(FakeExecutor(everything_fails), SPACE, trials=4, race_rounds=2)
+    tuner.reporter = phases = Said()
+    assert tuner.run([], "s.db", "s").recipe is None
+    assert (
+        "the standard recipe failed (rank 0: warm-up step 1: RuntimeError: no): the race "
+        "compares with the baseline alone"
     ) in phases.lines
 
 
