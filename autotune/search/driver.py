@@ -29,6 +29,7 @@ from autotune.runner.workload import (
 from autotune.search.memory_model import budget_scope
 from autotune.search.probe import (
     autocast_ignored,
+    batch_norm,
     check_batches,
     data_source,
     every_block,
@@ -40,6 +41,7 @@ from autotune.search.probe import (
     scalar_parameters,
 )
 from autotune.search.progress import Reporter
+from autotune.search.recipe import BatchNorm
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace, load_space
 from autotune.search.storage import NO_STUDY_YET, open_storage
@@ -119,6 +121,19 @@ def _executor_lines(executor: Executor) -> dict[str, str]:
     return lines | ({"shipped": f"{shipped} to every Ray node"} if shipped else {})
 
 
+def _norm_line(norms: BatchNorm) -> str:
+    """What the search's header says of a model's batch norms."""
+    over = (
+        "every rank's micro-batches together (SyncBatchNorm)"
+        if norms == "synced"
+        else ("each device's micro-batch")
+    )
+    return (
+        f"statistics over {over}: a configuration whose forward covers other samples than the "
+        "baseline's changes the numerics, and is said to"
+    )
+
+
 def _check_split(global_batch_size: int | None, devices: int, source: str) -> None:
     """Every configuration of the search, the baseline first, splits the global batch evenly
     over the devices: one that cannot leaves nothing to run."""
@@ -170,6 +185,7 @@ def run_search(
         "steps": [settings.measurement.warmup_steps, settings.measurement.measured_steps],
         "seed": settings.measurement.seed,
     }
+    norms = batch_norm(workload.model)
     optimizer_source = describe_optimizer(workload)
     collate = describe_collate(workload)
     name = settings.study.study_name or default_study_name(workload, settings)
@@ -205,6 +221,7 @@ def run_search(
             **({"data": data} if (data := data_source(workload)) else {}),
             optimizer=optimizer_source,
             **({"batches": f"made by {collate}"} if collate else {}),
+            **({"batch norm": _norm_line(norms)} if norms else {}),
             budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
             **({"excluded": "; ".join(exclusion_lines(exclusions))} if exclusions else {}),
@@ -221,6 +238,7 @@ def run_search(
             devices=devices,
             reporter=reporter,
             native_amp=native_autocast(platform.device_type),
+            batch_norm=norms,
         )
         recommendation = tuner.run(exclusions, mask_url(settings.study.storage), name)
         recommendation = recommendation.model_copy(

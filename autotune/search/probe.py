@@ -32,6 +32,7 @@ from autotune.runner.workload import (
     load_model,
     load_optimizer,
 )
+from autotune.search.recipe import BatchNorm
 from autotune.search.space import EVERY_BLOCK, SearchSpace
 
 PROBE_MODEL = "workloads.mlp:mlp_tiny"
@@ -260,6 +261,23 @@ def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
         return None
     blocks = checkpointing.find_repeated_blocks(built[1])
     return len(blocks), checkpointing.block_classes(blocks)
+
+
+def batch_norm(model_reference: str) -> BatchNorm | None:
+    """How the model's batch norms compute their statistics in training: "synced" where every
+    one is an ``nn.SyncBatchNorm``, else "local" (over each device's micro-batch); None for a
+    model without them, or one that cannot be built on the meta device."""
+    import torch.nn as nn
+
+    built = _meta_model(model_reference)
+    kinds = (
+        nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+        nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d,
+    )  # fmt: skip
+    norms = [m for m in built[1].modules() if isinstance(m, kinds)] if built else []
+    if not norms:
+        return None
+    return "synced" if all(isinstance(m, nn.SyncBatchNorm) for m in norms) else "local"
 
 
 def scalar_parameters(model_reference: str) -> list[str]:

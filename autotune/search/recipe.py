@@ -19,7 +19,7 @@ much they change, numerics first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from autotune.config import TrainConfig
 from autotune.records import Value
@@ -145,9 +145,29 @@ def _valid(
 # -- numerics -----------------------------------------------------------------------------
 
 
-def numerics_changes(config: TrainConfig) -> list[str]:
+BatchNorm = Literal["local", "synced"]
+"""How a model's batch norms compute their statistics: over each device's micro-batch
+(``nn.BatchNorm1d/2d/3d``), or over the micro-batches of every rank together
+(``nn.SyncBatchNorm``, under DDP or FSDP)."""
+
+
+def norm_samples(config: TrainConfig, batch_norm: BatchNorm) -> int:
+    """The samples a batch norm's statistics cover in one forward of ``config``."""
+    if batch_norm == "synced" and config.parallel in ("ddp", "fsdp"):
+        return config.micro_batch_size * config.world_size
+    return config.micro_batch_size
+
+
+def numerics_changes(
+    config: TrainConfig,
+    batch_norm: BatchNorm | None = None,
+    reference: TrainConfig | None = None,
+) -> list[str]:
     """What ``config`` changes about the training's arithmetic against plain fp32 (each as
-    ``knob=value``): autocast, compressed gradients, TF32 matmuls, FSDP's bf16 policy."""
+    ``knob=value``): autocast, compressed gradients, TF32 matmuls, FSDP's bf16 policy; and, for
+    a model with batch norms (``batch_norm``), statistics over another number of samples than
+    ``reference``'s (the baseline's): the micro-batch, which the global batch does not fix,
+    is then part of the numerics."""
     changes = []
     if config.amp != "off":
         changes.append(f"amp={config.amp}")
@@ -157,6 +177,10 @@ def numerics_changes(config: TrainConfig) -> list[str]:
         changes.append(f"matmul_precision={config.matmul_precision}")
     if config.parallel == "fsdp" and config.fsdp_mixed_precision != "off":
         changes.append(f"fsdp_mixed_precision={config.fsdp_mixed_precision}")
+    if batch_norm is not None and reference is not None:
+        mine, theirs = norm_samples(config, batch_norm), norm_samples(reference, batch_norm)
+        if mine != theirs:
+            changes.append(f"batch_norm_samples={mine} (the baseline's {theirs})")
     return changes
 
 
@@ -173,6 +197,8 @@ def knobs_moved(config: TrainConfig, baseline: TrainConfig | None) -> int:
     return sum(values[k] != reference.get(k) for k in values)
 
 
-def simplicity(config: TrainConfig, baseline: TrainConfig | None) -> tuple[int, int]:
+def simplicity(
+    config: TrainConfig, baseline: TrainConfig | None, batch_norm: BatchNorm | None = None
+) -> tuple[int, int]:
     """The order in which a configuration changes less: numerics first, then knobs moved."""
-    return len(numerics_changes(config)), knobs_moved(config, baseline)
+    return len(numerics_changes(config, batch_norm, baseline)), knobs_moved(config, baseline)

@@ -45,6 +45,7 @@ from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
 from autotune.search.recipe import (
+    BatchNorm,
     recipe_candidates,
     recipe_fallback,
     recipe_values,
@@ -81,10 +82,13 @@ class Tuner:
         devices: int,
         reporter: Reporter,
         native_amp: tuple[tuple[str, ...], str] = (AUTOCASTS, "as the space offers"),
+        batch_norm: BatchNorm | None = None,
     ) -> None:
         self.executor, self.workload, self.settings = executor, workload, settings
         self.native_amp = native_amp
         """The autocasts the device computes natively, and how that was told (the recipe's)."""
+        self.batch_norm = batch_norm
+        """The model's batch norms, whose statistics follow the micro-batch (None: none)."""
         self.platform, self.devices, self.reporter = platform, devices, reporter
         self.budget_bytes = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
         self.limit_bytes = int(self.budget_bytes * (1 - settings.memory.safety_margin))
@@ -583,7 +587,7 @@ class Tuner:
             if race.decided(alive, references, number):
                 break
         ranked = race.ranking(self.log.records, candidates)  # the search's order: best first
-        return prefer_simpler(self.log.records, ranked, baseline)
+        return prefer_simpler(self.log.records, ranked, baseline, self.batch_norm)
 
     def verify(self, ranked: list[TrainConfig]) -> tuple[TrainConfig, TrialResult]:
         """Confirm the race's winner in a longer run; a finalist whose longer run fails or
@@ -680,11 +684,15 @@ class Tuner:
             study_name=study_name,
             recipe=self.recipe_config,
             memory_caveats=self.gate.caveats(winner),
+            batch_norm=self.batch_norm,
         )
 
 
 def prefer_simpler(
-    records: list[TrialRecord], ranked: list[TrainConfig], baseline: TrainConfig | None
+    records: list[TrialRecord],
+    ranked: list[TrainConfig],
+    baseline: TrainConfig | None,
+    batch_norm: BatchNorm | None = None,
 ) -> list[TrainConfig]:
     """``ranked`` (the race's order) with the configuration that changes least first, among
     those the race could not show slower than the fastest: fewer numerics changes, then fewer
@@ -698,5 +706,5 @@ def prefer_simpler(
         for c in ranked
         if c == fastest or race.compare(race.log_ratios(records, c, fastest)) != "faster"
     ]
-    simplest = min(tied, key=lambda c: (simplicity(c, baseline), ranked.index(c)))
+    simplest = min(tied, key=lambda c: (simplicity(c, baseline, batch_norm), ranked.index(c)))
     return [simplest, *[c for c in ranked if c != simplest]]

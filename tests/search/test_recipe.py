@@ -10,8 +10,10 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.report import format_recommendation
 from autotune.result import TrialResult
+from autotune.search.probe import batch_norm
 from autotune.search.recipe import (
     knobs_moved,
+    norm_samples,
     numerics_changes,
     recipe_candidates,
     recipe_fallback,
@@ -127,6 +129,49 @@ def test_numerics_changes_name_each_change_to_the_arithmetic() -> None:
     workers = plain.model_copy(update={"num_workers": 2, "grad_accum_steps": 2})
     assert numerics_changes(workers) == [] and knobs_moved(workers, plain) == 2
     assert simplicity(workers, plain) < simplicity(changed, plain)  # numerics first
+
+
+def test_a_batch_norm_over_other_samples_than_the_baselines_is_a_numerics_change() -> None:
+    # A BatchNorm model's search said "numerics: unchanged" of a pick that normalised over half
+    # the baseline's samples: the micro-batch is part of such a model's numerics.
+    assert batch_norm("tests.fixtures.norms:Normed") == "local"
+    assert batch_norm("tests.fixtures.norms:Synced") == "synced"
+    assert batch_norm("tests.fixtures.norms:LazyNormed") == "local"
+    assert batch_norm("tests.fixtures.models:Small") is None
+    base = TrainConfig(global_batch_size=32, parallel="ddp", world_size=2, device="cpu")
+    accumulating = base.model_copy(update={"grad_accum_steps": 2})
+    single = TrainConfig(global_batch_size=32, device="cpu")
+    assert [norm_samples(c, "local") for c in (base, accumulating, single)] == [16, 8, 32]
+    assert [norm_samples(c, "synced") for c in (base, accumulating, single)] == [32, 16, 32]
+    assert numerics_changes(accumulating) == []  # a model without batch norms
+    assert numerics_changes(accumulating, "local", base) == [
+        "batch_norm_samples=8 (the baseline's 16)"
+    ]
+    assert numerics_changes(single, "local", base) == ["batch_norm_samples=32 (the baseline's 16)"]
+    assert numerics_changes(single, "synced", base) == []  # SyncBatchNorm: 32 either way
+    assert numerics_changes(base, "local", base) == []
+    # and a tie in the race goes to the one that keeps the baseline's statistics
+    assert simplicity(accumulating, base) == (0, 1)
+    assert simplicity(accumulating, base, "local") == (1, 1)
+
+
+def test_a_search_of_a_batch_norm_model_names_the_samples_its_pick_normalises_over() -> None:
+    space = {"parallel": ["ddp"], "world_size": [2], "grad_accum_steps": [1, 2]}
+    rng = random.Random(3)
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        speed = 1500.0 if config.grad_accum_steps == 2 else 1000.0
+        return ok(config, speed * rng.gauss(1, 0.005), 100)
+
+    tuner = make_tuner(FakeExecutor(outcome), space, trials=2, race_rounds=3)
+    tuner.batch_norm = "local"
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.config.grad_accum_steps == 2
+    assert recommendation.numerics_changes == ["batch_norm_samples=4 (the baseline's 8)"]
+    assert (
+        "numerics changed: batch_norm_samples=4 (the baseline's 8)"
+        in format_recommendation(recommendation).splitlines()
+    )
 
 
 def _speeds(recipe_speed: float, noise: float):
