@@ -48,7 +48,7 @@ def format_trial(result: TrialResult) -> str:
             f"  peak memory   {format_bytes(result.peak_memory_bytes or 0)} per rank "
             f"(largest of {len(result.ranks)}; {_memory_kind(result)})",
             f"  loss          {'finite' if result.loss_finite else 'NOT FINITE'} "
-            f"({_loss_trend(result)})",
+            f"({_loss_trend(result)})" + (f": {result.loss_rule}" if result.loss_rule else ""),
         ]
         if result.optimizer:
             given = result.workload.get("optimizer")

@@ -118,6 +118,9 @@ class RankReport(BaseModel):
     optimizer: str = Field("", description="Class of the optimizer the rank trained with.")
     collate: str = Field("", description="Where the rank's collate function came from.")
     data: str = Field("", description="Where the rank's samples came from.")
+    loss_rule: str = Field(
+        "", description="The rule the default loss took, in words (empty: the user's loss)."
+    )
     node: str = Field("", description="The Ray node the rank ran on (empty: the local launcher).")
     diagnostics: StepDiagnostics | None = None
 
@@ -142,6 +145,11 @@ class TrialResult(BaseModel):
         "",
         description="Where the trial's samples came from, synthetic ones with their shape and "
         "range (empty: not built).",
+    )
+    loss_rule: str = Field(
+        "",
+        description="What the default loss computed, in words (empty: the user's loss, or no "
+        "step ran).",
     )
     warmup_steps: int = 0
     measured_steps: int = 0

@@ -8,24 +8,37 @@ from typing import Any
 from autotune.errors import WorkloadError
 
 
-def default_loss(output: Any, target: Any) -> Any:
-    """The model's own loss when its output carries one; otherwise a loss from the target.
+class DefaultLoss:
+    """The loss when the user gives none: the model's own loss when its output carries one;
+    otherwise a loss from the target. ``rule`` says which it took at its last call, for the
+    trial's report.
 
     Order: a scalar tensor output; an output object with a tensor ``.loss`` (Hugging Face); a
     dict with ``"loss"``. Else, with a target: cross-entropy for integer targets (class indices,
     logits in the last dimension), mean squared error for floating targets. With no target at all
     (synthetic data) the mean square of the output stands in, for measuring speed only.
     """
+
+    def __init__(self) -> None:
+        self.rule = ""
+
+    def __call__(self, output: Any, target: Any) -> Any:
+        loss, self.rule = _default_loss(output, target)
+        return loss
+
+
+def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
+    """(the loss, the rule that made it, in words): ``DefaultLoss``'s order."""
     import torch  # lazily: the workload module, and so the CLI, import this one
     import torch.nn.functional as F
 
-    loss = getattr(output, "loss", None)
+    loss, rule = getattr(output, "loss", None), "the model output's .loss"
     if loss is None and isinstance(output, dict):
-        loss = output.get("loss")
+        loss, rule = output.get("loss"), "the model output's 'loss'"
     if loss is None and isinstance(output, torch.Tensor) and output.dim() == 0:
-        loss = output
+        loss, rule = output, "the model's scalar output"
     if isinstance(loss, torch.Tensor):
-        return loss
+        return loss, rule
     logits = first_tensor(output)
     if logits is None:
         raise WorkloadError(
@@ -34,11 +47,21 @@ def default_loss(output: Any, target: Any) -> Any:
         )
     if isinstance(target, torch.Tensor):
         if not target.is_floating_point():
+            rule = "cross-entropy against the integer targets, class scores in dimension"
             if class_dimension(tuple(logits.shape), tuple(target.shape)) == 1:
-                return F.cross_entropy(logits.float(), target)  # PyTorch's (N, C, d1, ...)
-            return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
-        return F.mse_loss(logits.float(), target.float())
-    return logits.float().square().mean()
+                return F.cross_entropy(logits.float(), target), f"{rule} 1"  # (N, C, d1, ...)
+            loss = F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
+            return loss, f"{rule} -1 (the last)"
+        compared = regression_output(logits, target)
+        rule = "mean squared error against the floating targets"
+        if compared.shape != logits.shape:
+            rule += f" (the output's {list(logits.shape)} as their {list(target.shape)})"
+        return F.mse_loss(compared.float(), target.float()), rule
+    return logits.float().square().mean(), "the output's mean square (no target: speed only)"
+
+
+default_loss = DefaultLoss()
+"""The default loss (``DefaultLoss``), as trials and ``autotune.apply`` use it."""
 
 
 _SAID: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
@@ -89,3 +112,38 @@ def first_tensor(value: Any) -> Any:
             if found is not None:
                 return found
     return None
+
+
+def regression_output(output: Any, target: Any) -> Any:
+    """``output`` shaped as the floating ``target`` it is compared with. A regression head's
+    (N, 1) against a target of (N,) would broadcast to (N, N) in mean squared error: a wrong
+    loss whose memory and time grow with the batch squared. The same values in another shape
+    of singleton dimensions are viewed as the target's shape (said once); shapes that differ
+    otherwise are a one-line error."""
+    import warnings
+
+    if output.shape == target.shape:
+        return output
+    mine, theirs = list(output.shape), list(target.shape)
+    if [d for d in mine if d != 1] == [d for d in theirs if d != 1]:
+        if (key := (tuple(mine), tuple(theirs))) not in _SAID:
+            _SAID.add(key)
+            warnings.warn(
+                f"mean squared error: output {mine} compared with the target {theirs} as "
+                f"{theirs} (broadcast, they would make {_broadcast(mine, theirs)}); pass --loss "
+                "to compare them otherwise",
+                stacklevel=3,
+            )
+        return output.reshape(target.shape)
+    raise WorkloadError(
+        f"mean squared error cannot pair the output {mine} with the floating target {theirs}: "
+        "they differ in more than dimensions of size 1; return the output in the target's "
+        "shape, or pass --loss"
+    )
+
+
+def _broadcast(a: list[int], b: list[int]) -> list[int]:
+    """The shape two shapes broadcast to (for the warning: what the loss would have made)."""
+    longest = max(len(a), len(b))
+    a, b = [1] * (longest - len(a)) + a, [1] * (longest - len(b)) + b
+    return [max(x, y) for x, y in zip(a, b, strict=True)]

@@ -91,6 +91,7 @@ def assemble_result(
         "optimizer": next((r.optimizer for r in reports if r.optimizer), ""),
         "collate": next((r.collate for r in reports if r.collate), ""),
         "data": next((r.data for r in reports if r.data), ""),
+        "loss_rule": next((r.loss_rule for r in reports if r.loss_rule), ""),
         "warmup_steps": options.warmup_for(request.config),
         "launch_s": launch_s,
         "total_s": total_s,

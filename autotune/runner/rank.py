@@ -281,6 +281,7 @@ def _measure(
         peak_reserved_bytes=peak.reserved_bytes,
         peak_device_used_bytes=peak.device_used_bytes,
         losses=losses,
+        loss_rule=getattr(workload.loss, "rule", ""),
         diagnostics=StepDiagnostics(
             optimizer_steps=step.optimizer_steps,
             micro_steps=step.micro_steps,

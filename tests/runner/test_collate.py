@@ -22,6 +22,7 @@ def test_ranks_and_their_dataloader_workers_batch_with_the_modules_collate_funct
     assert result.collate == "tests.fixtures.padded:autotune_collate"
     assert "  collate       tests.fixtures.padded:autotune_collate" in format_trial(result)
     assert result.data == "tests.fixtures.padded:autotune_dataset"  # where the samples came from
+    assert result.loss_rule == ""  # the module's autotune_loss: no rule of the default's
     assert "  samples       tests.fixtures.padded:autotune_dataset" in format_trial(result)
 
 

@@ -35,3 +35,24 @@ def test_when_both_layouts_fit_the_last_is_taken_and_said() -> None:
 def test_when_neither_fits_it_says_so_in_one_line() -> None:
     with pytest.raises(WorkloadError, match=r"cannot pair the output \[8, 10, 3\]"):
         default_loss(torch.randn(8, 10, 3), torch.randint(0, 3, (8,)))
+
+
+def test_a_regression_heads_column_is_compared_with_its_targets_not_broadcast() -> None:
+    # A user's regressor returned (N, 1) against a target of (N,): mean squared error broadcast
+    # them to (N, N), a wrong loss whose memory and time grow with the batch squared.
+    output, target = torch.randn(32, 1), torch.randn(32)
+    with pytest.warns(UserWarning, match=r"output \[32, 1\] compared with the target \[32\]"):
+        loss = default_loss(output, target)
+    assert loss == pytest.approx(float(F.mse_loss(output.squeeze(1), target)))
+    assert default_loss.rule == (
+        "mean squared error against the floating targets (the output's [32, 1] as their [32])"
+    )
+    column = target.unsqueeze(1)  # and the other way round: a target of (N, 1), an output (N,)
+    with pytest.warns(UserWarning, match=r"output \[32\] compared with the target \[32, 1\]"):
+        assert default_loss(target, column) == pytest.approx(0.0)
+    same = torch.randn(8, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # shapes that agree: nothing to say
+        assert default_loss(same, same) == pytest.approx(0.0)
+    with pytest.raises(WorkloadError, match=r"cannot pair the output \[8, 3\] with the floating"):
+        default_loss(same, torch.randn(8, 1))

@@ -7,6 +7,7 @@ import torch
 
 from autotune.api import run_trial
 from autotune.errors import WorkloadError
+from autotune.report import format_trial
 from autotune.runner.loss import default_loss
 from autotune.runner.workload import (
     WorkloadCache,
@@ -99,6 +100,8 @@ def test_synthetic_token_ids_stay_inside_the_models_lookup_tables() -> None:
     )  # fmt: skip
     assert trial.status == "ok", trial.message
     assert trial.data == workload.data_source  # and the trial says the range it drew from
+    assert trial.loss_rule == "the output's mean square (no target: speed only)"
+    assert "last " in format_trial(trial) and ": the output's mean square" in format_trial(trial)
     assert data_source(spec) == workload.data_source  # as the search's first lines do
     bare = build_workload(
         WorkloadSpec(model="tests.fixtures.nodata:Bare", input_shape=(6,), input_dtype="int32")
@@ -185,15 +188,22 @@ class _HFOutput:
         self.logits = torch.zeros(2, 3)
 
 
-def test_default_loss_rules() -> None:
+def test_default_loss_rules_and_the_words_for_each() -> None:
+    # The trial's report says which rule made its loss (the rank reads ``rule``).
     scalar = torch.tensor(1.5)
     assert default_loss(scalar, None) is scalar
+    assert default_loss.rule == "the model's scalar output"
     assert default_loss(_HFOutput(torch.tensor(2.0)), None).item() == 2.0
+    assert default_loss.rule == "the model output's .loss"
     assert default_loss({"loss": torch.tensor(3.0)}, None).item() == 3.0
+    assert default_loss.rule == "the model output's 'loss'"
     logits = torch.tensor([[10.0, 0.0], [0.0, 10.0]])
     assert default_loss(logits, torch.tensor([0, 1])).item() < 1e-3  # cross-entropy
+    assert default_loss.rule.startswith("cross-entropy against the integer targets")
     assert default_loss(torch.ones(2), torch.zeros(2)).item() == 1.0  # mean squared error
+    assert default_loss.rule == "mean squared error against the floating targets"
     assert default_loss(torch.full((2,), 2.0), None).item() == 4.0  # no target: mean square
+    assert default_loss.rule == "the output's mean square (no target: speed only)"
 
 
 def test_the_model_modules_collate_function_is_used_unless_collate_is_given() -> None:
