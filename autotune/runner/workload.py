@@ -109,7 +109,9 @@ def _split_reference(reference: str, what: str) -> tuple[str, str]:
 
 
 def import_location(location: str, what: str) -> Any:
-    """Import a module given as a dotted name or as a path to a .py file."""
+    """Import a module given as a dotted name or as a path to a .py file; a file's directory
+    goes first on ``sys.path``, as ``python file.py`` puts it, so that the modules beside it
+    import."""
     if location.endswith(".py") or "/" in location:
         path = Path(location).expanduser().resolve()
         if not path.is_file():
@@ -122,6 +124,8 @@ def import_location(location: str, what: str) -> Any:
             raise WorkloadError(f"{what}: {location!r} is not a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        if str(path.parent) not in sys.path:  # its siblings import, as under `python file.py`
+            sys.path.insert(0, str(path.parent))
         try:
             spec.loader.exec_module(module)
         except Exception as error:
@@ -310,11 +314,12 @@ def _instantiate_dataset(source: Any, model: Any, reference: str, what: str) -> 
         dataset = _call_factory(source, reference, what, *((model,) if wants_model else ()))
     if isinstance(dataset, IterableDataset):
         return dataset  # a stream: it shards itself across ranks and workers (README)
-    if not isinstance(dataset, Dataset):
+    if not isinstance(dataset, Dataset) and not _indexable(dataset):
         raise WorkloadError(
             f"{what} {reference!r} gave a {type(dataset).__name__}, expected a "
-            "torch.utils.data.Dataset (map-style, or an IterableDataset stream) or a factory "
-            "returning one"
+            "torch.utils.data.Dataset (map-style, or an IterableDataset stream), samples by "
+            "index (a list, a Hugging Face datasets.Dataset: __len__ and __getitem__), or a "
+            "factory returning one"
         )
     if not hasattr(dataset, "__len__"):
         raise WorkloadError(
@@ -322,6 +327,17 @@ def _instantiate_dataset(source: Any, model: Any, reference: str, what: str) -> 
             "without a length is an IterableDataset)"
         )
     return dataset
+
+
+def _indexable(value: Any) -> bool:
+    """Samples by index, as a DataLoader takes them: a list, a tuple, a Hugging Face
+    ``datasets.Dataset`` (not a torch ``Dataset``), anything with ``__len__`` and
+    ``__getitem__``; not a string or a mapping, whose items are not samples."""
+    from collections.abc import Mapping
+
+    if isinstance(value, (str, bytes, Mapping)):
+        return False
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__")
 
 
 def _takes_one_argument(function: Any) -> bool:

@@ -12,6 +12,7 @@ from autotune.runner.loss import default_loss
 from autotune.runner.workload import (
     WorkloadCache,
     WorkloadSpec,
+    _instantiate_dataset,
     build_workload,
     check_workload,
     load_model,
@@ -112,6 +113,36 @@ def test_synthetic_token_ids_stay_inside_the_models_lookup_tables() -> None:
         WorkloadSpec(model="tests.fixtures.nodata:Bare", input_shape=(6,), input_dtype="bool")
     )
     assert flags.dataset[0].dtype == torch.bool
+
+
+def test_a_model_file_imports_the_modules_beside_it(tmp_path: Path) -> None:
+    # `python sub/model.py` imports sub/helpers.py; `--model sub/model.py:Net` failed with
+    # "No module named 'helpers'".
+    (tmp_path / "helpers_beside.py").write_text("import torch.nn as nn\nWIDTH = 3\n")
+    (tmp_path / "beside.py").write_text(
+        "import torch.nn as nn\nfrom helpers_beside import WIDTH\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__(); self.f = nn.Linear(WIDTH, 2)\n"
+        "    def forward(self, x):\n        return self.f(x)\n"
+        "autotune_dataset = [(i * 1.0 + __import__('torch').zeros(3), i % 2) for i in range(8)]\n"
+    )
+    workload = build_workload(WorkloadSpec(model=f"{tmp_path}/beside.py:Net"))
+    assert workload.model.f.in_features == 3
+    # a plain list of samples is a dataset, as a DataLoader takes it
+    assert isinstance(workload.dataset, list) and len(workload.dataset) == 8
+
+
+def test_samples_by_index_are_a_dataset_and_a_mapping_is_not() -> None:
+    class Table:  # a Hugging Face datasets.Dataset is not a torch Dataset: it is indexed
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return torch.full((6,), float(index))
+
+    assert isinstance(_instantiate_dataset(Table(), None, "m:t", "--data"), Table)
+    with pytest.raises(WorkloadError, match=r"gave a dict, expected a torch\.utils\.data\.Data"):
+        _instantiate_dataset({"x": 1}, None, "m:MAPPING", "--data")
 
 
 def test_no_data_at_all_says_what_to_pass() -> None:
