@@ -123,14 +123,13 @@ def _executor_lines(executor: Executor) -> dict[str, str]:
 
 def _norm_line(norms: BatchNorm) -> str:
     """What the search's header says of a model's batch norms."""
-    over = (
-        "every rank's micro-batches together (SyncBatchNorm)"
-        if norms == "synced"
-        else ("each device's micro-batch")
-    )
+    if norms == "synced":
+        over = "every rank's micro-batches together (SyncBatchNorm)"
+    else:
+        over = "each device's micro-batch"
     return (
         f"statistics over {over}: a configuration whose forward covers other samples than the "
-        "baseline's changes the numerics, and is said to"
+        "baseline's changes the numerics, and its recommendation names it as such"
     )
 
 

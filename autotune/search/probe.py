@@ -329,7 +329,6 @@ BATCH_CHECKED = 4
 
 
 @functools.cache
-@functools.cache
 def _dataset(workload: WorkloadSpec) -> tuple[Any, str] | None:
     """(dataset, where it came from), built once beside the meta-device model; None when that
     cannot be done here (the trials will say)."""
@@ -349,6 +348,7 @@ def data_source(workload: WorkloadSpec) -> str | None:
     return dataset[1] if dataset else None
 
 
+@functools.cache
 def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None:
     """The dataset's first ``count`` samples (fewer if it holds fewer); None when the dataset
     cannot be built or read here (the trials will say)."""
