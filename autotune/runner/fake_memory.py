@@ -495,7 +495,12 @@ def _trace(
     from autotune.runner.fake_attention import cuda_attention  # imports torch
     from autotune.runner.fake_autocast import cuda_policy  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
-    from autotune.runner.training import _AMP_DTYPES, prepare_model, split_batch  # imports torch
+    from autotune.runner.training import (  # imports torch
+        _AMP_DTYPES,
+        forward_keywords,
+        prepare_model,
+        split_batch,
+    )
 
     put_on_path(spec)
     # A shape environment lets a value read for logging (``loss.item()`` in forward) stay an
@@ -536,7 +541,7 @@ def _trace(
         scalars = FormattedScalars()
         # the policy holds for checkpoints' recomputation too
         with routing, workspace, tracker, policy, attention, packing, scalars, _unmoved_modules():
-            args, kwargs, target = split_batch(batch)
+            args, kwargs, target = split_batch(batch, forward_keywords(wrapped))
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:
                 output = wrapped(*args, **kwargs)

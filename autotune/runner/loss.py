@@ -14,9 +14,10 @@ class DefaultLoss:
     trial's report.
 
     Order: a scalar tensor output; an output object with a tensor ``.loss`` (Hugging Face); a
-    dict with ``"loss"``. Else, with a target: cross-entropy for integer targets (class indices,
-    logits in the last dimension), mean squared error for floating targets. With no target at all
-    (synthetic data) the mean square of the output stands in, for measuring speed only.
+    dict with ``"loss"``. Else, with a target (a dict batch's ``"labels"``, as Hugging Face
+    names it): cross-entropy for integer targets (class indices, logits in the last dimension),
+    mean squared error for floating targets. With no target at all (synthetic data) the mean
+    square of the output stands in, for measuring speed only.
     """
 
     def __init__(self) -> None:
@@ -45,15 +46,18 @@ def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
             f"the model returned {type(output).__name__} with no tensor in it; return a tensor "
             "or an object with a .loss, or pass --loss"
         )
+    against = ""
+    if isinstance(target, dict) and isinstance(target.get("labels"), torch.Tensor):
+        target, against = target["labels"], " (the batch's 'labels')"  # Hugging Face's name
     if isinstance(target, torch.Tensor):
         if not target.is_floating_point():
-            rule = "cross-entropy against the integer targets, class scores in dimension"
+            rule = f"cross-entropy against the integer targets{against}, class scores in dimension"
             if class_dimension(tuple(logits.shape), tuple(target.shape)) == 1:
                 return F.cross_entropy(logits.float(), target), f"{rule} 1"  # (N, C, d1, ...)
             loss = F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
             return loss, f"{rule} -1 (the last)"
         compared = regression_output(logits, target)
-        rule = "mean squared error against the floating targets"
+        rule = f"mean squared error against the floating targets{against}"
         if compared.shape != logits.shape:
             rule += f" (the output's {list(logits.shape)} as their {list(target.shape)})"
         return F.mse_loss(compared.float(), target.float()), rule

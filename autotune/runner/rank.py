@@ -282,6 +282,14 @@ def _measure(
         peak_device_used_bytes=peak.device_used_bytes,
         losses=losses,
         loss_rule=getattr(workload.loss, "rule", ""),
+        **(
+            {
+                "data": f"{workload.data_source}; left out of the forward's call, which does not "
+                f"take them: {', '.join(sorted(step.left_out))}"
+            }
+            if step.left_out
+            else {}
+        ),
         diagnostics=StepDiagnostics(
             optimizer_steps=step.optimizer_steps,
             micro_steps=step.micro_steps,

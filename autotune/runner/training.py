@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -238,14 +239,43 @@ def move_to(
     return batch
 
 
-def split_batch(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+def forward_keywords(model: nn.Module) -> frozenset[str] | None:
+    """The keyword arguments the model's forward takes (through DDP's, DataParallel's and
+    ``torch.compile``'s wrappers); None when it takes any (``**kwargs``) or cannot be told."""
+    inner: Any = model
+    while True:
+        if isinstance(inner, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            inner = inner.module
+        elif isinstance(getattr(inner, "_orig_mod", None), nn.Module):  # torch.compile's
+            inner = inner._orig_mod
+        else:
+            break
+    try:
+        parameters = inspect.signature(inner.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(
+        p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    )
+
+
+def split_batch(
+    batch: Any, accepts: frozenset[str] | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
     """(positional inputs, keyword inputs, target) of a batch.
 
     A tensor is the input; a dict is passed as keyword arguments (and given to a user loss as
-    the target); a tuple/list is (inputs..., target), or (input,) alone.
+    the target); a tuple/list is (inputs..., target), or (input,) alone. ``accepts``: the
+    keywords the forward takes (``forward_keywords``); a dict's other keys (a dataset's
+    ``labels`` beside a forward that takes ``input_ids``) stay out of the call, as Hugging
+    Face's Trainer leaves out the columns a model does not take, and in the target. Where the
+    forward takes none of its keys, every key is passed, so that the error names them.
     """
     if isinstance(batch, dict):
-        return (), batch, batch
+        taken = batch if accepts is None else {k: v for k, v in batch.items() if k in accepts}
+        return (), (taken or batch), batch
     if isinstance(batch, (list, tuple)):
         if len(batch) == 1:
             return (batch[0],), {}, None
@@ -283,6 +313,9 @@ class TrainStep:
         self.output_dtype: torch.dtype | None = None
         self.optimizer_steps = 0
         self.micro_steps = 0
+        self.accepts = forward_keywords(model)
+        self.left_out: set[str] = set()
+        """Keys of dict batches the forward does not take, left out of the call."""
         # CUDA graphs replay the backward graph into the same pool: a gradient that became
         # .grad on the first micro-step (stolen, not copied) is overwritten by the next replay
         # (pytorch/pytorch#169545). Gradients kept as tensors of their own, zeroed in place,
@@ -333,7 +366,9 @@ class TrainStep:
             batch = next(batches)
             data_wait += time.perf_counter() - fetch_start
             moved = move_to(batch, self.device, self.non_blocking, self.config.channels_last)
-            args, kwargs, target = split_batch(moved)
+            args, kwargs, target = split_batch(moved, self.accepts)
+            if isinstance(moved, dict):
+                self.left_out.update(moved.keys() - kwargs.keys())
             calls_before = self.hooks.calls
             if self.keep_grads:  # each micro-step is a new replay of the graphs
                 torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]

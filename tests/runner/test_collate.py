@@ -34,3 +34,11 @@ def test_samples_torch_cannot_stack_fail_with_how_to_pad_them() -> None:
     assert HINT not in result.message  # a collate function was given: no hint to give one
     bare = run_trial("tests.fixtures.models:Small", config, data=f"{PADDED}:Sentences", **FEW)
     assert "stack expects each tensor" in bare.message and HINT in bare.message
+
+
+def test_keys_the_forward_does_not_take_are_left_out_and_said() -> None:
+    config = {"global_batch_size": 8, "parallel": "ddp", "world_size": 2, "device": "cpu"}
+    result = run_trial("tests.fixtures.unused_keys:Tagger", config, **FEW)
+    assert result.status == "ok", result.message
+    assert result.data.endswith("left out of the forward's call, which does not take them: labels")
+    assert "(the batch's 'labels')" in result.loss_rule

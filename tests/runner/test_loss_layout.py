@@ -56,3 +56,26 @@ def test_a_regression_heads_column_is_compared_with_its_targets_not_broadcast() 
         assert default_loss(same, same) == pytest.approx(0.0)
     with pytest.raises(WorkloadError, match=r"cannot pair the output \[8, 3\] with the floating"):
         default_loss(same, torch.randn(8, 1))
+
+
+def test_a_dict_batchs_labels_are_the_target_and_stay_out_of_a_forward_that_takes_none() -> None:
+    # A user's token model took input_ids and attention_mask; the dataset's samples held labels
+    # too: every trial failed with "forward() got an unexpected keyword argument 'labels'".
+    from autotune.runner.training import forward_keywords, split_batch
+    from tests.fixtures.unused_keys import Tagger, Tokens
+
+    model = Tagger()
+    batch = {k: torch.stack([Tokens()[i][k] for i in range(4)]) for k in Tokens()[0]}
+    accepts = forward_keywords(model)
+    assert accepts == frozenset({"input_ids", "attention_mask"})
+    assert forward_keywords(torch.nn.DataParallel(model)) == accepts  # through the wrappers
+    assert forward_keywords(torch.compile(model)) == accepts
+    args, kwargs, target = split_batch(batch, accepts)
+    assert args == () and set(kwargs) == {"input_ids", "attention_mask"} and target is batch
+    assert split_batch(batch)[1] is batch  # nothing known of the forward: every key passed
+    assert split_batch({"x": batch["labels"]}, accepts)[1].keys() == {"x"}  # none taken: all
+    loss = default_loss(model(**kwargs), target)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(**kwargs).flatten(0, 1), batch["labels"].flatten())
+    assert float(loss) == pytest.approx(float(expected))
+    assert "integer targets (the batch's 'labels')" in default_loss.rule
