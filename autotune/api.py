@@ -24,7 +24,12 @@ from autotune.runner.workload import (
 from autotune.search.driver import resolve_global_batch, run_search
 from autotune.search.log import memory_used
 from autotune.search.plan import Plan, make_plan
-from autotune.search.probe import check_autocast, check_batches, check_shardable
+from autotune.search.probe import (
+    check_autocast,
+    check_batches,
+    check_optimizer,
+    check_shardable,
+)
 from autotune.search.progress import LineReporter, Reporter
 from autotune.search.settings import make_settings
 from autotune.search.space import load_space
@@ -241,6 +246,7 @@ def plan(
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     check_workload(workload)
     check_batches(workload)
+    check_optimizer(workload)
     if chosen is not None:
         gbs = chosen.global_batch_size
     else:

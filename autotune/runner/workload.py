@@ -480,6 +480,15 @@ def load_optimizer(spec: WorkloadSpec, model_module: Any) -> tuple[OptimizerFact
     return _checked_optimizer(_callable_factory(factory, reference), reference)
 
 
+def _needs_closure(optimizer: Any) -> bool:
+    """Whether ``optimizer.step`` must be given a closure (``torch.optim.LBFGS``)."""
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return closure is not None and closure.default is closure.empty
+
+
 def _checked_optimizer(
     factory: Callable[[Any], Any], reference: str
 ) -> tuple[Callable[[Any], Any], str]:
@@ -491,6 +500,13 @@ def _checked_optimizer(
             raise WorkloadError(
                 f"optimizer {reference!r} returned a {type(optimizer).__name__}, expected a "
                 "torch.optim.Optimizer"
+            )
+        if _needs_closure(optimizer):
+            raise WorkloadError(
+                f"optimizer {reference!r} returned a {type(optimizer).__name__}, whose step "
+                "needs a closure that evaluates the loss again (several forward and backward "
+                "passes a step); a trial's step calls step() once after the backward: give an "
+                "optimizer whose step takes no closure"
             )
         return optimizer
 

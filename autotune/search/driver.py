@@ -31,6 +31,7 @@ from autotune.search.probe import (
     autocast_ignored,
     batch_norm,
     check_batches,
+    check_optimizer,
     data_source,
     every_block,
     feeds_images,
@@ -153,6 +154,7 @@ def run_search(
     """Search, store every trial, and return (and store) the recommendation."""
     check_workload(workload)
     check_batches(workload)
+    check_optimizer(workload)
     settings, batch_source = resolve_global_batch(workload, settings)
     space = load_space(settings.space)
     device = resolve_device(settings.cluster.device)

@@ -433,16 +433,33 @@ def check_batches(workload: WorkloadSpec) -> None:
         )
 
 
-def optimizer_flags(workload: WorkloadSpec) -> tuple[str, tuple[str, ...]] | None:
-    """(class name, implementation flags it takes) of the workload's optimizer, built over a
-    meta-device model; None when that cannot be told here."""
+def _meta_optimizer(workload: WorkloadSpec) -> Any:
+    """The workload's optimizer built over the meta-device model; None when that cannot be
+    done here (the trials will say). Raises the ``WorkloadError`` of one no trial can train
+    with (a factory that returns no optimizer, or one whose step needs a closure)."""
     model = _meta_model(workload.model)
     if model is None:
         return None
     try:
         factory, _ = load_optimizer(workload, model[0])
         parameters = model[1].parameters()
-        built = factory(parameters) if factory else default_optimizer(parameters)
+        return factory(parameters) if factory else default_optimizer(parameters)
+    except WorkloadError:
+        raise
     except Exception:  # the trials will say what is wrong with it
+        return None
+
+
+def check_optimizer(workload: WorkloadSpec) -> None:
+    """One line, before any trial, where the workload's optimizer is one no trial can train
+    with: every trial would fail applying the configuration."""
+    _meta_optimizer(workload)
+
+
+def optimizer_flags(workload: WorkloadSpec) -> tuple[str, tuple[str, ...]] | None:
+    """(class name, implementation flags it takes) of the workload's optimizer, built over a
+    meta-device model; None when that cannot be told here."""
+    built = _meta_optimizer(workload)
+    if built is None:
         return None
     return type(built).__name__, accepted_implementations(type(built))

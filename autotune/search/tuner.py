@@ -309,13 +309,15 @@ class Tuner:
                 "last tried; it stays the reference, a speed-up over it is over a configuration "
                 "that does not fit, and the race leaves it out"
             )
-        self.recipe_config = self.recipe()
+        self.recipe_config = self.recipe(baseline_ran=base.status in ("ok", "oom"))
 
-    def recipe(self) -> TrainConfig | None:
+    def recipe(self, baseline_ran: bool = True) -> TrainConfig | None:
         """Measure the standard recipe (``search.recipe``) as one of the search's trials: its
         knobs from what the space offers after the probe, its micro-batch the largest that is
         predicted to fit and does (a run that does not fit tries the next smaller one). None:
-        no form of it fits or runs; the race then has the baseline alone to compare with."""
+        no form of it fits or runs; the race then has the baseline alone to compare with.
+        ``baseline_ran``: the baseline ran (fitting or not); where it failed too, the recipe's
+        failure is not its knobs', and it gives none of them up."""
         stored = self.log.study.user_attrs.get(RECIPE_ATTR)
         if stored is not None:
             return TrainConfig.model_validate(stored) if stored else None
@@ -330,7 +332,12 @@ class Tuner:
                 f"this {self.platform.device_type.upper()}, not computed natively ({told})"
             )
         found, failed = self._recipe_at(values)
-        while found is None and failed is not None and (fallback := recipe_fallback(values)):
+        while (
+            baseline_ran
+            and found is None
+            and failed is not None
+            and (fallback := recipe_fallback(values))
+        ):
             given_up, values = fallback
             self.reporter.phase(
                 f"standard recipe: failed with {given_up} ({shortened(failed.message)}); "

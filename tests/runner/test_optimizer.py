@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import autotune
 from autotune.api import run_trial
 from autotune.errors import WorkloadError
 from autotune.runner.workload import (
@@ -14,6 +15,7 @@ from autotune.runner.workload import (
     check_workload,
     describe_optimizer,
 )
+from autotune.search.probe import check_optimizer
 from tests.fixtures.optimizers import PARAMETER_BYTES
 
 MODULE = "tests.fixtures.optimizers"
@@ -79,6 +81,20 @@ def test_a_factory_that_returns_no_optimizer_fails_the_trial_with_its_reason() -
     result = _trial("tests.fixtures.optimizers:not_an_optimizer")
     assert result.status == "error"
     assert "returned a str, expected a torch.optim.Optimizer" in result.message
+
+
+def test_an_optimizer_whose_step_needs_a_closure_is_refused_saying_why() -> None:
+    # LBFGS failed in its first step with "step() missing 1 required positional argument".
+    result = _trial("tests.fixtures.optimizers:lbfgs")
+    assert result.status == "error"
+    assert "returned a LBFGS, whose step needs a closure that evaluates the loss again" in (
+        result.message
+    )
+    # a search and a plan say it before any trial
+    with pytest.raises(WorkloadError, match="returned a LBFGS, whose step needs a closure"):
+        autotune.plan(MODEL, optimizer="tests.fixtures.optimizers:lbfgs", devices=2,
+                      device_memory="8GiB", global_batch_size=8)  # fmt: skip
+    assert check_optimizer(WorkloadSpec(model=MODEL)) is None  # the module's SGD is fine
 
 
 def test_an_error_in_the_optimizer_s_step_is_said_to_be_there() -> None:

@@ -271,6 +271,16 @@ def test_a_model_that_fails_under_autocast_gets_the_recipe_without_it() -> None:
     ) in phases.lines
 
 
+def test_a_recipe_that_fails_as_the_baseline_did_gives_up_none_of_its_knobs() -> None:
+    executor = FakeExecutor(lambda config, before: failed(config, "error", "rank 0: no"))
+    tuner = make_tuner(executor, SPACE, trials=4, race_rounds=2)
+    tuner.reporter = phases = Said()
+    tuner.baseline()
+    assert tuner.recipe(baseline_ran=False) is None
+    assert len(executor.runs) == 2  # the baseline, the recipe once: the step fails whatever
+    assert not any("tried without it" in line for line in phases.lines)
+
+
 def test_when_the_recipe_wins_it_is_the_recommendation_and_the_output_says_so() -> None:
     tuner = make_tuner(FakeExecutor(_speeds(1500.0, 0.005)), SPACE, trials=4, race_rounds=4)
     recommendation = tuner.run([], "s.db", "s")
