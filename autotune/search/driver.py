@@ -122,6 +122,20 @@ def _executor_lines(executor: Executor) -> dict[str, str]:
     return lines | ({"shipped": f"{shipped} to every Ray node"} if shipped else {})
 
 
+def _oversubscribed(
+    settings: SearchSettings, device: str, devices: int, cores: int
+) -> dict[str, str]:
+    """The header's line where CPU ranks outnumber this machine's cores (none for a Ray
+    cluster's, whose nodes bring their own)."""
+    if device != "cpu" or devices <= cores or settings.cluster.ray_address:
+        return {}
+    return {
+        "cores": f"--devices {devices} on {cores} usable cores: ranks share cores, so "
+        "configurations of more ranks than cores measure their contention, not a machine with "
+        f"{devices} devices"
+    }
+
+
 def _norm_line(norms: BatchNorm) -> str:
     """What the search's header says of a model's batch norms."""
     if norms == "synced":
@@ -223,6 +237,7 @@ def run_search(
             optimizer=optimizer_source,
             **({"batches": f"made by {collate}"} if collate else {}),
             **({"batch norm": _norm_line(norms)} if norms else {}),
+            **_oversubscribed(settings, device, devices, count),
             budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
             **({"excluded": "; ".join(exclusion_lines(exclusions))} if exclusions else {}),

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.errors import WorkloadError
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.driver import resolve_global_batch
+from autotune.search.driver import _oversubscribed, resolve_global_batch
 from autotune.search.settings import make_settings
 
 
@@ -48,3 +48,15 @@ def test_a_trial_given_no_global_batch_takes_the_modules(
     code = main([*argv, "--measured-steps", "2", "--warmup-steps", "1"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["config"]["global_batch_size"] == 16
+
+
+def test_more_cpu_ranks_than_cores_are_said_to_share_them() -> None:
+    # --devices 4 on this 2-core machine ran "AMD EPYC x4" trials without a word of the
+    # contention that each measured.
+    plain = make_settings({"trials": 2})
+    said = _oversubscribed(plain, "cpu", 4, 2)["cores"]
+    assert said.startswith("--devices 4 on 2 usable cores: ranks share cores")
+    assert _oversubscribed(plain, "cpu", 2, 2) == {}
+    assert _oversubscribed(plain, "cuda", 4, 2) == {}  # GPUs are counted, not cores
+    cluster = make_settings({"trials": 2, "ray_address": "10.0.0.1:6379"})
+    assert _oversubscribed(cluster, "cpu", 4, 2) == {}  # a cluster's nodes bring their own
