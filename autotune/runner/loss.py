@@ -7,6 +7,10 @@ from typing import Any
 
 from autotune.errors import WorkloadError
 
+TARGET_KEYS = ("labels", "label", "targets", "target", "y")
+"""The keys of a dict batch the default loss takes as its target, the first found (Hugging
+Face's name first)."""
+
 
 class DefaultLoss:
     """The loss when the user gives none: the model's own loss when its output carries one;
@@ -14,8 +18,8 @@ class DefaultLoss:
     trial's report.
 
     Order: a scalar tensor output; an output object with a tensor ``.loss`` (Hugging Face); a
-    dict with ``"loss"``. Else, with a target (a dict batch's ``"labels"``, as Hugging Face
-    names it): cross-entropy for integer targets (class indices, logits in the last dimension),
+    dict with ``"loss"``. Else, with a target (of a dict batch, the first of ``TARGET_KEYS``):
+    cross-entropy for integer targets (class indices, logits in the last dimension),
     mean squared error for floating targets. With no target at all (synthetic data) the mean
     square of the output stands in, for measuring speed only.
     """
@@ -47,8 +51,10 @@ def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
             "or an object with a .loss, or pass --loss"
         )
     against = ""
-    if isinstance(target, dict) and isinstance(target.get("labels"), torch.Tensor):
-        target, against = target["labels"], " (the batch's 'labels')"  # Hugging Face's name
+    if isinstance(target, dict):
+        key = next((k for k in TARGET_KEYS if isinstance(target.get(k), torch.Tensor)), None)
+        if key is not None:
+            target, against = target[key], f" (the batch's {key!r})"
     if isinstance(target, torch.Tensor):
         if not target.is_floating_point():
             rule = f"cross-entropy against the integer targets{against}, class scores in dimension"

@@ -79,3 +79,11 @@ def test_a_dict_batchs_labels_are_the_target_and_stay_out_of_a_forward_that_take
         expected = F.cross_entropy(model(**kwargs).flatten(0, 1), batch["labels"].flatten())
     assert float(loss) == pytest.approx(float(expected))
     assert "integer targets (the batch's 'labels')" in default_loss.rule
+    scores = torch.randn(4, 3)
+    named_y = {"x": scores, "y": torch.tensor([0, 1, 2, 0])}
+    assert float(default_loss(scores, named_y)) == pytest.approx(
+        float(F.cross_entropy(scores, named_y["y"]))
+    )
+    assert "(the batch's 'y')" in default_loss.rule
+    default_loss(scores, {"x": scores})  # no target among the keys: the output's mean square
+    assert default_loss.rule.startswith("the output's mean square")
