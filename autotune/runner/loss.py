@@ -18,10 +18,11 @@ class DefaultLoss:
     trial's report.
 
     Order: a scalar tensor output; an output object with a tensor ``.loss`` (Hugging Face); a
-    dict with ``"loss"``. Else, with a target (of a dict batch, the first of ``TARGET_KEYS``):
-    cross-entropy for integer targets (class indices, logits in the last dimension),
-    mean squared error for floating targets. With no target at all (synthetic data) the mean
-    square of the output stands in, for measuring speed only.
+    dict with ``"loss"``; a tuple whose first item is a scalar (``(loss, logits, ...)``, Hugging
+    Face's with ``return_dict=False``). Else, with a target (of a dict batch, the first of
+    ``TARGET_KEYS``): cross-entropy for integer targets (class indices, logits in the last
+    dimension), mean squared error for floating targets. With no target at all (synthetic data)
+    the mean square of the output stands in, for measuring speed only.
     """
 
     def __init__(self) -> None:
@@ -42,6 +43,10 @@ def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
         loss, rule = output.get("loss"), "the model output's 'loss'"
     if loss is None and isinstance(output, torch.Tensor) and output.dim() == 0:
         loss, rule = output, "the model's scalar output"
+    if loss is None and isinstance(output, (tuple, list)) and output:
+        first = output[0]  # Hugging Face's tuples (return_dict=False) put the loss first
+        if isinstance(first, torch.Tensor) and first.dim() == 0 and len(output) > 1:
+            loss, rule = first, "the scalar first in the model's output, (loss, ...)"
     if isinstance(loss, torch.Tensor):
         return loss, rule
     logits = first_tensor(output)

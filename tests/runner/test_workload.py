@@ -228,6 +228,10 @@ def test_default_loss_rules_and_the_words_for_each() -> None:
     assert default_loss.rule == "the model output's .loss"
     assert default_loss({"loss": torch.tensor(3.0)}, None).item() == 3.0
     assert default_loss.rule == "the model output's 'loss'"
+    # (loss, logits), as Hugging Face returns with return_dict=False: the loss was taken as the
+    # class scores, "cross-entropy cannot pair the output [] with the integer target [32]"
+    assert default_loss((torch.tensor(4.0), torch.zeros(2, 3)), torch.tensor([0, 1])) == 4.0
+    assert default_loss.rule == "the scalar first in the model's output, (loss, ...)"
     logits = torch.tensor([[10.0, 0.0], [0.0, 10.0]])
     assert default_loss(logits, torch.tensor([0, 1])).item() < 1e-3  # cross-entropy
     assert default_loss.rule.startswith("cross-entropy against the integer targets")
