@@ -314,7 +314,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
-                    **prediction_json(row.prediction),
+                    **prediction_json(row.prediction, row.config),
                     "limit_bytes": result.limit_bytes,
                     "fits": fits,
                     "calibration": result.calibration,

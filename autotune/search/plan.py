@@ -139,16 +139,23 @@ def _row_json(row: PlanRow, limit_bytes: int) -> dict[str, Any]:
     return {
         "config": row.config.model_dump(mode="json"),
         "summary": row.config.summary(),
-        **prediction_json(row.prediction),
+        **prediction_json(row.prediction, row.config),
         "fits": row.fits(limit_bytes),
     }
 
 
-def prediction_json(prediction: Prediction) -> dict[str, Any]:
-    """A prediction as JSON: the peak and the parts it is made of, each a prediction."""
+def prediction_json(prediction: Prediction, config: TrainConfig) -> dict[str, Any]:
+    """A prediction as JSON: the peak and the parts it is made of, each a prediction, and what
+    each covers: on CUDA both one device; on CPU the peak is every rank of the host together
+    (as a budget there is), the parts one rank's."""
+    on_cpu = config.device == "cpu"
     return {
         "predicted_peak_bytes": prediction.peak_bytes,
+        "predicted_peak_covers": (
+            f"all {config.processes} rank(s) of the host together" if on_cpu else "one device"
+        ),
         "predicted_parts_bytes": dict(prediction.parts),
+        "predicted_parts_cover": "one rank" if on_cpu else "one device",
         "source": prediction.source,
     }
 

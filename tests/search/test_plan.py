@@ -61,6 +61,7 @@ def test_one_config_as_json_carries_the_predicted_peak_and_its_parts(
     out = json.loads(capsys.readouterr().out)
     parts = out["predicted_parts_bytes"]
     assert out["predicted_peak_bytes"] == sum(parts.values())
+    assert out["predicted_peak_covers"] == out["predicted_parts_cover"] == "one device"
     assert parts["ddp buckets"] == 4 * (256 * 1024 + 1024 + 1024 * 256 + 256) * 4
     assert out["fits"] is True and out["source"].startswith("fake-tensor trace")
     assert out["calibration"].startswith("the tensors x1.10 for the caching allocator's reserve")
@@ -86,6 +87,13 @@ def test_one_config_is_planned_on_its_own_device_and_a_conflicting_flag_is_refus
     out = json.loads(capsys.readouterr().out)
     assert (
         "caching allocator" not in out["calibration"] and "process" in out["predicted_parts_bytes"]
+    )
+    # on CPU the peak is both ranks' (as a CPU budget is), the parts one rank's: the JSON said
+    # neither, and its parts summed to half its peak
+    assert out["predicted_peak_covers"] == "all 2 rank(s) of the host together"
+    assert out["predicted_parts_cover"] == "one rank"
+    assert out["predicted_peak_bytes"] == pytest.approx(
+        2 * sum(out["predicted_parts_bytes"].values()), rel=0.01
     )
     assert main([*argv, "--devices", "2", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
