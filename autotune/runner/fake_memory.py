@@ -522,6 +522,7 @@ def _trace(
     block_bytes = max((_bytes(b.parameters()) for b in blocks), default=0)
     in_blocks = sum(_bytes(b.parameters()) for b in blocks)
     dtype = _AMP_DTYPES.get(amp)
+    accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
     with mode:
         wrapped, _, _, _ = prepare_model(model, config, device)
         params = wrapped.parameters()
@@ -541,7 +542,7 @@ def _trace(
         scalars = FormattedScalars()
         # the policy holds for checkpoints' recomputation too
         with routing, workspace, tracker, policy, attention, packing, scalars, _unmoved_modules():
-            args, kwargs, target = split_batch(batch, forward_keywords(wrapped))
+            args, kwargs, target = split_batch(batch, accepts)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:
                 output = wrapped(*args, **kwargs)

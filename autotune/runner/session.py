@@ -27,7 +27,13 @@ from autotune.config import TrainConfig
 from autotune.runner.loss import default_loss
 from autotune.runner.memory import child_pids
 from autotune.runner.optimizer import default_optimizer, with_implementation
-from autotune.runner.training import HookCounter, StepStats, TrainStep, prepare_model
+from autotune.runner.training import (
+    HookCounter,
+    StepStats,
+    TrainStep,
+    forward_keywords,
+    prepare_model,
+)
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -223,11 +229,12 @@ def prepare(
     set_matmul_precision(config)
     joined = not dist.is_initialized()
     rank = init_distributed(config, device)
+    accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
     wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)
     make_optimizer = optimizer or default_optimizer
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)
     loader, sampler = make_loader(config, dataset, rank, seed, collate)
-    runner = TrainStep(wrapped, opt, loss or default_loss, config, device, hooks)
+    runner = TrainStep(wrapped, opt, loss or default_loss, config, device, hooks, accepts)
     return Training(
         config,
         device,

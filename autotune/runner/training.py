@@ -240,18 +240,11 @@ def move_to(
 
 
 def forward_keywords(model: nn.Module) -> frozenset[str] | None:
-    """The keyword arguments the model's forward takes (through DDP's, DataParallel's and
-    ``torch.compile``'s wrappers); None when it takes any (``**kwargs``) or cannot be told."""
-    inner: Any = model
-    while True:
-        if isinstance(inner, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            inner = inner.module
-        elif isinstance(getattr(inner, "_orig_mod", None), nn.Module):  # torch.compile's
-            inner = inner._orig_mod
-        else:
-            break
+    """The keyword arguments the user's model's forward takes (the model as built, before any
+    wrapper, whose forward takes anything); None when it takes any (``**kwargs``) or cannot be
+    told."""
     try:
-        parameters = inspect.signature(inner.forward).parameters.values()
+        parameters = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):
         return None
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
@@ -304,7 +297,10 @@ class TrainStep:
         config: TrainConfig,
         device: torch.device,
         hooks: HookCounter,
+        accepts: frozenset[str] | None = None,
     ) -> None:
+        """``accepts``: the keywords the user's model takes (``forward_keywords`` of it before
+        it was wrapped); None passes a dict batch's every key."""
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.config, self.device, self.hooks = config, device, hooks
         self.amp_dtype = _AMP_DTYPES.get(config.amp)
@@ -313,7 +309,7 @@ class TrainStep:
         self.output_dtype: torch.dtype | None = None
         self.optimizer_steps = 0
         self.micro_steps = 0
-        self.accepts = forward_keywords(model)
+        self.accepts = accepts
         self.left_out: set[str] = set()
         """Keys of dict batches the forward does not take, left out of the call."""
         # CUDA graphs replay the backward graph into the same pool: a gradient that became
