@@ -163,6 +163,12 @@ class Recommendation(BaseModel):
         "(the trials and autotune.apply keep them whole on every rank; other trainers' FSDP "
         "meets the refusal).",
     )
+    parameter_dtype: str | None = Field(
+        None,
+        description="The one floating dtype of the model's parameters (bfloat16 for a model "
+        "built in bf16), which is the arithmetic a configuration without autocast keeps; None "
+        "where they differ or it was not told.",
+    )
     global_batch_source: str = Field(
         "given",
         description="Where the global batch came from: given, the model's module, or "

@@ -272,10 +272,14 @@ def _recipe_over(r: Recommendation) -> str:
     )
 
 
+SHORT_DTYPES = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
 def numerics_line(r: Recommendation) -> str:
     """Every change the recommendation makes to the training's arithmetic, on its own line."""
     if not r.numerics_changes:
-        return "numerics: unchanged (fp32 arithmetic, uncompressed gradients)"
+        own = SHORT_DTYPES.get(r.parameter_dtype or "float32", r.parameter_dtype)
+        return f"numerics: unchanged ({own} arithmetic, uncompressed gradients)"
     return f"numerics changed: {', '.join(r.numerics_changes)}"
 
 

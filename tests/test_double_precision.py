@@ -65,3 +65,26 @@ def test_a_constructor_that_converts_its_parameters_is_traced_from_the_meta_devi
     assert traced.parameters_bytes == parameters
     # AdamW's two float64 moments, and a step count (4 bytes) for each of the 4 parameters
     assert traced.optimizer_bytes == 2 * parameters + 4 * 4
+
+
+def test_a_model_built_in_bf16_gets_bf16_samples_and_its_arithmetic_named() -> None:
+    # A pure-bf16 model (a fine-tune loaded in bf16) was fed float32 samples from --input-shape,
+    # and a recommendation without autocast said "numerics: unchanged (fp32 arithmetic, ...)".
+    from autotune.report import numerics_line
+    from autotune.runner.workload import WorkloadSpec, build_workload, parameter_dtype
+    from autotune.search.probe import parameters_dtype
+    from tests.test_export import _recommendation
+
+    spec = WorkloadSpec(model="tests.fixtures.double:Brain", input_shape=(3,))
+    workload = build_workload(spec)
+    assert workload.dataset[0].dtype == torch.bfloat16
+    assert workload.data_source == "synthetic bfloat16[3] (the model's parameters are bfloat16)"
+    assert parameters_dtype("tests.fixtures.double:Brain") == "bfloat16"
+    assert parameter_dtype(workload.model) == "bfloat16"
+    assert parameters_dtype("tests.fixtures.double:Mixed") is None  # float64 beside float32
+    assert parameters_dtype("tests.fixtures.double:PINN") == "float64"
+    plain = _recommendation({})
+    assert plain.parameter_dtype is None and plain.numerics_changes == []
+    assert "(fp32 arithmetic" in numerics_line(plain)
+    said = numerics_line(plain.model_copy(update={"parameter_dtype": "bfloat16"}))
+    assert said == "numerics: unchanged (bf16 arithmetic, uncompressed gradients)"

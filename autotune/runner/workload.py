@@ -92,11 +92,18 @@ class Workload:
     collate_source: str = DEFAULT_COLLATE
 
 
+def parameter_dtype(model: Any) -> str | None:
+    """The one floating dtype every floating parameter of ``model`` has ("float32",
+    "bfloat16", ...); None where they differ or there are none."""
+    floating = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
+    floating &= {"float64", "float32", "bfloat16", "float16"}
+    return floating.pop() if len(floating) == 1 else None
+
+
 def all_float64(model: Any) -> bool:
     """Whether every floating parameter of ``model`` is float64 (and it has one): a model
     trained in double precision, which autocast leaves alone."""
-    floating = {str(p.dtype) for p in model.parameters() if p.is_floating_point()}
-    return floating == {"torch.float64"}
+    return parameter_dtype(model) == "float64"
 
 
 def _split_reference(reference: str, what: str) -> tuple[str, str]:
@@ -381,8 +388,9 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
         return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
     if spec.input_shape is not None:
         dtype, why = spec.input_dtype, ""
-        if dtype == "float32" and all_float64(model):  # the default follows the model
-            dtype, why = "float64", " (the model's parameters are float64)"
+        own = parameter_dtype(model)
+        if dtype == "float32" and own not in (None, "float32"):  # the default follows the model
+            dtype, why = own, f" (the model's parameters are {own})"
         bound = lookup_bound(model)
         dataset = SyntheticDataset.from_shape(spec.input_shape, dtype, bound or INTEGER_HIGH)
         if dataset.high is not None:

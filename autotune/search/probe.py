@@ -31,6 +31,7 @@ from autotune.runner.workload import (
     load_dataset,
     load_model,
     load_optimizer,
+    parameter_dtype,
 )
 from autotune.search.recipe import BatchNorm
 from autotune.search.space import EVERY_BLOCK, SearchSpace
@@ -359,6 +360,13 @@ def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None
         return tuple(first_samples(dataset[0], count))
     except Exception:  # the trials will say what is wrong with it
         return None
+
+
+def parameters_dtype(model_reference: str) -> str | None:
+    """The one floating dtype of the model's parameters (``workload.parameter_dtype``), from a
+    build on the meta device; None where they differ, or it cannot be built there."""
+    built = _meta_model(model_reference)
+    return parameter_dtype(built[1]) if built is not None else None
 
 
 def autocast_ignored(model_reference: str) -> str | None:

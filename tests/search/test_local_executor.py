@@ -56,6 +56,7 @@ def test_a_search_runs_its_trials_without_ray(
     assert ran == {0, 1}  # with and without a DataLoader worker (2 gloo ranks: test_launch)
     assert heard["executor"].startswith("rank processes of this machine")
     assert heard["data"] == "tests.fixtures.models:autotune_dataset"  # where the samples come from
+    assert recommendation.parameter_dtype == "float32"  # the arithmetic its numerics line names
 
 
 def test_the_local_executor_cannot_take_a_ray_address() -> None:
