@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.report import format_recommendation
@@ -119,3 +121,24 @@ def test_a_simpler_pick_names_what_the_faster_finalist_changes_beyond_it() -> No
     fp32 = single.model_copy(update={"amp": "off"})
     records = runs({single: [40.0, 39.0, 41.0], fp32: [39.5, 39.2, 40.1]})
     assert "changes more (its numerics: amp=bf16)" in simpler_choice(records, fp32, None)
+
+
+def test_a_numerics_change_whose_reported_speed_up_reaches_one_gives_way_to_the_baseline() -> None:
+    # A bf16-built GPT-2's search recommended amp=bf16 at "1.02x [95%: 0.99-1.05]" the
+    # baseline, with "numerics changed: amp=bf16": the race decides at one-sided 95% and saw it
+    # faster, but the interval the output reports does not show the gain.
+    bf16 = BASELINE.model_copy(update={"amp": "bf16"})
+    gains = [0.005, 0.04, 0.015, 0.03]  # log-ratios: faster one-sided at 95%, not two-sided
+    records = runs({BASELINE: [1000.0] * 4, bf16: [1000.0 * math.exp(g) for g in gains]})
+    ranked = race.ranking(records, race.raced(records))
+    assert ranked[0] == bf16
+    assert race.compare(race.log_ratios(records, BASELINE, bf16)) == "faster"
+    gain = race.speedup(records, bf16, BASELINE)
+    assert gain is not None and gain[1] < 1.0 < gain[2]
+    assert prefer_simpler(records, ranked, BASELINE)[0] == BASELINE
+    assert prefer_simpler(records, ranked, None)[0] == bf16  # no baseline to give way to
+    said = simpler_choice(records, BASELINE, BASELINE)
+    assert said.startswith("ddpx2 amp=bf16") and "its numerics: amp=bf16" in said
+    clearer = runs({BASELINE: [1000.0] * 4, bf16: [1030.0, 1031.0, 1029.0, 1030.5]})
+    ranked = race.ranking(clearer, race.raced(clearer))
+    assert prefer_simpler(clearer, ranked, BASELINE)[0] == bf16  # a gain its interval shows
