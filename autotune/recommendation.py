@@ -50,6 +50,11 @@ class RunnerUp(BaseModel):
         description="The race showed it slower with that confidence; False: the run-to-run "
         "noise could not tell the two apart in these rounds.",
     )
+    faster: bool = Field(
+        False,
+        description="The race showed it faster with that confidence: the recommended was "
+        "chosen for changing less, its gain not shown by the 95% interval the output reports.",
+    )
 
 
 class Recommendation(BaseModel):

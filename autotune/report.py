@@ -171,6 +171,11 @@ def runner_up_line(r: Recommendation) -> str | None:
     ratio = f"{head}: {other.ratio:.2f}x the recommended's samples/s{interval} over {other.rounds}"
     if other.ruled_out:
         return f"{ratio} paired race rounds: slower with confidence"
+    if other.faster:
+        return (
+            f"{ratio} paired race rounds: faster at the race's one-sided 95%, not beyond the 95% "
+            "interval the speed-ups are given with; the recommended changes less (above)"
+        )
     return (
         f"{ratio} paired race rounds: too close to call on this machine's run-to-run noise, "
         f"either may be the faster{_split_clause(other.rounds_to_split)}"

@@ -91,7 +91,8 @@ def runner_up_report(
         return None
     ratios = race.log_ratios(records, winner, other)
     interval = ratio_interval(ratios, race.DECIDE_CONFIDENCE)
-    ruled_out = race.compare(ratios) == "slower"
+    decided = race.compare(ratios)
+    ruled_out = decided == "slower"
     return RunnerUp(
         config=other,
         ratio=interval[0] if interval else None,
@@ -99,8 +100,9 @@ def runner_up_report(
         ratio_high=interval[2] if interval else None,
         rounds=len(ratios),
         ruled_out=ruled_out,
+        faster=decided == "faster",
         rounds_to_split=None
-        if ruled_out
+        if decided != "open"
         else pairs_to_decide(ratios, race.DECIDE_CONFIDENCE, ROUNDS_IN_REACH),
     )
 

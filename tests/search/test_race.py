@@ -139,6 +139,9 @@ def test_a_numerics_change_whose_reported_speed_up_reaches_one_gives_way_to_the_
     assert prefer_simpler(records, ranked, None)[0] == bf16  # no baseline to give way to
     said = simpler_choice(records, BASELINE, BASELINE)
     assert said.startswith("ddpx2 amp=bf16") and "its numerics: amp=bf16" in said
+    other = runner_up_report(records, BASELINE, BASELINE)
+    assert other is not None and other.config == bf16 and other.faster
+    assert other.rounds_to_split is None  # the race has told them apart: no projection
     clearer = runs({BASELINE: [1000.0] * 4, bf16: [1030.0, 1031.0, 1029.0, 1030.5]})
     ranked = race.ranking(clearer, race.raced(clearer))
     assert prefer_simpler(clearer, ranked, BASELINE)[0] == bf16  # a gain its interval shows
