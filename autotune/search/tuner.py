@@ -372,7 +372,9 @@ class Tuner:
                     record, _ = self._run_one(config, "search", trial=trial)
             if record is not None and record.fits:
                 return config, None
-            if record is not None and record.status not in ("ok", "oom"):
+            if record is not None and record.status == "pruned" and record.feasible:
+                return config, None  # it runs and fits, slowly (another driver's search trial)
+            if record is not None and record.status not in ("ok", "oom", "pruned"):
                 return None, record
         return None, None
 

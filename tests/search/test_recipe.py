@@ -271,6 +271,21 @@ def test_a_model_that_fails_under_autocast_gets_the_recipe_without_it() -> None:
     ) in phases.lines
 
 
+def test_a_recipe_pruned_as_another_drivers_search_trial_is_still_the_recipe() -> None:
+    # Its record says it runs and fits, slower than that driver's best: no failure to give up
+    # a knob for (it had been taken for one, and autocast dropped).
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        result = ok(config, 900.0 if config.amp == "bf16" else 1000.0, 100)
+        return result.model_copy(update={"status": "pruned"}) if config.amp == "bf16" else result
+
+    tuner = make_tuner(FakeExecutor(outcome), SPACE, trials=4, race_rounds=2)
+    tuner.reporter = phases = Said()
+    tuner.baseline()
+    recipe = tuner.recipe()
+    assert recipe is not None and recipe.amp == "bf16"
+    assert not any("failed" in line for line in phases.lines)
+
+
 def test_a_recipe_that_fails_as_the_baseline_did_gives_up_none_of_its_knobs() -> None:
     executor = FakeExecutor(lambda config, before: failed(config, "error", "rank 0: no"))
     tuner = make_tuner(executor, SPACE, trials=4, race_rounds=2)
