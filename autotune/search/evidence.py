@@ -137,10 +137,14 @@ def simpler_choice(
             f"{knobs_moved(fastest, reference)} knobs moved from {source} against "
             f"{knobs_moved(winner, reference)}; it sets {differs}"
         )
+    if race.compare(race.log_ratios(records, winner, fastest)) == "faster":
+        # told apart at the race's one-sided 95%, not by the interval shown (prefer_simpler)
+        why = "but its 95% interval over this one reaches 1.0"
+    else:
+        why = "but the race could not tell it from this one beyond the noise"
     return (
-        f"{fastest.summary()} measured faster{measured}, but the race could not tell it from "
-        f"this one beyond the noise, and it changes more ({what}): the one that changes less "
-        "is recommended"
+        f"{fastest.summary()} measured faster{measured}, {why}, and it changes more ({what}): "
+        "the one that changes less is recommended"
     )
 
 

@@ -139,6 +139,7 @@ def test_a_numerics_change_whose_reported_speed_up_reaches_one_gives_way_to_the_
     assert prefer_simpler(records, ranked, None)[0] == bf16  # no baseline to give way to
     said = simpler_choice(records, BASELINE, BASELINE)
     assert said.startswith("ddpx2 amp=bf16") and "its numerics: amp=bf16" in said
+    assert "but its 95% interval over this one reaches 1.0, and it changes more" in said
     other = runner_up_report(records, BASELINE, BASELINE)
     assert other is not None and other.config == bf16 and other.faster
     assert other.rounds_to_split is None  # the race has told them apart: no projection
