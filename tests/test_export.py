@@ -307,6 +307,11 @@ def test_the_yaml_says_when_the_race_could_not_tell_the_pick_from_the_runner_up(
         path = tmp_path / "best.yaml"
         path.write_text(text)
         assert load_config(path) == recommendation.config  # still loads: the caveat is a comment
+    faster = RunnerUp(config=other, ratio=1.02, ratio_low=1.001, ratio_high=1.04, rounds=4,
+                      faster=True)  # fmt: skip
+    text = render(recommendation.model_copy(update={"runner_up": faster}), "yaml")
+    assert "a gain its 95% interval does not show: this one changes less" in text
+    assert "could not tell" not in text  # the race had told them apart, at its own level
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
