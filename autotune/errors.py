@@ -30,10 +30,22 @@ collate function is then the likely fix. A model may take such inputs (one that 
 own text): the note is added only when the forward failed."""
 
 
+NO_CUDA_HERE = "the model asks for CUDA"
+"""How the note begins that a forward failing for want of CUDA carries on a machine without it
+(a tensor made with ``device="cuda"`` inside the model): the rank's reason ends with it in
+brackets, as ``NOT_TENSORS``'s does."""
+NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")
+"""What torch says when CUDA is asked of a machine without it (a CPU build; no driver; no GPU)."""
+
+
 def batch_hint(message: str) -> str:
-    """The ``NOT_TENSORS`` note at the end of a trial's reason ('' where there is none)."""
-    _, found, rest = message.rpartition(f" ({NOT_TENSORS} ")
-    return f"{NOT_TENSORS} {rest.removesuffix(')')}" if found else ""
+    """The ``NOT_TENSORS`` or ``NO_CUDA_HERE`` note at the end of a trial's reason ('' where
+    there is none)."""
+    for note in (NOT_TENSORS, NO_CUDA_HERE):
+        _, found, rest = message.rpartition(f" ({note}")
+        if found:
+            return f"{note}{rest.removesuffix(')')}"
+    return ""
 
 
 def shortened(text: str, limit: int = 200) -> str:

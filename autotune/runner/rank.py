@@ -20,7 +20,13 @@ import torch
 import torch.distributed as dist
 
 from autotune.config import TrainConfig
-from autotune.errors import NOT_TENSORS, ConfigError, WorkloadError, error_line
+from autotune.errors import (
+    NO_CUDA_HERE,
+    NOT_TENSORS,
+    ConfigError,
+    WorkloadError,
+    error_line,
+)
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
@@ -149,7 +155,7 @@ def run_rank(
         status, message = classify_exception(error)
         notes = getattr(error, "__notes__", ())
         where = [n for n in notes if n.startswith(OPTIMIZER_STEP)]
-        hints = [f" ({n})" for n in notes if n.startswith(NOT_TENSORS)]
+        hints = [f" ({n})" for n in notes if n.startswith((NOT_TENSORS, NO_CUDA_HERE))]
         phase = progress.phase.removesuffix(AFTER_FASTER)  # how the pruning rule read it: not news
         message = ": ".join([phase, *where[:1], message]) + "".join(hints[:1])
         return RankReport(status=status, message=message, **report)

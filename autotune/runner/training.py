@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
-from autotune.errors import NOT_TENSORS
+from autotune.errors import NO_CUDA_ERRORS, NO_CUDA_HERE, NOT_TENSORS
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
 from autotune.runner.loss import first_tensor
 
@@ -62,6 +62,17 @@ def input_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
                 "samples"
             )
     return None
+
+
+def cuda_hint(error: BaseException, device: torch.device) -> str | None:
+    """Why a forward on a device other than CUDA failed for want of CUDA, with the fix; None
+    for any other error."""
+    if device.type == "cuda" or not any(s in str(error) for s in NO_CUDA_ERRORS):
+        return None
+    return (
+        f"{NO_CUDA_HERE}, which this machine lacks: make tensors inside the model on its "
+        "input's device (device=x.device) or register them as buffers, which move with it"
+    )
 
 
 def check_loss(loss: Any) -> None:
@@ -373,7 +384,7 @@ class TrainStep:
                     try:
                         output = self.model(*args, **kwargs)
                     except Exception as error:
-                        hint = input_hint(args, kwargs)
+                        hint = input_hint(args, kwargs) or cuda_hint(error, self.device)
                         if hint:
                             error.add_note(hint)
                         raise

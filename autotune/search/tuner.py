@@ -265,10 +265,12 @@ class Tuner:
         if found is not None:
             error, alike = found
             ran = sum(r.counts_toward_budget for r in self.log.records)
+            hint = batch_hint(error)  # the fix the ranks named, said whole
+            cause = error.removesuffix(f" ({hint})") if hint else error
             raise SearchError(
                 f"the training step fails whatever the configuration: {alike} of {ran} trials, "
                 "the baseline's among them and across parallel modes, failed with "
-                f"{shortened(error)}"
+                f"{shortened(cause)}{'; ' + hint if hint else ''}"
                 ", and none ran; fix it and search again (every trial is stored: see "
                 "`autotune show`)"
             )

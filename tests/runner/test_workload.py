@@ -145,6 +145,19 @@ def test_samples_by_index_are_a_dataset_and_a_mapping_is_not() -> None:
         _instantiate_dataset({"x": 1}, None, "m:MAPPING", "--data")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_forward_that_asks_for_cuda_on_a_cpu_says_the_fix() -> None:
+    trial = run_trial(
+        "tests.fixtures.nodata:AsksForCuda", {"global_batch_size": 8, "device": "cpu"},
+        warmup_steps=1, measured_steps=2, target_interval=0,
+    )  # fmt: skip
+    assert trial.status == "error"
+    assert trial.message.endswith(
+        "(the model asks for CUDA, which this machine lacks: make tensors inside the model on "
+        "its input's device (device=x.device) or register them as buffers, which move with it)"
+    ), trial.message
+
+
 def test_no_data_at_all_says_what_to_pass() -> None:
     with pytest.raises(WorkloadError, match="pass --data module:attr"):
         build_workload(WorkloadSpec(model="tests.fixtures.nodata:Bare"))

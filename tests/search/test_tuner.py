@@ -8,6 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
@@ -190,6 +191,28 @@ def test_a_search_whose_trials_all_fail_alike_stops_after_three(modes: list[str]
     assert str(e.value).count("OSError: no data") == 1 and "Caught" not in str(e.value)
     assert {r.config.parallel for r in executor.runs} == set(modes)
     assert len(executor.runs) < 12
+
+
+def test_the_fix_the_ranks_named_is_said_whole_when_the_search_stops() -> None:
+    # A forward making a CUDA tensor on a CPU machine: the stop cut the ranks' hint mid-word
+    # ("... or register them as buffe...").
+    from autotune.runner.training import cuda_hint
+
+    hint = cuda_hint(AssertionError("Torch not compiled with CUDA enabled"), torch.device("cpu"))
+    assert hint is not None and hint.startswith("the model asks for CUDA, which this machine")
+    assert cuda_hint(AssertionError("Torch not compiled with CUDA enabled"),
+                     torch.device("cuda")) is None  # fmt: skip
+    assert cuda_hint(RuntimeError("shapes differ"), torch.device("cpu")) is None
+    error = "AssertionError: Torch not compiled with CUDA enabled " + "x" * 200
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        return failed(config, "error", f"rank 0: warm-up step 1: {error} ({hint})")
+
+    with pytest.raises(SearchError, match="fails whatever the configuration") as raised:
+        make_tuner(FakeExecutor(outcome), {**SPACE, "parallel": ["ddp"]}, trials=6).run(
+            [], "s.db", "s"
+        )
+    assert f"xxx...; {hint}, and none ran" in str(raised.value)
 
 
 def test_failures_of_one_parallel_mode_alone_do_not_stop_the_search() -> None:
