@@ -30,16 +30,17 @@ def _config(target: Exported) -> TrainConfig:
 def _header(r: Recommendation) -> str:
     close = r.runner_up
     caveat = ""
-    if close is not None and close.ratio is not None and close.faster:
-        caveat = (
-            f"# {close.config.summary()} ran {close.ratio:.2f}x its samples/s, a gain its 95% "
-            "interval does not show: this one changes less\n"
-        )
-    elif close is not None and close.ratio is not None and not close.ruled_out:
-        caveat = (
-            f"# the race could not tell it from {close.config.summary()} ({close.ratio:.2f}x "
-            "its samples/s): either may be the faster\n"
-        )
+    if close is not None and close.ratio is not None:
+        if close.faster:
+            caveat = (
+                f"# {close.config.summary()} ran {close.ratio:.2f}x its samples/s, a gain its "
+                "95% interval does not show: this one changes less\n"
+            )
+        elif not close.ruled_out:
+            caveat = (
+                f"# the race could not tell it from {close.config.summary()} "
+                f"({close.ratio:.2f}x its samples/s): either may be the faster\n"
+            )
     return (
         f"# autotune recommendation for study {r.study_name}: {r.samples_per_s:,.1f} samples/s"
         + (f", {r.speedup:.2f}x the baseline" if r.speedup else "")

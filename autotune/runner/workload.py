@@ -100,12 +100,6 @@ def parameter_dtype(model: Any) -> str | None:
     return floating.pop() if len(floating) == 1 else None
 
 
-def all_float64(model: Any) -> bool:
-    """Whether every floating parameter of ``model`` is float64 (and it has one): a model
-    trained in double precision, which autocast leaves alone."""
-    return parameter_dtype(model) == "float64"
-
-
 def _split_reference(reference: str, what: str) -> tuple[str, str]:
     location, sep, attribute = reference.rpartition(":")
     if not sep or not location or not attribute:

@@ -173,6 +173,7 @@ def recommend(
     batch_norm: BatchNorm | None = None,
 ) -> Recommendation:
     """The recommendation of ``winner``, from the records alone (and the verification run)."""
+    reference = simplicity_reference(records)  # what its numerics and changes are counted from
     runs = _evidence(records, winner)
     if not runs or not all(r.feasible for r in runs):
         raise ValueError(f"the winner {winner.summary()} has no fitting measurement")
@@ -251,9 +252,9 @@ def recommend(
         speedup_over_recipe=over_recipe[0] if over_recipe else None,
         speedup_over_recipe_low=over_recipe[1] if over_recipe else None,
         speedup_over_recipe_high=over_recipe[2] if over_recipe else None,
-        numerics_changes=numerics_changes(winner, batch_norm, simplicity_reference(records)),
+        numerics_changes=numerics_changes(winner, batch_norm, reference),
         memory_caveats=memory_caveats or [],
-        simpler_choice=simpler_choice(records, winner, simplicity_reference(records), batch_norm),
+        simpler_choice=simpler_choice(records, winner, reference, batch_norm),
         runner_up=runner_up_report(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,
         trials=sorted(records, key=lambda r: r.number),

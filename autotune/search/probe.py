@@ -25,7 +25,6 @@ from autotune.runner.outcome import UNEVEN_SAMPLES_ERROR, UNEVEN_SAMPLES_HINT
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import (
     WorkloadSpec,
-    all_float64,
     first_samples,
     load_collate,
     load_dataset,
@@ -374,8 +373,7 @@ def autocast_ignored(model_reference: str) -> str | None:
     autocast leaves alone (a physics-informed network trained in double precision: amp=bf16
     ran it in float64 and was reported as bf16). None otherwise, or when the model cannot be
     built on the meta device."""
-    built = _meta_model(model_reference)
-    if built is None or not all_float64(built[1]):
+    if parameters_dtype(model_reference) != "float64":
         return None
     return "the model's parameters are all float64, which autocast leaves alone"
 
