@@ -38,7 +38,7 @@ NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs ar
 """What torch says when CUDA is asked of a machine without it (a CPU build; no driver; no GPU)."""
 
 
-def batch_hint(message: str) -> str:
+def rank_hint(message: str) -> str:
     """The ``NOT_TENSORS`` or ``NO_CUDA_HERE`` note at the end of a trial's reason ('' where
     there is none)."""
     for note in (NOT_TENSORS, NO_CUDA_HERE):

@@ -18,8 +18,8 @@ from autotune.config import TrainConfig
 from autotune.errors import (
     AutotuneError,
     ConfigError,
-    batch_hint,
     describe_validation_error,
+    rank_hint,
     shortened,
 )
 from autotune.recommendation import Recommendation
@@ -249,7 +249,7 @@ class Tuner:
             return
         cause = traced.split(MODEL_AT_FAULT)[0].strip()
         if cause and cause in baseline.message:
-            hint = batch_hint(baseline.message)
+            hint = rank_hint(baseline.message)
             raise SearchError(
                 f"the training step fails whatever the configuration: {cause} (the baseline, "
                 f"trial {baseline.number}, and the memory trace before it, on one device in "
@@ -265,7 +265,7 @@ class Tuner:
         if found is not None:
             error, alike = found
             ran = sum(r.counts_toward_budget for r in self.log.records)
-            hint = batch_hint(error)  # the fix the ranks named, said whole
+            hint = rank_hint(error)  # the fix the ranks named, said whole
             cause = error.removesuffix(f" ({hint})") if hint else error
             raise SearchError(
                 f"the training step fails whatever the configuration: {alike} of {ran} trials, "
