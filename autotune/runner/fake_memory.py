@@ -142,9 +142,17 @@ def _widens(batch: Any, samples: int) -> bool:
 def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
     import torch
 
+    from autotune.runner.lazy_modules import has_lazy_parameters  # imports torch
+
     try:
         with mode:
             module, model = load_model(spec.model)
+        if has_lazy_parameters(model):
+            # A lazy module's parameter is a real tensor until its first forward, which cannot
+            # then become a fake one: on the meta device it takes its shape without memory
+            # (``_materialized``), and is faked after.
+            with torch.device("meta"):
+                module, model = load_model(spec.model)
     except WorkloadError as error:
         # A constructor that cannot run on fake tensors: one that reads its initial values
         # (Hugging Face ViT's trunc_normal_ draws again until no value lies out of range), or
@@ -157,6 +165,16 @@ def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
                 module, model = load_model(spec.model)
         except WorkloadError:
             raise error from error.__cause__
+    _fake_copy(model, mode)
+    return module, model
+
+
+def _fake_copy(model: Any, mode: Any) -> None:
+    """Make every parameter and buffer of ``model`` a fake tensor in place, where they are not:
+    the reference named an instance built before, or it was built on the meta device. Lazy
+    ones stay as they are until ``_materialized``."""
+    import torch
+    from torch.nn.parameter import is_lazy
 
     def fake(tensor: Any) -> Any:
         if tensor.is_meta:  # shapes only: an empty fake tensor of the same shape, on the CPU
@@ -164,17 +182,33 @@ def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
                 return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
         return mode.from_tensor(tensor)
 
-    if not all(isinstance(p, _fake_tensor_class()) for p in model.parameters()):
-        # The reference named an instance built before, or it was built on the meta device:
-        # trace a fake copy of it.
-        for sub in model.modules():
-            for name, p in list(sub.named_parameters(recurse=False)):
+    fakes = _fake_tensor_class()
+    if all(isinstance(p, fakes) or is_lazy(p) for p in model.parameters()):
+        return  # built under the fake mode: its buffers are as the constructor made them
+    for sub in model.modules():
+        for name, p in list(sub.named_parameters(recurse=False)):
+            if not is_lazy(p):
                 copy = fake(p.detach())
                 sub._parameters[name] = torch.nn.Parameter(copy, requires_grad=p.requires_grad)
-            for name, b in list(sub.named_buffers(recurse=False)):
-                if b is not None:
-                    sub._buffers[name] = fake(b)
-    return module, model
+        for name, b in list(sub.named_buffers(recurse=False)):
+            if b is not None and not is_lazy(b):
+                sub._buffers[name] = fake(b)
+
+
+def _materialized(model: Any, batch: Any, mode: Any) -> None:
+    """Give a model built on the meta device its lazy modules' shapes, by a forward of
+    ``batch``'s shapes on the meta device, and fake what that made."""
+    import torch
+
+    from autotune.runner.lazy_modules import has_lazy_parameters, materialize  # imports torch
+
+    if not has_lazy_parameters(model):
+        return
+    shapes = torch.utils._pytree.tree_map_only(
+        torch.Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"), batch
+    )
+    materialize(model, shapes)
+    _fake_copy(model, mode)
 
 
 def _dense_parts(tensor: Any) -> tuple[Any, ...]:
@@ -513,6 +547,7 @@ def _trace(
     factory, _ = load_optimizer(spec, module)
     collate, _ = load_collate(spec, module)
     batch, observed = _fake_batch(dataset, micro_batch, mode, collate)
+    _materialized(model, batch, mode)  # lazy modules take their shapes, as on a rank
     config = TrainConfig(
         global_batch_size=micro_batch, amp=amp, checkpoint_segments=segments, device="cpu"
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.errors import WorkloadError
+from autotune.errors import WorkloadError, error_line
 from autotune.runner.loss import default_loss
 
 DATASET_ATTRIBUTE = "autotune_dataset"
@@ -534,6 +534,25 @@ def describe_collate(spec: WorkloadSpec) -> str | None:
     return source if function is not None else None
 
 
+def _materialize(model: Any, dataset: Any, collate: Any, reference: str) -> None:
+    """Give the model's lazy modules their shapes (``lazy_modules.materialize``) from a batch of
+    the dataset's first samples, before any wrapper sees them."""
+    from torch.utils.data import default_collate
+
+    from autotune.runner import lazy_modules  # imports torch
+
+    if not lazy_modules.has_lazy_parameters(model):
+        return
+    try:
+        samples = first_samples(dataset, lazy_modules.MATERIALIZING_SAMPLES)
+        lazy_modules.materialize(model, (collate or default_collate)(samples))
+    except Exception as error:
+        raise WorkloadError(
+            f"--model {reference!r}: the forward that gives its lazy modules their shapes "
+            f"failed: {error_line(error)}"
+        ) from error
+
+
 def build_workload(spec: WorkloadSpec) -> Workload:
     """Import and build everything ``spec`` names; raises WorkloadError with one clear line."""
     put_on_path(spec)
@@ -544,6 +563,7 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     loss, loss_source = load_loss(spec, model_module)
     optimizer, optimizer_source = load_optimizer(spec, model_module)
     collate, collate_source = load_collate(spec, model_module)
+    _materialize(model, dataset, collate, spec.model)
     return Workload(
         model, dataset, loss, data_source, loss_source, optimizer, optimizer_source,
         collate, collate_source,

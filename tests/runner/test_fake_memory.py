@@ -530,3 +530,11 @@ def test_a_graph_batch_sized_by_its_own_values_is_traced_at_a_real_steps_peak(
 
     real = real_step_peak(WithLoss(), x, edges, graph)
     assert traced.total_bytes == pytest.approx(real, rel=0.001)
+
+
+def test_a_model_of_lazy_modules_is_traced_with_its_shapes() -> None:
+    from tests.fixtures.lazy import CLASSES, FEATURES, HIDDEN
+
+    peak = trace_step(WorkloadSpec(model="tests.fixtures.lazy:LazyMLP"), 8)
+    weights = HIDDEN * FEATURES + 3 * HIDDEN + CLASSES * HIDDEN + CLASSES + 2 * HIDDEN  # + running
+    assert peak.parameters_bytes == 4 * weights + 8  # num_batches_tracked: one int64

@@ -275,3 +275,33 @@ def test_the_model_modules_collate_function_is_used_unless_collate_is_given() ->
     bad = "tests.fixtures.models:NOT_CALLABLE"
     with pytest.raises(WorkloadError, match=f"--collate '{bad}' is a int, expected a callable"):
         check_workload(WorkloadSpec(model=tagger.model, collate=bad))
+
+
+def test_lazy_modules_take_their_shapes_where_the_workload_is_built() -> None:
+    # DDP and FSDP refuse uninitialized parameters ("Run a dummy forward pass"): the workload
+    # runs that forward once, in eval mode, and leaves the model in training mode.
+    from tests.fixtures.lazy import CLASSES, FEATURES, HIDDEN
+
+    workload = build_workload(WorkloadSpec(model="tests.fixtures.lazy:LazyMLP"))
+    shapes = [tuple(p.shape) for p in workload.model.parameters()]
+    assert shapes == [
+        (HIDDEN, FEATURES),
+        (HIDDEN,),
+        (HIDDEN,),
+        (HIDDEN,),
+        (CLASSES, HIDDEN),
+        (CLASSES,),
+    ]
+    assert workload.model.training
+    batch_norm = workload.model.net[1]
+    assert int(batch_norm.num_batches_tracked) == 0  # statistics untouched by that forward
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_model_of_lazy_modules_trains_under_ddp_and_fsdp(parallel: str) -> None:
+    config = {"global_batch_size": 16, "parallel": parallel, "world_size": 2, "device": "cpu"}
+    result = run_trial(
+        "tests.fixtures.lazy:LazyMLP", config, warmup_steps=1, measured_steps=2, target_interval=0
+    )
+    assert result.status == "ok", result.message

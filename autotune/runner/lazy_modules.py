@@ -1,0 +1,43 @@
+"""Lazy modules (``nn.LazyLinear``, ``nn.LazyConv2d``) take their shapes at their first forward.
+
+Until then their parameters are ``UninitializedParameter``s, which DistributedDataParallel and
+FSDP refuse ("Run a dummy forward pass") and the memory trace cannot size. PyTorch's advice is
+one forward of a real batch before wrapping; this module gives it, once, where the model is
+built: on a rank, from the dataset's first samples, and in the trace, from its fake batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MATERIALIZING_SAMPLES = 2
+"""Samples in the batch whose forward gives lazy modules their shapes (two, so that a
+batch norm's batch statistics are defined)."""
+
+
+def has_lazy_parameters(model: Any) -> bool:
+    """Whether some parameter or buffer of ``model`` is still uninitialized."""
+    from torch.nn.parameter import is_lazy
+
+    return any(is_lazy(t) for t in (*model.parameters(), *model.buffers()))
+
+
+def materialize(model: Any, batch: Any) -> bool:
+    """Run one forward of ``batch`` without gradients when ``model`` has lazy parameters, so
+    that every one of them takes its shape; True when it ran. The forward runs in eval mode (no
+    dropout draws, no running statistics moved) and the model's mode is restored after it."""
+    import torch
+
+    from autotune.runner.training import forward_keywords, split_batch  # imports torch
+
+    if not has_lazy_parameters(model):
+        return False
+    args, kwargs, _ = split_batch(batch, forward_keywords(model))
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        model.train(training)
+    return True
