@@ -29,9 +29,9 @@ from autotune.runner.workload import (
 from autotune.search.memory_model import budget_scope
 from autotune.search.probe import (
     autocast_ignored,
-    batch_norm,
     check_batches,
     check_optimizer,
+    coupling,
     data_source,
     every_block,
     feeds_images,
@@ -43,7 +43,7 @@ from autotune.search.probe import (
     scalar_parameters,
 )
 from autotune.search.progress import Reporter
-from autotune.search.recipe import BatchNorm
+from autotune.search.recipe import BatchNorm, Coupling
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace, load_space
 from autotune.search.storage import NO_STUDY_YET, open_storage
@@ -137,16 +137,33 @@ def _oversubscribed(
     }
 
 
+_OTHER_SAMPLES = (
+    "a configuration whose forward covers other samples than the baseline's changes the "
+    "numerics, and its recommendation names it as such"
+)
+
+
 def _norm_line(norms: BatchNorm) -> str:
     """What the search's header says of a model's batch norms."""
     if norms == "synced":
         over = "every rank's micro-batches together (SyncBatchNorm)"
     else:
         over = "each device's micro-batch"
-    return (
-        f"statistics over {over}: a configuration whose forward covers other samples than the "
-        "baseline's changes the numerics, and its recommendation names it as such"
-    )
+    return f"statistics over {over}: {_OTHER_SAMPLES}"
+
+
+def _coupling_lines(coupled: Coupling | None) -> dict[str, str]:
+    """The header's lines on what makes the model's forward follow the micro-batch."""
+    lines = {}
+    if coupled and coupled.batch_norm:
+        lines["batch norm"] = _norm_line(coupled.batch_norm)
+    if coupled and coupled.loss:
+        lines["loss"] = (
+            "over each device's micro-batch together, not a mean of its samples' own (two "
+            "samples' loss is not the mean of each one's with a copy of itself: in-batch "
+            f"negatives, a mean over padded tokens): {_OTHER_SAMPLES}"
+        )
+    return lines
 
 
 def _check_split(global_batch_size: int | None, devices: int, source: str) -> None:
@@ -201,7 +218,6 @@ def run_search(
         "steps": [settings.measurement.warmup_steps, settings.measurement.measured_steps],
         "seed": settings.measurement.seed,
     }
-    norms = batch_norm(workload.model)
     optimizer_source = describe_optimizer(workload)
     collate = describe_collate(workload)
     name = settings.study.study_name or default_study_name(workload, settings)
@@ -211,6 +227,7 @@ def run_search(
 
     # the first time on a platform this tries comm hooks and torch.compile in tiny trials
     reporter.phase("probing what works on this machine (cached per platform)")
+    coupled = coupling(workload)  # three forwards of two samples, on the model built here
     images = feeds_images(workload) if "channels_last" in space.params else None
     flags = optimizer_flags(workload) if "optimizer_impl" in space.params else None
     space, exclusions = restrict_space(
@@ -237,7 +254,7 @@ def run_search(
             **({"data": data} if (data := data_source(workload)) else {}),
             optimizer=optimizer_source,
             **({"batches": f"made by {collate}"} if collate else {}),
-            **({"batch norm": _norm_line(norms)} if norms else {}),
+            **_coupling_lines(coupled),
             **_oversubscribed(settings, device, devices, count),
             budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
@@ -255,7 +272,7 @@ def run_search(
             devices=devices,
             reporter=reporter,
             native_amp=native_autocast(platform.device_type),
-            batch_norm=norms,
+            coupling=coupled,
         )
         recommendation = tuner.run(exclusions, mask_url(settings.study.storage), name)
         recommendation = recommendation.model_copy(

@@ -18,7 +18,7 @@ from autotune.recommendation import ROUNDS_IN_REACH, Recommendation, RunnerUp, T
 from autotune.records import Exclusion, TrialRecord, last_baseline
 from autotune.result import Platform, TrialResult
 from autotune.search import race
-from autotune.search.recipe import BatchNorm, knobs_moved, numerics_changes
+from autotune.search.recipe import Coupling, knobs_moved, numerics_changes
 from autotune.stats import mean_interval, pairs_to_decide, ratio_interval
 
 THROUGHPUT_TOLERANCE = 0.10
@@ -111,7 +111,7 @@ def simpler_choice(
     records: list[TrialRecord],
     winner: TrainConfig,
     reference: TrainConfig | None,
-    batch_norm: BatchNorm | None = None,
+    coupling: Coupling | None = None,
 ) -> str:
     """Why ``winner`` was recommended over a faster-measured finalist of the race ("" when it
     is the fastest): the race could not tell them apart, and the winner changes less than it
@@ -124,8 +124,8 @@ def simpler_choice(
     fastest = ranked[0]
     ratio = race.speedup(records, fastest, winner)
     measured = f" ({ratio[0]:.3f}x [{ratio[1]:.2f}, {ratio[2]:.2f}])" if ratio else ""
-    faster_numerics = numerics_changes(fastest, batch_norm, reference)
-    winner_numerics = numerics_changes(winner, batch_norm, reference)
+    faster_numerics = numerics_changes(fastest, coupling, reference)
+    winner_numerics = numerics_changes(winner, coupling, reference)
     if len(faster_numerics) > len(winner_numerics):
         beyond = [n for n in faster_numerics if n not in winner_numerics]
         what = f"its numerics: {', '.join(beyond)}"
@@ -170,7 +170,7 @@ def recommend(
     block_class: str | None = None,
     recipe: TrainConfig | None = None,
     memory_caveats: list[str] | None = None,
-    batch_norm: BatchNorm | None = None,
+    coupling: Coupling | None = None,
 ) -> Recommendation:
     """The recommendation of ``winner``, from the records alone (and the verification run)."""
     reference = simplicity_reference(records)  # what its numerics and changes are counted from
@@ -252,9 +252,9 @@ def recommend(
         speedup_over_recipe=over_recipe[0] if over_recipe else None,
         speedup_over_recipe_low=over_recipe[1] if over_recipe else None,
         speedup_over_recipe_high=over_recipe[2] if over_recipe else None,
-        numerics_changes=numerics_changes(winner, batch_norm, reference),
+        numerics_changes=numerics_changes(winner, coupling, reference),
         memory_caveats=memory_caveats or [],
-        simpler_choice=simpler_choice(records, winner, reference, batch_norm),
+        simpler_choice=simpler_choice(records, winner, reference, coupling),
         runner_up=runner_up_report(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,
         trials=sorted(records, key=lambda r: r.number),

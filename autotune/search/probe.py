@@ -28,11 +28,12 @@ from autotune.runner.workload import (
     first_samples,
     load_collate,
     load_dataset,
+    load_loss,
     load_model,
     load_optimizer,
     parameter_dtype,
 )
-from autotune.search.recipe import BatchNorm
+from autotune.search.recipe import BatchNorm, Coupling
 from autotune.search.space import EVERY_BLOCK, SearchSpace
 
 PROBE_MODEL = "workloads.mlp:mlp_tiny"
@@ -278,6 +279,44 @@ def batch_norm(model_reference: str) -> BatchNorm | None:
     if not norms:
         return None
     return "synced" if all(isinstance(m, nn.SyncBatchNorm) for m in norms) else "local"
+
+
+COUPLING_BUILD_BYTES = 2**30
+"""The largest model (bytes of parameters and buffers) the coupling check builds for real on
+this machine; a larger one is not checked, and the search says so."""
+
+
+def loss_coupling(workload: WorkloadSpec) -> bool | None:
+    """Whether the workload's loss of a micro-batch couples its samples
+    (``runner.coupling.loss_couples_samples``), from the model built for real here and the
+    dataset's first two samples; None when that cannot be told: a model over
+    ``COUPLING_BUILD_BYTES``, one that does not build or run here, a loss that draws."""
+    from torch.nn.parameter import is_lazy
+    from torch.utils.data import default_collate
+
+    from autotune.runner.coupling import loss_couples_samples  # imports torch
+
+    built = _meta_model(workload.model)
+    samples = _first_samples(workload, 2)
+    if built is None or not samples:
+        return None
+    held = [t for t in (*built[1].parameters(), *built[1].buffers()) if not is_lazy(t)]
+    if sum(t.numel() * t.element_size() for t in held) > COUPLING_BUILD_BYTES:
+        return None
+    try:
+        module, model = load_model(workload.model)
+        collate, _ = load_collate(workload, module)
+        loss, _ = load_loss(workload, module)
+    except Exception:  # the trials will say
+        return None
+    return loss_couples_samples(model, list(samples), collate or default_collate, loss)
+
+
+def coupling(workload: WorkloadSpec) -> Coupling | None:
+    """What makes the workload's forward follow the micro-batch (``recipe.Coupling``); None
+    where nothing does."""
+    found = Coupling(batch_norm(workload.model), bool(loss_coupling(workload)))
+    return found or None
 
 
 def scalar_parameters(model_reference: str) -> list[str]:

@@ -19,6 +19,7 @@ much they change, numerics first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.config import TrainConfig
@@ -151,6 +152,21 @@ BatchNorm = Literal["local", "synced"]
 (``nn.SyncBatchNorm``, under DDP or FSDP)."""
 
 
+@dataclass(frozen=True)
+class Coupling:
+    """What makes the samples of one forward compute together, so that the micro-batch, which
+    the global batch does not fix, is part of the training's numerics."""
+
+    batch_norm: BatchNorm | None = None
+    """How the model's batch norms compute their statistics; None: it has none."""
+    loss: bool = False
+    """The loss of a micro-batch is not the mean (or sum) of its samples' own: in-batch
+    negatives, a mean over the tokens of padded samples (``runner.coupling``)."""
+
+    def __bool__(self) -> bool:
+        return self.batch_norm is not None or self.loss
+
+
 def norm_samples(config: TrainConfig, batch_norm: BatchNorm) -> int:
     """The samples a batch norm's statistics cover in one forward of ``config``."""
     if batch_norm == "synced" and config.parallel in ("ddp", "fsdp"):
@@ -160,14 +176,15 @@ def norm_samples(config: TrainConfig, batch_norm: BatchNorm) -> int:
 
 def numerics_changes(
     config: TrainConfig,
-    batch_norm: BatchNorm | None = None,
+    coupling: Coupling | None = None,
     reference: TrainConfig | None = None,
 ) -> list[str]:
     """What ``config`` changes about the training's arithmetic against plain fp32 (each as
     ``knob=value``): autocast, compressed gradients, TF32 matmuls, FSDP's bf16 policy; and, for
-    a model with batch norms (``batch_norm``), statistics over another number of samples than
-    ``reference``'s (the baseline's): the micro-batch, which the global batch does not fix,
-    is then part of the numerics."""
+    a model whose forward couples its samples (``coupling``: batch norms, a loss over the
+    micro-batch together), a forward over another number of samples than ``reference``'s (the
+    baseline's): the micro-batch, which the global batch does not fix, is then part of the
+    numerics."""
     changes = []
     if config.amp != "off":
         changes.append(f"amp={config.amp}")
@@ -177,10 +194,16 @@ def numerics_changes(
         changes.append(f"matmul_precision={config.matmul_precision}")
     if config.parallel == "fsdp" and config.fsdp_mixed_precision != "off":
         changes.append(f"fsdp_mixed_precision={config.fsdp_mixed_precision}")
-    if batch_norm is not None and reference is not None:
-        mine, theirs = norm_samples(config, batch_norm), norm_samples(reference, batch_norm)
+    if coupling is None or reference is None:
+        return changes
+    if coupling.batch_norm is not None:
+        mine = norm_samples(config, coupling.batch_norm)
+        theirs = norm_samples(reference, coupling.batch_norm)
         if mine != theirs:
             changes.append(f"batch_norm_samples={mine} (the baseline's {theirs})")
+    if coupling.loss and config.micro_batch_size != reference.micro_batch_size:
+        mine, theirs = config.micro_batch_size, reference.micro_batch_size
+        changes.append(f"loss_samples={mine} (the baseline's {theirs})")
     return changes
 
 
@@ -198,7 +221,7 @@ def knobs_moved(config: TrainConfig, baseline: TrainConfig | None) -> int:
 
 
 def simplicity(
-    config: TrainConfig, baseline: TrainConfig | None, batch_norm: BatchNorm | None = None
+    config: TrainConfig, baseline: TrainConfig | None, coupling: Coupling | None = None
 ) -> tuple[int, int]:
     """The order in which a configuration changes less: numerics first, then knobs moved."""
-    return len(numerics_changes(config, batch_norm, baseline)), knobs_moved(config, baseline)
+    return len(numerics_changes(config, coupling, baseline)), knobs_moved(config, baseline)

@@ -45,7 +45,7 @@ from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal, Proposer
 from autotune.search.recipe import (
-    BatchNorm,
+    Coupling,
     recipe_candidates,
     recipe_fallback,
     recipe_values,
@@ -82,13 +82,14 @@ class Tuner:
         devices: int,
         reporter: Reporter,
         native_amp: tuple[tuple[str, ...], str] = (AUTOCASTS, "as the space offers"),
-        batch_norm: BatchNorm | None = None,
+        coupling: Coupling | None = None,
     ) -> None:
         self.executor, self.workload, self.settings = executor, workload, settings
         self.native_amp = native_amp
         """The autocasts the device computes natively, and how that was told (the recipe's)."""
-        self.batch_norm = batch_norm
-        """The model's batch norms, whose statistics follow the micro-batch (None: none)."""
+        self.coupling = coupling
+        """What makes the model's forward follow the micro-batch: its batch norms' statistics,
+        a loss over the micro-batch together (None: nothing)."""
         self.platform, self.devices, self.reporter = platform, devices, reporter
         self.budget_bytes = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
         self.limit_bytes = int(self.budget_bytes * (1 - settings.memory.safety_margin))
@@ -598,9 +599,7 @@ class Tuner:
             if race.decided(alive, references, number):
                 break
         ranked = race.ranking(self.log.records, candidates)  # the search's order: best first
-        return prefer_simpler(
-            self.log.records, ranked, baseline, self.batch_norm, self.recipe_config
-        )
+        return prefer_simpler(self.log.records, ranked, baseline, self.coupling, self.recipe_config)
 
     def verify(self, ranked: list[TrainConfig]) -> tuple[TrainConfig, TrialResult]:
         """Confirm the race's winner in a longer run; a finalist whose longer run fails or
@@ -697,7 +696,7 @@ class Tuner:
             study_name=study_name,
             recipe=self.recipe_config,
             memory_caveats=self.gate.caveats(winner),
-            batch_norm=self.batch_norm,
+            coupling=self.coupling,
         )
 
 
@@ -705,7 +704,7 @@ def prefer_simpler(
     records: list[TrialRecord],
     ranked: list[TrainConfig],
     baseline: TrainConfig | None,
-    batch_norm: BatchNorm | None = None,
+    coupling: Coupling | None = None,
     recipe: TrainConfig | None = None,
 ) -> list[TrainConfig]:
     """``ranked`` (the race's order) with the configuration that changes least first, among
@@ -726,12 +725,12 @@ def prefer_simpler(
         for c in ranked
         if c == fastest or race.compare(race.log_ratios(records, c, fastest)) != "faster"
     ]
-    simplest = min(tied, key=lambda c: (simplicity(c, baseline, batch_norm), ranked.index(c)))
-    numerics = simplicity(simplest, baseline, batch_norm)[0]
+    simplest = min(tied, key=lambda c: (simplicity(c, baseline, coupling), ranked.index(c)))
+    numerics = simplicity(simplest, baseline, coupling)[0]
     for reference in (baseline, recipe):
         if reference is None or reference not in ranked or reference == simplest:
             continue
-        if simplicity(reference, baseline, batch_norm)[0] >= numerics:
+        if simplicity(reference, baseline, coupling)[0] >= numerics:
             continue
         gain = race.speedup(records, simplest, reference)
         if gain is not None and gain[1] <= 1.0:

@@ -12,6 +12,7 @@ from autotune.report import format_recommendation
 from autotune.result import TrialResult
 from autotune.search.probe import batch_norm
 from autotune.search.recipe import (
+    Coupling,
     knobs_moved,
     norm_samples,
     numerics_changes,
@@ -144,15 +145,17 @@ def test_a_batch_norm_over_other_samples_than_the_baselines_is_a_numerics_change
     assert [norm_samples(c, "local") for c in (base, accumulating, single)] == [16, 8, 32]
     assert [norm_samples(c, "synced") for c in (base, accumulating, single)] == [32, 16, 32]
     assert numerics_changes(accumulating) == []  # a model without batch norms
-    assert numerics_changes(accumulating, "local", base) == [
+    assert numerics_changes(accumulating, Coupling("local"), base) == [
         "batch_norm_samples=8 (the baseline's 16)"
     ]
-    assert numerics_changes(single, "local", base) == ["batch_norm_samples=32 (the baseline's 16)"]
-    assert numerics_changes(single, "synced", base) == []  # SyncBatchNorm: 32 either way
-    assert numerics_changes(base, "local", base) == []
+    assert numerics_changes(single, Coupling("local"), base) == [
+        "batch_norm_samples=32 (the baseline's 16)"
+    ]
+    assert numerics_changes(single, Coupling("synced"), base) == []  # SyncBatchNorm: 32 either way
+    assert numerics_changes(base, Coupling("local"), base) == []
     # and a tie in the race goes to the one that keeps the baseline's statistics
     assert simplicity(accumulating, base) == (0, 1)
-    assert simplicity(accumulating, base, "local") == (1, 1)
+    assert simplicity(accumulating, base, Coupling("local")) == (1, 1)
 
 
 def test_a_search_of_a_batch_norm_model_names_the_samples_its_pick_normalises_over() -> None:
@@ -164,7 +167,7 @@ def test_a_search_of_a_batch_norm_model_names_the_samples_its_pick_normalises_ov
         return ok(config, speed * rng.gauss(1, 0.005), 100)
 
     tuner = make_tuner(FakeExecutor(outcome), space, trials=2, race_rounds=3)
-    tuner.batch_norm = "local"
+    tuner.coupling = Coupling("local")
     recommendation = tuner.run([], "s.db", "s")
     assert recommendation.config.grad_accum_steps == 2
     assert recommendation.numerics_changes == ["batch_norm_samples=4 (the baseline's 8)"]

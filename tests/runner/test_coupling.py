@@ -1,0 +1,65 @@
+"""Whether a micro-batch's loss couples its samples: told from three forwards of two samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from autotune.config import TrainConfig
+from autotune.runner.coupling import loss_couples_samples
+from autotune.runner.workload import WorkloadSpec, build_workload, first_samples
+from autotune.search.probe import coupling, loss_coupling
+from autotune.search.recipe import Coupling, numerics_changes, simplicity
+
+
+def _couples(reference: str) -> bool | None:
+    shape = (3, 8, 8) if "norms" in reference else None  # a model without data of its own
+    workload = build_workload(WorkloadSpec(model=reference, input_shape=shape))
+    samples = first_samples(workload.dataset, 2)
+    collate = workload.collate or default_collate
+    return loss_couples_samples(workload.model, samples, collate, workload.loss)
+
+
+@pytest.mark.parametrize(
+    ("reference", "couples"),
+    [
+        ("tests.fixtures.contrastive:TwoTowers", True),  # in-batch negatives
+        ("tests.fixtures.padded:Tagger", True),  # a mean over the tokens of padded samples
+        ("tests.fixtures.models:Small", False),  # cross-entropy of each sample, averaged
+        ("tests.fixtures.norms:Normed", False),  # batch norms are told by their class
+        ("tests.fixtures.graphs:Classifier", False),  # one graph a sample, however batched
+        ("tests.fixtures.contrastive:Sampled", None),  # draws noise: cannot be told
+    ],
+)
+def test_a_loss_that_couples_its_samples_is_told_apart(reference: str, couples: bool) -> None:
+    assert _couples(reference) is couples
+
+
+def test_the_check_leaves_the_model_as_it_found_it() -> None:
+    workload = build_workload(WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers"))
+    before = {k: v.clone() for k, v in workload.model.state_dict().items()}
+    samples = first_samples(workload.dataset, 2)
+    assert loss_couples_samples(workload.model, samples, default_collate, workload.loss)
+    assert workload.model.training
+    assert all(torch.equal(before[k], v) for k, v in workload.model.state_dict().items())
+
+
+def test_the_probe_builds_the_model_and_reads_the_first_samples() -> None:
+    towers = WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers")
+    assert loss_coupling(towers) is True
+    assert coupling(towers) == Coupling(batch_norm=None, loss=True)
+    assert coupling(WorkloadSpec(model="tests.fixtures.models:Small")) is None
+
+
+def test_a_coupled_loss_over_other_samples_than_the_baselines_is_a_numerics_change() -> None:
+    base = TrainConfig(global_batch_size=32, device="cpu")
+    ddp = TrainConfig(global_batch_size=32, parallel="ddp", world_size=2, device="cpu")
+    accumulating = base.model_copy(update={"grad_accum_steps": 4})
+    loss = Coupling(loss=True)
+    assert numerics_changes(ddp, loss, base) == ["loss_samples=16 (the baseline's 32)"]
+    assert numerics_changes(accumulating, loss, base) == ["loss_samples=8 (the baseline's 32)"]
+    assert numerics_changes(base, loss, base) == []
+    both = Coupling(batch_norm="synced", loss=True)  # SyncBatchNorm keeps 32; the loss does not
+    assert numerics_changes(ddp, both, base) == ["loss_samples=16 (the baseline's 32)"]
+    assert simplicity(ddp, base, loss)[0] == 1 and simplicity(ddp, base)[0] == 0
