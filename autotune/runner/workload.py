@@ -574,11 +574,13 @@ class WorkloadCache:
     """Builds each workload once per process and hands out a fresh model copy per trial.
 
     For processes that run trial after trial: the user's module, dataset and loss are kept,
-    and the model is deep-copied from a pristine instance (no re-initialisation).
+    and the model is deep-copied from a pristine instance (no re-initialisation); a model that
+    cannot be deep-copied (it holds a lock) is built again for each trial.
     """
 
     def __init__(self) -> None:
         self._built: dict[str, Workload] = {}
+        self._uncopyable: set[str] = set()
 
     def get(self, spec: WorkloadSpec) -> Workload:
         import copy
@@ -588,4 +590,11 @@ class WorkloadCache:
         if key not in self._built:
             self._built[key] = build_workload(spec)
         pristine = self._built[key]
-        return dataclasses.replace(pristine, model=copy.deepcopy(pristine.model))
+        if key not in self._uncopyable:
+            try:
+                return dataclasses.replace(pristine, model=copy.deepcopy(pristine.model))
+            except Exception:  # it holds what cannot be copied: a lock, an open file
+                self._uncopyable.add(key)
+        _, model = load_model(spec.model)  # built again, as a process of its own would
+        _materialize(model, pristine.dataset, pristine.collate, spec.model)
+        return dataclasses.replace(pristine, model=model)

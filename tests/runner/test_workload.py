@@ -305,3 +305,13 @@ def test_a_model_of_lazy_modules_trains_under_ddp_and_fsdp(parallel: str) -> Non
         "tests.fixtures.lazy:LazyMLP", config, warmup_steps=1, measured_steps=2, target_interval=0
     )
     assert result.status == "ok", result.message
+
+
+def test_a_model_that_cannot_be_deep_copied_is_built_again_for_each_trial() -> None:
+    # A Ray gang's ranks keep the workload between trials and copy its model: a model holding
+    # a lock failed every trial of a search, though a trial of its own ran.
+    cache = WorkloadCache()
+    spec = WorkloadSpec(model="tests.fixtures.models:HoldsALock")
+    first, second = cache.get(spec), cache.get(spec)
+    assert first.model is not second.model and first.model.lock is not second.model.lock
+    assert first.dataset is second.dataset
