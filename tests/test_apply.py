@@ -84,3 +84,17 @@ def test_apply_trains_on_a_stream_that_shards_itself() -> None:
     losses = [training.step(batches).loss for _ in range(3)]
     assert all(loss == loss for loss in losses)  # finite, not NaN
     training.close()
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_apply_gives_a_lazy_model_its_shapes_before_ddp_wraps_it() -> None:
+    from autotune.apply import prepare
+    from autotune.config import TrainConfig
+    from tests.fixtures.lazy import LazyMLP, Rows
+
+    config = TrainConfig(global_batch_size=8, parallel="ddp", world_size=1, device="cpu")
+    training = prepare(config, LazyMLP(), Rows())
+    batches = training.batches()
+    losses = [training.step(batches).loss for _ in range(2)]
+    assert all(loss == loss for loss in losses)  # finite, not NaN
+    training.close()

@@ -3,7 +3,8 @@
 Until then their parameters are ``UninitializedParameter``s, which DistributedDataParallel and
 FSDP refuse ("Run a dummy forward pass") and the memory trace cannot size. PyTorch's advice is
 one forward of a real batch before wrapping; this module gives it, once, where the model is
-built: on a rank, from the dataset's first samples, and in the trace, from its fake batch.
+built: on a rank and in ``apply.prepare``, from the dataset's first samples, and in the trace,
+from its fake batch's shapes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ def has_lazy_parameters(model: Any) -> bool:
     from torch.nn.parameter import is_lazy
 
     return any(is_lazy(t) for t in (*model.parameters(), *model.buffers()))
+
+
+def materialize_from_data(model: Any, dataset: Any, collate: Any = None) -> bool:
+    """``materialize`` from a batch of the dataset's first ``MATERIALIZING_SAMPLES`` samples,
+    made by ``collate`` (torch's ``default_collate`` when None); True when it ran."""
+    from torch.utils.data import default_collate
+
+    from autotune.runner.workload import first_samples
+
+    if not has_lazy_parameters(model):
+        return False
+    samples = first_samples(dataset, MATERIALIZING_SAMPLES)
+    return materialize(model, (collate or default_collate)(samples))
 
 
 def materialize(model: Any, batch: Any) -> bool:

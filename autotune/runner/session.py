@@ -24,6 +24,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from autotune.config import TrainConfig
+from autotune.runner.lazy_modules import materialize_from_data
 from autotune.runner.loss import default_loss
 from autotune.runner.memory import child_pids
 from autotune.runner.optimizer import default_optimizer, with_implementation
@@ -230,6 +231,7 @@ def prepare(
     joined = not dist.is_initialized()
     rank = init_distributed(config, device)
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
+    materialize_from_data(model, dataset, collate)  # lazy modules' shapes, before any wrapper
     wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)
     make_optimizer = optimizer or default_optimizer
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)

@@ -537,15 +537,10 @@ def describe_collate(spec: WorkloadSpec) -> str | None:
 def _materialize(model: Any, dataset: Any, collate: Any, reference: str) -> None:
     """Give the model's lazy modules their shapes (``lazy_modules.materialize``) from a batch of
     the dataset's first samples, before any wrapper sees them."""
-    from torch.utils.data import default_collate
+    from autotune.runner.lazy_modules import materialize_from_data  # imports torch
 
-    from autotune.runner import lazy_modules  # imports torch
-
-    if not lazy_modules.has_lazy_parameters(model):
-        return
     try:
-        samples = first_samples(dataset, lazy_modules.MATERIALIZING_SAMPLES)
-        lazy_modules.materialize(model, (collate or default_collate)(samples))
+        materialize_from_data(model, dataset, collate)
     except Exception as error:
         raise WorkloadError(
             f"--model {reference!r}: the forward that gives its lazy modules their shapes "
