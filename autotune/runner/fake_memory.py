@@ -237,6 +237,11 @@ def _peak_tracker() -> Any:
             # backbone) refuses a hook: mark those as hooked already, with nothing to remove.
             handles = self._param_to_grad_hook_handles
             for param in module.parameters():
+                if _transformed(param):
+                    # called by ``functional_call`` under ``vmap`` (an ensemble over stacked
+                    # parameters): its parameters are the transform's views, without storage
+                    # of their own; the stacked tensors they view are the model's, tracked
+                    return 0, 0
                 if not param.requires_grad and param not in handles:
                     handles[param] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
@@ -442,6 +447,17 @@ def _steady_peak(backward: dict[str, int], stepped: dict[str, int], state: int) 
     tests)."""
     with_state = _with_state(backward, state)
     return with_state if with_state["Total"] >= stepped.get("Total", 0) else stepped
+
+
+def _transformed(tensor: Any) -> bool:
+    """Whether ``tensor`` is a ``torch.func`` transform's wrapper (``vmap``'s batched tensor,
+    ``grad``'s), which has no storage to track. Reads torch's private ``_functorch`` check,
+    pinned by ``tests/runner/test_fake_memory.py``; without it, False: the trace then fails on
+    such a model as before and the search predicts it by a fit over trials."""
+    import torch
+
+    check = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return bool(check(tensor)) if check is not None else False
 
 
 def _fake_tensor_class() -> type:

@@ -538,3 +538,21 @@ def test_a_model_of_lazy_modules_is_traced_with_its_shapes() -> None:
     peak = trace_step(WorkloadSpec(model="tests.fixtures.lazy:LazyMLP"), 8)
     weights = HIDDEN * FEATURES + 3 * HIDDEN + CLASSES * HIDDEN + CLASSES + 2 * HIDDEN  # + running
     assert peak.parameters_bytes == 4 * weights + 8  # num_batches_tracked: one int64
+
+
+def test_an_ensemble_under_vmap_is_traced_at_a_real_steps_peak() -> None:
+    # The tracker asked vmap's batched parameters for their storage, which they do not have
+    # ("Cannot access storage of BatchedTensorImpl"): the trace fell back to a fit.
+    import torch
+
+    from autotune.runner.fake_memory import _transformed
+    from tests.fixtures.ensemble import FEATURES, Ensemble
+
+    spec = WorkloadSpec(model="tests.fixtures.ensemble:Ensemble", input_shape=(FEATURES,))
+    traced = trace_step(spec, 256)
+    real = real_step_peak(Ensemble(), torch.randn(256, FEATURES))
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+    assert traced.activations_bytes > traced.parameters_bytes  # vmap's outputs counted
+    seen = []
+    torch.vmap(lambda t: seen.append(_transformed(t)) or t)(torch.ones(2, 3))
+    assert seen == [True] and not _transformed(torch.ones(2))
