@@ -246,6 +246,15 @@ def _peak_tracker() -> Any:
                     handles[param] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            # A module run again in one forward after a backward inside it (MAML's inner step:
+            # ``autograd.grad`` of the support loss, then the query's forward) reads to the
+            # tracker as the next step, which it refuses ("multiple iterative calls"). Its
+            # parameters are tracked from its first run, and its own statistics are not read.
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                return
+            super()._pre_fw_hook(module, inputs)
+
         def _track_inputs_or_outputs(self, args: Any) -> int:
             # A module's input and output sizes feed only its own statistics, which nothing
             # here reads; and the tracker's tree_map rebuilds them, which a PackedSequence (an
@@ -300,8 +309,23 @@ def _module_tracker() -> Any:
                 if "gradient function" not in str(error) or self.is_bw:
                     raise
                 name = self._get_mod_name(mod)  # type: ignore[no-untyped-call]
-                pop = self._get_pop_fn(weakref.ref(mod), name, True)  # type: ignore[no-untyped-call]
+                pop = self._get_pop_fn(weakref.ref(mod), name, True)
                 self._post_bw_callbacks_to_enqueue.append(pop)
+
+        def _get_pop_fn(self, w_mod: Any, name: str, is_bw: bool) -> Any:
+            # A backward inside a forward (MAML's inner ``autograd.grad``) ends the modules it
+            # ran through, and the forward's end finds them ended already ("The Module
+            # hierarchy tracking is wrong"): nothing is left to end then.
+            pop = super()._get_pop_fn(w_mod, name, is_bw)  # type: ignore[no-untyped-call]
+
+            def lenient(*args: Any) -> None:
+                try:
+                    pop(*args)
+                except RuntimeError as error:
+                    if "hierarchy tracking is wrong" not in str(error):
+                        raise
+
+            return lenient
 
     return ModuleTracker()  # type: ignore[no-untyped-call]
 

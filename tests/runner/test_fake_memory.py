@@ -556,3 +556,17 @@ def test_an_ensemble_under_vmap_is_traced_at_a_real_steps_peak() -> None:
     seen = []
     torch.vmap(lambda t: seen.append(_transformed(t)) or t)(torch.ones(2, 3))
     assert seen == [True] and not _transformed(torch.ones(2))
+
+
+def test_maml_s_backward_inside_its_forward_is_traced_at_a_real_steps_peak() -> None:
+    # The inner autograd.grad ends the modules it runs through, and the tracker refused their
+    # second forward ("multiple iterative calls", then "hierarchy tracking is wrong").
+    from torch.utils.data import default_collate
+
+    from tests.fixtures.maml import Maml, Tasks
+
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.maml:Maml"), 512)
+    support, target, query, _ = default_collate([Tasks()[i % 64] for i in range(512)])
+    real = real_step_peak(Maml(), support, target, query)
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+    assert traced.activations_bytes > 512 * 256 * 4 * 4  # the hidden layer's, both passes
