@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.runner.workload import first_samples
+
 MATERIALIZING_SAMPLES = 2
 """Samples in the batch whose forward gives lazy modules their shapes (two, so that a
 batch norm's batch statistics are defined)."""
@@ -27,8 +29,6 @@ def materialize_from_data(model: Any, dataset: Any, collate: Any = None) -> bool
     """``materialize`` from a batch of the dataset's first ``MATERIALIZING_SAMPLES`` samples,
     made by ``collate`` (torch's ``default_collate`` when None); True when it ran."""
     from torch.utils.data import default_collate
-
-    from autotune.runner.workload import first_samples
 
     if not has_lazy_parameters(model):
         return False
