@@ -10,7 +10,7 @@ For samples ``a`` and ``b``, a loss of each sample alone, reduced by mean or by 
 ``L([a, b]) == (L([a, a]) + L([b, b])) / 2``; a coupled one does not. The three forwards run in
 eval mode (dropout off, a batch norm's running statistics: batch norms are told apart by their
 class) without gradients, each from the same random seed; a loss that still differs between two
-runs of one batch (a VAE's sampled latent) cannot be told, and is said to be so.
+runs of one batch (a VAE's sampled latent) cannot be told this way, and is not flagged.
 """
 
 from __future__ import annotations

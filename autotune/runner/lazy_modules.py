@@ -14,8 +14,8 @@ from typing import Any
 from autotune.runner.workload import first_samples
 
 MATERIALIZING_SAMPLES = 2
-"""Samples in the batch whose forward gives lazy modules their shapes (two, so that a
-batch norm's batch statistics are defined)."""
+"""Samples in the batch whose forward gives lazy modules their shapes (two: a forward may
+squeeze away a batch dimension of one)."""
 
 
 def has_lazy_parameters(model: Any) -> bool:

@@ -283,7 +283,8 @@ def batch_norm(model_reference: str) -> BatchNorm | None:
 
 COUPLING_BUILD_BYTES = 2**30
 """The largest model (bytes of parameters and buffers) the coupling check builds for real on
-this machine; a larger one is not checked, and the search says so."""
+this machine; a larger one is not checked, and its loss is taken as its samples' mean (the
+README says so)."""
 
 
 def loss_coupling(workload: WorkloadSpec) -> bool | None:
