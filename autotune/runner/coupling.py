@@ -56,11 +56,15 @@ def loss_couples_samples(
     samples: list[Any],
     collate: Callable[[list[Any]], Any],
     loss_fn: Callable[[Any, Any], Any],
+    budget_s: float | None = None,
 ) -> bool | None:
     """Whether the loss of ``samples[0]`` and ``samples[1]`` together differs from the mean of
     each one's with a copy of itself (module docstring); None where that cannot be told: fewer
     than two samples, a forward or loss that fails or is not a finite scalar, or a loss that
-    differs between two runs of one batch. The model's mode is restored after."""
+    differs between two runs of one batch; or, with ``budget_s``, a first forward that took
+    longer (the other three would take as long each). The model's mode is restored after."""
+    import time
+
     import torch
 
     from autotune.runner.lazy_modules import materialize  # imports torch
@@ -77,7 +81,11 @@ def loss_couples_samples(
         materialize(model, collate([a, b]))
         model.eval()
         with torch.no_grad():
-            pair, again = (_loss(model, collate([a, b]), loss_fn, accepts, s) for s in (0, 1))
+            start = time.perf_counter()
+            pair = _loss(model, collate([a, b]), loss_fn, accepts, seed=0)
+            if budget_s is not None and time.perf_counter() - start > budget_s:
+                return None
+            again = _loss(model, collate([a, b]), loss_fn, accepts, seed=1)
             first, second = (_loss(model, collate([s, s]), loss_fn, accepts) for s in (a, b))
     except Exception:  # the trials will say what fails
         return None

@@ -286,12 +286,18 @@ COUPLING_BUILD_BYTES = 2**30
 this machine; a larger one is not checked, and its loss is taken as its samples' mean (the
 README says so)."""
 
+COUPLING_FORWARD_S = 1.0
+"""The longest first forward of two samples the coupling check goes on after: it runs four on
+the search's own CPU before any trial (GPT-2 small at 1,024 tokens: 5 s each on the AMD EPYC of
+docs/benchmarks.md), and a longer one leaves the loss unchecked."""
+
 
 def loss_coupling(workload: WorkloadSpec) -> bool | None:
     """Whether the workload's loss of a micro-batch couples its samples
     (``runner.coupling.loss_couples_samples``), from the model built for real here and the
     dataset's first two samples; None when that cannot be told: a model over
-    ``COUPLING_BUILD_BYTES``, one that does not build or run here, a loss that draws."""
+    ``COUPLING_BUILD_BYTES``, one that does not build or run here, a loss that draws, a forward
+    over ``COUPLING_FORWARD_S``."""
     from torch.nn.parameter import is_lazy
     from torch.utils.data import default_collate
 
@@ -310,7 +316,9 @@ def loss_coupling(workload: WorkloadSpec) -> bool | None:
         loss, _ = load_loss(workload, module)
     except Exception:  # the trials will say
         return None
-    return loss_couples_samples(model, list(samples), collate or default_collate, loss)
+    return loss_couples_samples(
+        model, list(samples), collate or default_collate, loss, budget_s=COUPLING_FORWARD_S
+    )
 
 
 def coupling(workload: WorkloadSpec) -> Coupling | None:

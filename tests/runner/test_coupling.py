@@ -63,3 +63,11 @@ def test_a_coupled_loss_over_other_samples_than_the_baselines_is_a_numerics_chan
     both = Coupling(batch_norm="synced", loss=True)  # SyncBatchNorm keeps 32; the loss does not
     assert numerics_changes(ddp, both, base) == ["loss_samples=16 (the baseline's 32)"]
     assert simplicity(ddp, base, loss)[0] == 1 and simplicity(ddp, base)[0] == 0
+
+
+def test_a_forward_slower_than_the_budget_leaves_the_loss_unchecked() -> None:
+    workload = build_workload(WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers"))
+    samples = first_samples(workload.dataset, 2)
+    check = (workload.model, samples, default_collate, workload.loss)
+    assert loss_couples_samples(*check, budget_s=60.0) is True
+    assert loss_couples_samples(*check, budget_s=0.0) is None  # any forward takes longer
