@@ -24,6 +24,14 @@ RELATIVE_TOLERANCE = 1e-3
 far above float32's rounding in batched kernels (1e-6), far below what coupling moves (an
 in-batch contrastive loss moves by its whole size)."""
 
+FLOAT64_TOLERANCE = 1e-9
+"""The same in float64, whose rounding lies near 1e-15."""
+
+FLOAT32_LOSS_TOLERANCE = 1e-5
+"""The same for a model run in float64 whose loss rounds to float32 at its end (a mean of a few
+thousand float32 terms: about 1e-6 at most); a padded language model's token mean moved the
+pair's loss by 7.7e-4 of it."""
+
 LOW_PRECISION_TOLERANCE = 3e-2
 """The same for a model whose parameters are 16-bit floats."""
 
@@ -33,8 +41,12 @@ def _loss(
     batch: Any,
     loss_fn: Callable[[Any, Any], Any],
     accepts: frozenset[str] | None,
+    rounded: list[Any],
     seed: int = 0,
 ) -> float:
+    """The loss of ``batch``, drawn from ``seed``; its dtype added to ``rounded`` where it is
+    not float64 (a loss that upcasts float64 logits to float32, as torch's and Hugging Face's
+    default ones do)."""
     import torch
 
     from autotune.runner.training import split_batch  # imports torch
@@ -44,6 +56,8 @@ def _loss(
     loss = loss_fn(model(*args, **kwargs), target)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ValueError("the loss is not a scalar tensor")
+    if loss.dtype != torch.float64:
+        rounded.append(loss.dtype)
     return float(loss.detach().double())
 
 
@@ -57,12 +71,51 @@ def loss_couples_samples(
     collate: Callable[[list[Any]], Any],
     loss_fn: Callable[[Any, Any], Any],
     budget_s: float | None = None,
+    float64: bool = False,
 ) -> bool | None:
     """Whether the loss of ``samples[0]`` and ``samples[1]`` together differs from the mean of
     each one's with a copy of itself (module docstring); None where that cannot be told: fewer
     than two samples, a forward or loss that fails or is not a finite scalar, or a loss that
     differs between two runs of one batch; or, with ``budget_s``, a first forward that took
-    longer (the other three would take as long each). The model's mode is restored after."""
+    longer (the other three would take as long each). The model's mode is restored after.
+
+    ``float64``: convert the model (in place: give one built for the check) and the samples'
+    floating tensors to float64 first, and tell apart what float32 cannot. A freshly initialised
+    language model gives every token about the same loss, so a mean over the tokens of padded
+    samples of different lengths moves the pair's loss by about 1e-4 of it, inside float32's
+    tolerance. A model that fails in float64 is checked in float32."""
+    if len(samples) < 2:
+        return None
+    if float64:
+        try:
+            return _couples(model.double(), samples, _in_float64(collate), loss_fn, budget_s, True)
+        except Exception:  # an op without float64, a dtype the model fixes: float32 then
+            model.float()
+    try:
+        return _couples(model, samples, collate, loss_fn, budget_s, False)
+    except Exception:  # the trials will say what fails
+        return None
+
+
+def _in_float64(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    import torch
+
+    def make(samples: list[Any]) -> Any:
+        return torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda t: t.double() if t.is_floating_point() else t, collate(samples)
+        )
+
+    return make
+
+
+def _couples(
+    model: Any,
+    samples: list[Any],
+    collate: Callable[[list[Any]], Any],
+    loss_fn: Callable[[Any, Any], Any],
+    budget_s: float | None,
+    float64: bool,
+) -> bool | None:
     import time
 
     import torch
@@ -70,27 +123,31 @@ def loss_couples_samples(
     from autotune.runner.lazy_modules import materialize  # imports torch
     from autotune.runner.training import forward_keywords  # imports torch
 
-    if len(samples) < 2:
-        return None
     a, b = samples[:2]
     accepts = forward_keywords(model)
     low = any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters())
-    tolerance = LOW_PRECISION_TOLERANCE if low else RELATIVE_TOLERANCE
+    rounded: list[Any] = []
     training = model.training
     try:
         materialize(model, collate([a, b]))
         model.eval()
         with torch.no_grad():
             start = time.perf_counter()
-            pair = _loss(model, collate([a, b]), loss_fn, accepts, seed=0)
+            pair = _loss(model, collate([a, b]), loss_fn, accepts, rounded, seed=0)
             if budget_s is not None and time.perf_counter() - start > budget_s:
                 return None
-            again = _loss(model, collate([a, b]), loss_fn, accepts, seed=1)
-            first, second = (_loss(model, collate([s, s]), loss_fn, accepts) for s in (a, b))
-    except Exception:  # the trials will say what fails
-        return None
+            again = _loss(model, collate([a, b]), loss_fn, accepts, rounded, seed=1)
+            first, second = (
+                _loss(model, collate([s, s]), loss_fn, accepts, rounded) for s in (a, b)
+            )
     finally:
         model.train(training)
+    if low or any(dtype in (torch.float16, torch.bfloat16) for dtype in rounded):
+        tolerance = LOW_PRECISION_TOLERANCE
+    elif not float64:
+        tolerance = RELATIVE_TOLERANCE
+    else:
+        tolerance = FLOAT32_LOSS_TOLERANCE if rounded else FLOAT64_TOLERANCE
     values = (pair, again, first, second)
     if not all(math.isfinite(v) for v in values) or not _close(pair, again, tolerance, *values):
         return None

@@ -317,7 +317,12 @@ def loss_coupling(workload: WorkloadSpec) -> bool | None:
     except Exception:  # the trials will say
         return None
     return loss_couples_samples(
-        model, list(samples), collate or default_collate, loss, budget_s=COUPLING_FORWARD_S
+        model,
+        list(samples),
+        collate or default_collate,
+        loss,
+        budget_s=COUPLING_FORWARD_S,
+        float64=True,  # the model was built for this check alone
     )
 
 

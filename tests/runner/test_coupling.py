@@ -71,3 +71,15 @@ def test_a_forward_slower_than_the_budget_leaves_the_loss_unchecked() -> None:
     check = (workload.model, samples, default_collate, workload.loss)
     assert loss_couples_samples(*check, budget_s=60.0) is True
     assert loss_couples_samples(*check, budget_s=0.0) is None  # any forward takes longer
+
+
+def test_float64_tells_a_token_mean_that_float32_cannot() -> None:
+    # A freshly initialised model gives every token about the same loss: the token mean over
+    # padded samples of 4 and 11 tokens moves the pair's loss by less than float32's tolerance
+    # (a Hugging Face GPT-2 of vocabulary 500: 7.7e-4 of it).
+    workload = build_workload(WorkloadSpec(model="tests.fixtures.padded:FreshTagger"))
+    samples = first_samples(workload.dataset, 2)
+    check = (workload.model, samples, workload.collate, workload.loss)
+    assert loss_couples_samples(*check) is False
+    assert loss_couples_samples(*check, float64=True) is True
+    assert next(workload.model.parameters()).dtype == torch.float64  # converted in place
