@@ -286,6 +286,13 @@ COUPLING_BUILD_BYTES = 2**30
 this machine; a larger one is not checked, and its loss is taken as its samples' mean (the
 README says so)."""
 
+COUPLING_FORWARD_FLOPS = 3e9
+"""The most floating-point operations (counted on the meta device in under 0.1 s, before
+anything runs) a forward of two samples may take for the coupling check to run it: four such
+forwards in float64 on the search's own CPU. On the AMD EPYC of docs/benchmarks.md,
+``gpt_small`` counts 1.7e9 and its whole check took 0.9 s; GPT-2 small at 1,024 tokens counts
+5.8e11 (5 s a forward in float32) and is not checked."""
+
 COUPLING_FORWARD_S = 1.0
 """The longest first forward of two samples the coupling check goes on after: it runs four on
 the search's own CPU before any trial (GPT-2 small at 1,024 tokens: 5 s each on the AMD EPYC of
@@ -310,6 +317,10 @@ def loss_coupling(workload: WorkloadSpec) -> bool | None:
     held = [t for t in (*built[1].parameters(), *built[1].buffers()) if not is_lazy(t)]
     if sum(t.numel() * t.element_size() for t in held) > COUPLING_BUILD_BYTES:
         return None
+    collate_meta = load_collate(workload, built[0])[0] if built else None
+    flops = _meta_forward_flops(built[1], (collate_meta or default_collate)(list(samples)))
+    if flops is not None and flops > COUPLING_FORWARD_FLOPS:
+        return None
     try:
         module, model = load_model(workload.model)
         collate, _ = load_collate(workload, module)
@@ -324,6 +335,25 @@ def loss_coupling(workload: WorkloadSpec) -> bool | None:
         budget_s=COUPLING_FORWARD_S,
         float64=True,  # the model was built for this check alone
     )
+
+
+def _meta_forward_flops(model: Any, batch: Any) -> int | None:
+    """The floating-point operations of a forward of ``batch`` through ``model`` (built on the
+    meta device), counted by torch's ``FlopCounterMode`` on the batch's shapes; None where the
+    model cannot run on the meta device (a size the data decides)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autotune.runner.training import forward_keywords, split_batch  # imports torch
+
+    shapes = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), batch)
+    args, kwargs, _ = split_batch(shapes, forward_keywords(model))
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(*args, **kwargs)
+    except Exception:  # the forwards themselves are timed instead
+        return None
+    return int(counter.get_total_flops())
 
 
 def coupling(workload: WorkloadSpec) -> Coupling | None:

@@ -83,3 +83,16 @@ def test_float64_tells_a_token_mean_that_float32_cannot() -> None:
     assert loss_couples_samples(*check) is False
     assert loss_couples_samples(*check, float64=True) is True
     assert next(workload.model.parameters()).dtype == torch.float64  # converted in place
+
+
+def test_a_forward_counted_over_the_operations_budget_is_not_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune.search import probe
+
+    towers = WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers")
+    batch = default_collate(list(probe._first_samples(towers, 2) or ()))
+    flops = probe._meta_forward_flops(probe._meta_model(towers.model)[1], batch)
+    assert flops is not None and 0 < flops < probe.COUPLING_FORWARD_FLOPS
+    monkeypatch.setattr(probe, "COUPLING_FORWARD_FLOPS", flops - 1)
+    assert loss_coupling(towers) is None
