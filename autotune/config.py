@@ -140,6 +140,14 @@ class TrainConfig(BaseModel):
         description="Micro-batches per optimizer step; the micro-batch per rank is "
         "global_batch_size / (world_size * grad_accum_steps).",
     )
+    max_grad_norm: float | None = Field(
+        None,
+        gt=0,
+        description="Clip the gradients' total norm to this before each optimizer step "
+        "(torch.nn.utils.clip_grad_norm_, after unscaling fp16's; over every rank's shards "
+        "under FSDP); training semantics like the global batch, never changed by the tuner. "
+        "None: no clipping.",
+    )
     channels_last: bool = Field(
         False,
         description="Convolutions in channels-last memory format: the model's weights and its "
@@ -320,6 +328,8 @@ class TrainConfig(BaseModel):
             parts.append("expandable")
         if self.compile != "off":
             parts.append(f"compile={self.compile}")
+        if self.max_grad_norm is not None:
+            parts.append(f"clip={self.max_grad_norm:g}")
         parts.append(f"accum={self.grad_accum_steps}")
         parts.append(f"mbs={self.micro_batch_size}")
         parts.append(f"workers={self.num_workers}")

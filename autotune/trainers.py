@@ -175,6 +175,13 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         kwargs["ddp_find_unused_parameters"] = True
     if config.bucket_cap_mb != 25:
         kwargs["ddp_bucket_cap_mb"] = config.bucket_cap_mb
+    if config.max_grad_norm is not None:
+        kwargs["max_grad_norm"] = config.max_grad_norm
+    else:
+        notes.append(
+            "the trials clipped no gradients; the Trainer clips at max_grad_norm=1.0 unless "
+            "told otherwise (give --max-grad-norm to measure yours)"
+        )
     if config.matmul_precision != "default":
         kwargs["tf32"] = config.matmul_precision == "high"
     if config.gradient_as_bucket_view:
@@ -237,6 +244,8 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
         "precision": precision,
         "accumulate_grad_batches": config.grad_accum_steps,
     }
+    if config.max_grad_norm is not None:
+        trainer["gradient_clip_val"] = config.max_grad_norm  # by norm, Lightning's default
     notes = []
     if config.parallel == "dp":
         notes.append("Lightning has no DataParallel strategy any more; closest: strategy ddp")
@@ -316,6 +325,12 @@ def accelerate(
             "dynamo_use_dynamic": False,
         }
     notes += _in_code_notes(config)
+    if config.max_grad_norm is not None:
+        notes.append(
+            f"max_grad_norm={config.max_grad_norm:g} is applied in code: "
+            f"accelerator.clip_grad_norm_(model.parameters(), {config.max_grad_norm:g}) "
+            "before optimizer.step(), when accelerator.sync_gradients"
+        )
     if config.parallel != "fsdp" and config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."

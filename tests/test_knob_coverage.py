@@ -34,6 +34,7 @@ VARIANTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "matmul_precision": ({}, {"matmul_precision": "high"}),
     "checkpoint_segments": ({}, {"checkpoint_segments": 2}),
     "grad_accum_steps": ({}, {"grad_accum_steps": 2}),
+    "max_grad_norm": ({}, {"max_grad_norm": 1.0}),
     "compile": ({}, {"compile": "default"}),
     "channels_last": ({}, {"channels_last": True}),
     "expandable_segments": ({}, {"expandable_segments": True}),

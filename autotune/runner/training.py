@@ -359,6 +359,15 @@ class TrainStep:
                     if param.requires_grad and param.grad is None:
                         param.grad = torch.zeros_like(param)
 
+    def _clip(self, max_norm: float) -> None:
+        """Clip the gradients of the optimizer's parameters to a total norm of ``max_norm``,
+        fp16's unscaled first (the scaler's step then skips unscaling them again). Under FSDP
+        the gradients are DTensor shards and the norm is taken over all of them."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
     def run(self, batches: Iterator[Any]) -> StepStats:
         """One optimizer step over ``grad_accum_steps`` micro-batches drawn from ``batches``."""
         accum = self.config.grad_accum_steps
@@ -398,6 +407,8 @@ class TrainStep:
             total_loss += loss.detach().float()
             self.micro_steps += 1
         try:
+            if self.config.max_grad_norm is not None:
+                self._clip(self.config.max_grad_norm)
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()

@@ -56,7 +56,8 @@ RECOMMENDATION_ATTR = "autotune:recommendation"
 
 def default_study_name(workload: WorkloadSpec, settings: SearchSettings) -> str:
     model = re.sub(r"[^A-Za-z0-9_.:-]+", "_", workload.model)
-    return f"{model}-gbs{settings.global_batch_size}"
+    clip = f"-clip{settings.max_grad_norm:g}" if settings.max_grad_norm is not None else ""
+    return f"{model}-gbs{settings.global_batch_size}{clip}"
 
 
 def resolve_global_batch(
@@ -213,6 +214,7 @@ def run_search(
         "space": space.fingerprint(),
         "devices": devices,
         "global_batch_size": settings.global_batch_size,
+        **({"max_grad_norm": settings.max_grad_norm} if settings.max_grad_norm else {}),
         "memory_budget_bytes": budget,
         "safety_margin": settings.memory.safety_margin,
         "steps": [settings.measurement.warmup_steps, settings.measurement.measured_steps],

@@ -76,6 +76,8 @@ MEMORY_NEUTRAL_FIELDS = {
     "matmul_precision": "how fp32 matmuls compute (TF32), not what they hold",
     "channels_last": "the same bytes in another layout",
     "persistent_workers": "keeps the same workers between epochs, not more of them",
+    "max_grad_norm": "one norm per parameter and their total, scalars; the gradients are "
+    "scaled in place",
 }
 """Fields the model leaves out of the peak, and why. A test fails for a field in neither."""
 

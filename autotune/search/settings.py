@@ -242,6 +242,13 @@ class SearchSettings(BaseModel):
         description="Samples per optimizer step over all ranks; never changed. Default: the "
         "model module's autotune_global_batch_size, else 32 (the output says which was used).",
     )
+    max_grad_norm: float | None = Field(
+        None,
+        gt=0,
+        description="Clip the gradients' total norm to this before every optimizer step of "
+        "every trial, as your training does: training semantics, never changed (default: no "
+        "clipping).",
+    )
     space: str = Field("default", description="A search-space file, or a name in search_spaces/.")
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
@@ -258,7 +265,11 @@ class SearchSettings(BaseModel):
 
     def flat(self) -> dict[str, Any]:
         """Every field by its flat name, as ``make_settings`` and ``tune()`` take them."""
-        values: dict[str, Any] = {"global_batch_size": self.global_batch_size, "space": self.space}
+        values: dict[str, Any] = {
+            "global_batch_size": self.global_batch_size,
+            "max_grad_norm": self.max_grad_norm,
+            "space": self.space,
+        }
         for section in SECTIONS:
             values.update(getattr(self, section).model_dump())
         return values
@@ -275,7 +286,7 @@ FLAT_NAMES = {name: section for section, model in SECTIONS.items() for name in m
 def make_settings(values: dict[str, Any]) -> SearchSettings:
     """Settings from flat names (``trials=40``) and/or sections; one-line errors."""
     nested: dict[str, Any] = {}
-    top = {"global_batch_size", "space"}
+    top = {"global_batch_size", "max_grad_norm", "space"}
     for name, value in values.items():
         if name in top or name in SECTIONS:
             nested[name] = value if name in top else {**nested.get(name, {}), **value}

@@ -63,8 +63,8 @@ class SearchSpace(BaseModel):
         for name, param in self.params.items():
             if name not in fields:
                 raise ValueError(f"unknown knob {name!r}; knobs: {', '.join(fields)}")
-            if name == "global_batch_size":
-                raise ValueError("global_batch_size is training semantics and is never searched")
+            if name in ("global_batch_size", "max_grad_norm"):
+                raise ValueError(f"{name} is training semantics and is never searched")
             for ref in (*param.when, *param.when_not):
                 if ref not in seen:
                     raise ValueError(

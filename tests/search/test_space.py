@@ -22,6 +22,7 @@ def test_default_space_covers_every_searchable_knob() -> None:
         "global_batch_size",
         "device",
         "find_unused_parameters",  # set by the search when the model needs it, never a choice
+        "max_grad_norm",  # training semantics, given by the user
     }
     assert knobs <= set(load_space("default").params)
 
