@@ -214,7 +214,7 @@ def run_search(
         "space": space.fingerprint(),
         "devices": devices,
         "global_batch_size": settings.global_batch_size,
-        **({"max_grad_norm": settings.max_grad_norm} if settings.max_grad_norm else {}),
+        **({"max_grad_norm": settings.max_grad_norm} if settings.max_grad_norm is not None else {}),
         "memory_budget_bytes": budget,
         "safety_margin": settings.memory.safety_margin,
         "steps": [settings.measurement.warmup_steps, settings.measurement.measured_steps],
@@ -229,7 +229,7 @@ def run_search(
 
     # the first time on a platform this tries comm hooks and torch.compile in tiny trials
     reporter.phase("probing what works on this machine (cached per platform)")
-    coupled = coupling(workload)  # three forwards of two samples, on the model built here
+    coupled = coupling(workload)  # four forwards of two samples, on the model built here
     images = feeds_images(workload) if "channels_last" in space.params else None
     flags = optimizer_flags(workload) if "optimizer_impl" in space.params else None
     space, exclusions = restrict_space(

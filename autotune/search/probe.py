@@ -311,26 +311,26 @@ def loss_coupling(workload: WorkloadSpec) -> bool | None:
     from autotune.runner.coupling import loss_couples_samples  # imports torch
 
     built = _meta_model(workload.model)
-    samples = _first_samples(workload, 2)
-    if built is None or not samples:
+    first = _first_samples(workload, BATCH_CHECKED)  # read once for every probe
+    if built is None or not first or len(first) < 2:
         return None
+    samples = list(first[:2])
     held = [t for t in (*built[1].parameters(), *built[1].buffers()) if not is_lazy(t)]
     if sum(t.numel() * t.element_size() for t in held) > COUPLING_BUILD_BYTES:
         return None
-    collate_meta = load_collate(workload, built[0])[0] if built else None
-    flops = _meta_forward_flops(built[1], (collate_meta or default_collate)(list(samples)))
-    if flops is not None and flops > COUPLING_FORWARD_FLOPS:
-        return None
     try:
+        collate = load_collate(workload, built[0])[0] or default_collate
+        flops = _meta_forward_flops(built[1], collate(samples))
+        if flops is not None and flops > COUPLING_FORWARD_FLOPS:
+            return None  # before the model is built for real
         module, model = load_model(workload.model)
-        collate, _ = load_collate(workload, module)
         loss, _ = load_loss(workload, module)
     except Exception:  # the trials will say
         return None
     return loss_couples_samples(
         model,
-        list(samples),
-        collate or default_collate,
+        samples,
+        collate,
         loss,
         budget_s=COUPLING_FORWARD_S,
         float64=True,  # the model was built for this check alone

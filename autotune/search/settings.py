@@ -265,11 +265,7 @@ class SearchSettings(BaseModel):
 
     def flat(self) -> dict[str, Any]:
         """Every field by its flat name, as ``make_settings`` and ``tune()`` take them."""
-        values: dict[str, Any] = {
-            "global_batch_size": self.global_batch_size,
-            "max_grad_norm": self.max_grad_norm,
-            "space": self.space,
-        }
+        values = {name: getattr(self, name) for name in TOP_SETTINGS}
         for section in SECTIONS:
             values.update(getattr(self, section).model_dump())
         return values
@@ -279,6 +275,9 @@ class SearchSettings(BaseModel):
         return make_settings({**self.flat(), **flat})
 
 
+TOP_SETTINGS = tuple(name for name in SearchSettings.model_fields if name not in SECTIONS)
+"""Settings of no section (the global batch, the clipping, the space)."""
+
 FLAT_NAMES = {name: section for section, model in SECTIONS.items() for name in model.model_fields}
 """Flat field name -> its section."""
 
@@ -286,7 +285,7 @@ FLAT_NAMES = {name: section for section, model in SECTIONS.items() for name in m
 def make_settings(values: dict[str, Any]) -> SearchSettings:
     """Settings from flat names (``trials=40``) and/or sections; one-line errors."""
     nested: dict[str, Any] = {}
-    top = {"global_batch_size", "max_grad_norm", "space"}
+    top = set(TOP_SETTINGS)
     for name, value in values.items():
         if name in top or name in SECTIONS:
             nested[name] = value if name in top else {**nested.get(name, {}), **value}

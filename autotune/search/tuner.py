@@ -97,13 +97,11 @@ class Tuner:
         if settings.global_batch_size is None:
             raise ConfigError("the search needs a global batch size; settle it first")
         self.global_batch_size = settings.global_batch_size
-        clip = settings.max_grad_norm
-        self.clip = {"max_grad_norm": clip} if clip is not None else {}
-        """The user's gradient clipping, in every configuration the search runs."""
+        clip = settings.max_grad_norm  # the user's, in every configuration the search runs
         fixed = {
             "global_batch_size": self.global_batch_size,
             "device": platform.device_type,
-            **self.clip,
+            **({"max_grad_norm": clip} if clip is not None else {}),
         }
         climb = settings.budget.climb
         # a claim outlives the longest run: another driver leaves the configuration alone
@@ -395,7 +393,6 @@ class Tuner:
             "world_size": self.devices,
             "device": self.platform.device_type,
             "grad_accum_steps": accum,
-            **self.clip,
         }
 
     def _predicted_accumulation(self, start: int = 1) -> int | None:
