@@ -164,6 +164,7 @@ def _nvml_handle(index: int) -> Any:
 
 
 _BARE: dict[tuple[str, tuple[str, ...]], int] = {}
+_STARTED: dict[tuple[str, tuple[str, ...]], Any] = {}  # measuring: subprocess.Popen
 
 
 _BARE_RANK = """
@@ -207,27 +208,49 @@ def hold_workload(spec_json: str) -> tuple[Any, ...]:
         return module, model
 
 
-def bare_rank_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) -> int:
-    """The resident peak of a rank process without its tensors (``_BARE_RANK``): the CPU
-    memory model's first guess at a rank's share beyond its tensors, measured once per workload
-    (a few seconds), until trials calibrate it. ``workload_json`` is a ``WorkloadSpec`` as JSON
-    (empty: none), ``imports`` what the executor's ranks import besides. Imports alone measured
-    231 MiB on the AMD EPYC of docs/benchmarks.md, the rank without a workload 321 MiB. A
-    workload that cannot be loaded this way leaves the rank without it."""
+def start_bare_rank(workload_json: str = "", imports: tuple[str, ...] = ()) -> None:
+    """Start measuring ``bare_rank_bytes(workload_json, imports)`` in the background, so that
+    what the caller does meanwhile (starting Ray: seconds) overlaps it."""
     import subprocess
     import sys
 
     key = (workload_json, imports)
+    if key in _BARE or key in _STARTED:
+        return
+    try:
+        _STARTED[key] = subprocess.Popen(
+            [sys.executable, "-c", _BARE_RANK, workload_json, *imports],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    except OSError:
+        return  # measured in the foreground when asked, or its fallback
+
+
+def bare_rank_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) -> int:
+    """The resident peak of a rank process without its tensors (``_BARE_RANK``): the CPU
+    memory model's first guess at a rank's share beyond its tensors, measured once per workload
+    (a few seconds; ``start_bare_rank`` begins it early), until trials calibrate it.
+    ``workload_json`` is a ``WorkloadSpec`` as JSON (empty: none), ``imports`` what the
+    executor's ranks import besides. Imports alone measured 231 MiB on the AMD EPYC of
+    docs/benchmarks.md, the rank without a workload 321 MiB. A workload that cannot be loaded
+    this way leaves the rank without it."""
+    import subprocess
+
+    key = (workload_json, imports)
     if key not in _BARE:
+        start_bare_rank(workload_json, imports)
+        process = _STARTED.pop(key, None)
         try:
-            out = subprocess.run(
-                [sys.executable, "-c", _BARE_RANK, workload_json, *imports],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            _BARE[key] = int(out.stdout.strip()) * 1024
+            if process is None:
+                raise OSError("the measuring process did not start")
+            out, _ = process.communicate(timeout=120)
+            _BARE[key] = int(out.strip()) * 1024
         except (OSError, ValueError, subprocess.SubprocessError):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.communicate()
             # the first trial calibrates it; without the workload, the rest still counts
             _BARE[key] = bare_rank_bytes("", imports) if workload_json else 0
     return _BARE[key]

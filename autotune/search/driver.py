@@ -26,7 +26,7 @@ from autotune.runner.workload import (
     describe_collate,
     describe_optimizer,
 )
-from autotune.search.memory_model import budget_scope
+from autotune.search.memory_model import budget_scope, start_prior
 from autotune.search.probe import (
     autocast_ignored,
     check_batches,
@@ -89,13 +89,20 @@ def _devices(settings: SearchSettings, device_count: int, device_type: str) -> i
 
 
 def _executor(
-    settings: SearchSettings, space: SearchSpace, platform: Platform, devices: int
+    settings: SearchSettings,
+    space: SearchSpace,
+    platform: Platform,
+    devices: int,
+    workload: WorkloadSpec,
 ) -> Executor:
     """The Ray executor (a private local instance, or the cluster at ``ray_address``), or with
     ``executor='local'`` rank processes of this machine, one trial at a time."""
     if settings.cluster.executor == "local":
         return LocalExecutor()
     from autotune.runner.ray_executor import RayExecutor  # imports Ray: only when searching
+
+    if settings.memory.predict_memory:  # the memory model's first guess, measured as Ray starts
+        start_prior(platform.device_type, workload, RayExecutor.rank_imports)
 
     max_workers = (
         max((c for c in space.params["num_workers"].choices if isinstance(c, int)), default=0)
@@ -243,7 +250,7 @@ def run_search(
         fsdp_refusal=fsdp_refusal(workload.model),
         autocast_ignored=autocast_ignored(workload.model),
     )
-    executor = _executor(settings, space, platform, devices)
+    executor = _executor(settings, space, platform, devices, workload)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)
     if settings.cluster.executor == "local":
         concurrency = 1  # one machine, trials one at a time (LocalExecutor.fits_now)

@@ -567,6 +567,17 @@ class MemoryModel:
         return []
 
 
+def start_prior(
+    device_type: str, workload: WorkloadSpec | None = None, rank_imports: tuple[str, ...] = ()
+) -> None:
+    """Begin what ``prior_for`` measures (on CPU, a rank process: seconds), so that what the
+    caller does meanwhile overlaps it."""
+    if device_type != "cuda":
+        from autotune.runner.memory import start_bare_rank  # imports torch
+
+        start_bare_rank(workload.model_dump_json() if workload is not None else "", rank_imports)
+
+
 def prior_for(
     device_type: str, workload: WorkloadSpec | None = None, rank_imports: tuple[str, ...] = ()
 ) -> Calibration:

@@ -34,17 +34,26 @@ def test_without_the_checks_the_fallback_takes_neither_and_says_so(
     assert native == () and told.startswith("fallback: ")
 
 
-def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports() -> None:
+def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The CPU memory model's first guess; a code string that failed would give 0 silently.
+    # A search begins it while Ray starts, and collects it when the memory model asks.
     import subprocess
     import sys
 
-    from autotune.runner.memory import bare_rank_bytes
+    from autotune.runner import memory
 
+    monkeypatch.setattr(memory, "_BARE", {})
+    monkeypatch.setattr(memory, "_STARTED", {})
+    memory.start_bare_rank()
+    memory.start_bare_rank()  # one measurement, however often begun
+    (started,) = memory._STARTED.values()
     code = "import torch; print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])"
     imports = int(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                  text=True, check=True).stdout) * 1024  # fmt: skip
-    assert imports + 32 * 2**20 < bare_rank_bytes() < 4 * 2**30
+    assert imports + 32 * 2**20 < memory.bare_rank_bytes() < 4 * 2**30
+    assert started.returncode == 0 and memory._STARTED == {}  # the one begun, collected
 
 
 def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path: Path) -> None:
