@@ -104,8 +104,10 @@ class Proposer:
         return complete
 
     def propose(self) -> Proposal:
-        """Ask for a trial and sample every knob whose condition holds."""
-        move = self._next_move() if self.climb else None
+        """Ask for a trial and sample every knob whose condition holds: first a trial a killed
+        driver left running, queued again when the study was resumed (``requeue_abandoned``;
+        Optuna's ``ask`` takes it), then the climb's next move, then the sampler's."""
+        move = self._next_move() if self.climb and not self._requeued() else None
         trial = ask_fixed(self.study, move) if move is not None else self.study.ask()
         self.log.claim(trial, None, self.hold_s)  # at once: sampling may take a while
         values: dict[str, Any] = {}
@@ -119,6 +121,12 @@ class Proposer:
         self._proposed.add(config.key())
         self.log.claim(trial, config.key(), self.hold_s)
         return Proposal(trial, config)
+
+    def _requeued(self) -> bool:
+        """Whether the study holds trials queued again on resume, for whichever driver asks."""
+        from optuna.trial import TrialState
+
+        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def record(self, proposal: Proposal, record: TrialRecord) -> TrialRecord:
         """The outcome of ``proposal`` (measured, or decided without running)."""

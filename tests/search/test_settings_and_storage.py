@@ -89,6 +89,33 @@ def test_trials_left_running_are_failed_and_requeued(tmp_path: Path) -> None:
     )
 
 
+def test_a_requeued_trial_is_proposed_before_the_climbs_next_move(tmp_path: Path) -> None:
+    # Climb moves bypass Optuna's queue (``ask_fixed``); a trial a killed driver left running,
+    # queued again on resume, was taken only by the sampler's ``ask``, so a resumed search whose
+    # budget the climb filled left it waiting, never run (seen with two drivers on PostgreSQL).
+    from tests.search.fakes import FakeExecutor, make_tuner, ok
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study, _, _ = open_study(url, "s", {"model": "a"}, new_study=False)
+    tuner = make_tuner(
+        FakeExecutor(lambda config, before: ok(config, 100.0, 100)),
+        {"amp": ["off", "bf16"], "num_workers": [0, 1]},
+        study=study,
+    )
+    tuner.baseline()  # amp off, no workers: the climb's next move is one knob from it
+    killed = ask_fixed(study, {"amp": "bf16", "num_workers": 1})  # two knobs from it
+    for name, choices in (("amp", ["off", "bf16"]), ("num_workers", [0, 1])):
+        killed.suggest_categorical(name, choices)
+    assert requeue_abandoned(study, now=time.time() + UNOWNED_S + 1) == 1
+    assert tuner.proposer._next_move() is not None  # the climb would move first
+    proposal = tuner.proposer.propose()
+    assert proposal.config is not None
+    assert (proposal.config.amp, proposal.config.num_workers) == ("bf16", 1)
+    waiting = optuna.trial.TrialState.WAITING
+    assert study.get_trials(states=(waiting,)) == []  # nothing left queued
+    assert tuner.proposer.propose().number != proposal.number
+
+
 def test_a_fixed_move_is_a_running_trial_of_its_own_and_leaves_nothing_queued(
     tmp_path: Path,
 ) -> None:
