@@ -31,6 +31,8 @@ def test_trial_prints_a_summary_and_writes_the_record(
             "3",
             "--warmup-steps",
             "1",
+            "--target-interval",  # the adaptive window's default: test_json_output_is_the_record
+            "0",
             "--out",
             str(out),
         ]
