@@ -107,6 +107,8 @@ def _fake_batch(
     import torch
     from torch.utils.data import default_collate
 
+    from autotune.runner.training import map_tensors  # imports torch
+
     samples = first_samples(dataset, min(micro_batch, COLLATED_SAMPLES))
     one = (collate or default_collate)(samples)
     if collate and micro_batch > len(samples) and not _widens(one, len(samples)):
@@ -125,18 +127,17 @@ def _fake_batch(
             observed.append((fake, tensor.detach().cpu().numpy()))
         return fake
 
-    return torch.utils._pytree.tree_map_only(torch.Tensor, widen, one), observed
+    return map_tensors(one, widen), observed
 
 
 def _widens(batch: Any, samples: int) -> bool:
     """Whether every tensor of ``batch`` holds its ``samples`` along its first dimension, so
     that a larger micro-batch is the same batch widened."""
-    import torch
+    from autotune.runner.training import map_tensors  # imports torch
 
-    tensors = torch.utils._pytree.tree_leaves(batch)
-    return all(
-        t.dim() > 0 and t.shape[0] == samples for t in tensors if isinstance(t, torch.Tensor)
-    )
+    tensors: list[Any] = []
+    map_tensors(batch, tensors.append)
+    return all(t.dim() > 0 and t.shape[0] == samples for t in tensors)
 
 
 def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
@@ -201,12 +202,11 @@ def _materialized(model: Any, batch: Any, mode: Any) -> None:
     import torch
 
     from autotune.runner.lazy_modules import has_lazy_parameters, materialize  # imports torch
+    from autotune.runner.training import map_tensors  # imports torch
 
     if not has_lazy_parameters(model):
         return
-    shapes = torch.utils._pytree.tree_map_only(
-        torch.Tensor, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"), batch
-    )
+    shapes = map_tensors(batch, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
     materialize(model, shapes)
     _fake_copy(model, mode)
 

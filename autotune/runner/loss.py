@@ -3,6 +3,7 @@ when its output carries one, else a rule chosen from the target."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import WorkloadError
@@ -56,7 +57,7 @@ def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
             "or an object with a .loss, or pass --loss"
         )
     against = ""
-    if isinstance(target, dict):
+    if isinstance(target, Mapping):
         key = next((k for k in TARGET_KEYS if isinstance(target.get(k), torch.Tensor)), None)
         if key is not None:
             target, against = target[key], f" (the batch's {key!r})"

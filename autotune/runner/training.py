@@ -16,7 +16,7 @@ import functools
 import gc
 import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ def _not_a_tensor(value: Any) -> str | None:
     """What ``value`` is, where it holds something other than tensors (None: tensors only)."""
     if isinstance(value, torch.Tensor):
         return None
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         inner = (_not_a_tensor(v) for v in value.values())
         return next((f"{kind} in a dict" for kind in inner if kind), None)
     if isinstance(value, (list, tuple)):
@@ -234,20 +234,39 @@ def wrap_model(
     return model
 
 
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``batch`` with ``fn`` applied to each of its tensors, through dicts, lists and tuples as
+    users' data code makes them: a mapping keeps its type where that type can be built from a
+    dict (Hugging Face's ``BatchEncoding``, a ``UserDict`` that torch's pytree takes for one
+    leaf), else becomes a dict; a named tuple keeps its type. Anything else is left as it is."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        mapped = {k: map_tensors(v, fn) for k, v in batch.items()}
+        if type(batch) is dict:
+            return mapped
+        try:
+            return type(batch)(mapped)  # type: ignore[call-arg]
+        except Exception:  # a mapping its items do not make (a defaultdict)
+            return mapped
+    if isinstance(batch, (list, tuple)):
+        items = [map_tensors(v, fn) for v in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch
+
+
 def move_to(
     batch: Any, device: torch.device, non_blocking: bool, channels_last: bool = False
 ) -> Any:
-    """``batch`` on ``device``; with ``channels_last``, its 4-D floating tensors (image
-    batches) in channels-last memory format."""
-    if isinstance(batch, torch.Tensor):
-        if channels_last and batch.dim() == 4 and batch.is_floating_point():
-            return batch.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, dict):
-        return {k: move_to(v, device, non_blocking, channels_last) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to(v, device, non_blocking, channels_last) for v in batch)
-    return batch
+    """``batch`` on ``device`` (``map_tensors``); with ``channels_last``, its 4-D floating
+    tensors (image batches) in channels-last memory format."""
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        if channels_last and tensor.dim() == 4 and tensor.is_floating_point():
+            return tensor.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+        return tensor.to(device, non_blocking=non_blocking)
+
+    return map_tensors(batch, move)
 
 
 def forward_keywords(model: nn.Module) -> frozenset[str] | None:
@@ -270,16 +289,18 @@ def split_batch(
 ) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
     """(positional inputs, keyword inputs, target) of a batch.
 
-    A tensor is the input; a dict is passed as keyword arguments (and given to a user loss as
-    the target); a tuple/list is (inputs..., target), or (input,) alone. ``accepts``: the
-    keywords the forward takes (``forward_keywords``); a dict's other keys (a dataset's
-    ``labels`` beside a forward that takes ``input_ids``) stay out of the call, as Hugging
-    Face's Trainer leaves out the columns a model does not take, and in the target. Where the
-    forward takes none of its keys, every key is passed, so that the error names them.
+    A tensor is the input; a dict (any mapping: a ``BatchEncoding``) is passed as keyword
+    arguments (and given to a user loss as the target); a tuple/list is (inputs..., target),
+    or (input,) alone. ``accepts``: the keywords the forward takes (``forward_keywords``); a
+    dict's other keys (a dataset's ``labels`` beside a forward that takes ``input_ids``) stay
+    out of the call, as Hugging Face's Trainer leaves out the columns a model does not take,
+    and in the target. Where the forward takes none of its keys, every key is passed, so that
+    the error names them.
     """
-    if isinstance(batch, dict):
-        taken = batch if accepts is None else {k: v for k, v in batch.items() if k in accepts}
-        return (), (taken or batch), batch
+    if isinstance(batch, Mapping):
+        every = dict(batch)
+        taken = every if accepts is None else {k: v for k, v in every.items() if k in accepts}
+        return (), (taken or every), batch
     if isinstance(batch, (list, tuple)):
         if len(batch) == 1:
             return (batch[0],), {}, None
@@ -383,7 +404,7 @@ class TrainStep:
             data_wait += time.perf_counter() - fetch_start
             moved = move_to(batch, self.device, self.non_blocking, self.config.channels_last)
             args, kwargs, target = split_batch(moved, self.accepts)
-            if isinstance(moved, dict):
+            if isinstance(moved, Mapping):
                 self.left_out.update(moved.keys() - kwargs.keys())
             calls_before = self.hooks.calls
             if self.keep_grads:  # each micro-step is a new replay of the graphs

@@ -42,3 +42,30 @@ def test_keys_the_forward_does_not_take_are_left_out_and_said() -> None:
     assert result.status == "ok", result.message
     assert result.data.endswith("left out of the forward's call, which does not take them: labels")
     assert "(the batch's 'labels')" in result.loss_rule
+
+
+def test_named_tuple_and_batch_encoding_batches_train_as_a_tuple_and_a_dict_do() -> None:
+    # A named tuple was rebuilt from one generator (every trial failed: "missing 1 required
+    # positional argument"); a BatchEncoding (a UserDict) was taken for one input, and would not
+    # have been moved to a GPU.
+    config = {"global_batch_size": 8, "parallel": "ddp", "world_size": 2, "device": "cpu"}
+    for model in ("tests.fixtures.named_samples:Net", "tests.fixtures.encodings:Classifier"):
+        result = run_trial(model, config, **FEW)
+        assert result.status == "ok", result.message
+
+
+def test_a_batch_keeps_its_type_on_its_way_to_the_device() -> None:
+    import torch
+    from transformers import BatchEncoding
+
+    from autotune.runner.training import move_to, split_batch
+    from tests.fixtures.named_samples import Sample
+
+    meta = torch.device("meta")
+    named = move_to(Sample(torch.ones(2, 3), torch.zeros(2)), meta, False)
+    assert type(named) is Sample and named.features.device == meta
+    encoded = move_to(BatchEncoding({"input_ids": torch.ones(2, 3)}), meta, False)
+    assert type(encoded) is BatchEncoding and encoded.input_ids.device == meta
+    args, kwargs, target = split_batch(encoded, frozenset({"input_ids"}))
+    assert args == () and list(kwargs) == ["input_ids"] and target is encoded
+    assert type(kwargs) is dict  # passed as **kwargs

@@ -570,3 +570,28 @@ def test_maml_s_backward_inside_its_forward_is_traced_at_a_real_steps_peak() -> 
     real = real_step_peak(Maml(), support, target, query)
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
     assert traced.activations_bytes > 512 * 256 * 4 * 4  # the hidden layer's, both passes
+
+
+def test_a_batch_encoding_batch_is_traced_at_a_real_steps_peak() -> None:
+    # Hugging Face's BatchEncoding is one leaf to torch's pytree: its tensors were left real,
+    # at the collated samples' count, beside the fake model.
+    import torch
+
+    from tests.fixtures import encodings
+
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.encodings:Classifier"), 16)
+    batch = encodings.autotune_collate([encodings.Encoded()[i] for i in range(16)])
+    model = encodings.Classifier()
+
+    class WithLoss(torch.nn.Module):  # the default loss, against the batch's labels
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            logits = self.model(input_ids, attention_mask)
+            return torch.nn.functional.cross_entropy(logits, batch["labels"])
+
+    real = real_step_peak(WithLoss(), input_ids=batch["input_ids"],
+                          attention_mask=batch["attention_mask"])  # fmt: skip
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
