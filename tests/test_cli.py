@@ -61,6 +61,8 @@ def test_json_output_is_the_record(capsys: pytest.CaptureFixture[str]) -> None:
             "2",
             "--warmup-steps",
             "1",
+            "--max-measure-s",  # the adaptive window, capped: a noisy box ran it to 10 s
+            "2",
             "--json",
         ]
     )

@@ -10,7 +10,8 @@ For samples ``a`` and ``b``, a loss of each sample alone, reduced by mean or by 
 ``L([a, b]) == (L([a, a]) + L([b, b])) / 2``; a coupled one does not. The three forwards run in
 eval mode (dropout off, a batch norm's running statistics: batch norms are told apart by their
 class) without gradients, each from the same random seed; a loss that still differs between two
-runs of one batch (a VAE's sampled latent) cannot be told this way, and is not flagged.
+runs of one batch (a VAE's sampled latent) cannot be told this way: the check says so, as it
+says why for any it could not tell.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from typing import Any
+
+from autotune.errors import error_line
 
 RELATIVE_TOLERANCE = 1e-3
 """How far the pair's loss may lie from the mean of the duplicated pairs' and count as equal:
@@ -72,12 +75,12 @@ def loss_couples_samples(
     loss_fn: Callable[[Any, Any], Any],
     budget_s: float | None = None,
     float64: bool = False,
-) -> bool | None:
+) -> bool | str:
     """Whether the loss of ``samples[0]`` and ``samples[1]`` together differs from the mean of
-    each one's with a copy of itself (module docstring); None where that cannot be told: fewer
-    than two samples, a forward or loss that fails or is not a finite scalar, or a loss that
-    differs between two runs of one batch; or, with ``budget_s``, a first forward that took
-    longer (the other three would take as long each). The model's mode is restored after.
+    each one's with a copy of itself (module docstring); where that cannot be told, why, in a
+    few words: fewer than two samples, a forward or loss that fails or is not a finite scalar, a
+    loss that differs between two runs of one batch; or, with ``budget_s``, a first forward that
+    took longer (the other three would take as long each). The model's mode is restored after.
 
     ``float64``: convert the model (in place: give one built for the check) and the samples'
     floating tensors to float64 first, and tell apart what float32 cannot. A freshly initialised
@@ -85,7 +88,7 @@ def loss_couples_samples(
     samples of different lengths moves the pair's loss by about 1e-4 of it, inside float32's
     tolerance. A model that fails in float64 is checked in float32."""
     if len(samples) < 2:
-        return None
+        return "the dataset gives fewer than two samples"
     if float64:
         try:
             return _couples(model.double(), samples, _in_float64(collate), loss_fn, budget_s, True)
@@ -93,17 +96,15 @@ def loss_couples_samples(
             model.float()
     try:
         return _couples(model, samples, collate, loss_fn, budget_s, False)
-    except Exception:  # the trials will say what fails
-        return None
+    except Exception as error:  # the trials will say what fails
+        return f"a forward and loss of two samples failed here: {error_line(error)}"
 
 
 def _in_float64(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
-    import torch
+    from autotune.runner.training import map_tensors  # imports torch
 
     def make(samples: list[Any]) -> Any:
-        return torch.utils._pytree.tree_map_only(
-            torch.Tensor, lambda t: t.double() if t.is_floating_point() else t, collate(samples)
-        )
+        return map_tensors(collate(samples), lambda t: t.double() if t.is_floating_point() else t)
 
     return make
 
@@ -115,7 +116,7 @@ def _couples(
     loss_fn: Callable[[Any, Any], Any],
     budget_s: float | None,
     float64: bool,
-) -> bool | None:
+) -> bool | str:
     import time
 
     import torch
@@ -134,8 +135,9 @@ def _couples(
         with torch.no_grad():
             start = time.perf_counter()
             pair = _loss(model, collate([a, b]), loss_fn, accepts, rounded, seed=0)
-            if budget_s is not None and time.perf_counter() - start > budget_s:
-                return None
+            took = time.perf_counter() - start
+            if budget_s is not None and took > budget_s:
+                return f"a forward of two samples took {took:.1f} s here, over {budget_s:g} s"
             again = _loss(model, collate([a, b]), loss_fn, accepts, rounded, seed=1)
             first, second = (
                 _loss(model, collate([s, s]), loss_fn, accepts, rounded) for s in (a, b)
@@ -149,6 +151,8 @@ def _couples(
     else:
         tolerance = FLOAT32_LOSS_TOLERANCE if rounded else FLOAT64_TOLERANCE
     values = (pair, again, first, second)
-    if not all(math.isfinite(v) for v in values) or not _close(pair, again, tolerance, *values):
-        return None
+    if not all(math.isfinite(v) for v in values):
+        return "its loss of two samples is not finite"
+    if not _close(pair, again, tolerance, *values):
+        return "its loss differs between two runs of one batch: it draws at random"
     return not _close(pair, (first + second) / 2, tolerance, *values)

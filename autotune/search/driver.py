@@ -171,6 +171,11 @@ def _coupling_lines(coupled: Coupling | None) -> dict[str, str]:
             "samples' loss is not the mean of each one's with a copy of itself: in-batch "
             f"negatives, a mean over padded tokens): {_OTHER_SAMPLES}"
         )
+    if coupled is not None and coupled.loss_untold:  # falsy: nothing known couples
+        lines["loss"] = (
+            f"not told whether it couples each micro-batch's samples ({coupled.loss_untold}); "
+            "a configuration that splits the global batch otherwise is taken to train the same"
+        )
     return lines
 
 

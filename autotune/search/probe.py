@@ -299,34 +299,43 @@ the search's own CPU before any trial (GPT-2 small at 1,024 tokens: 5 s each on 
 docs/benchmarks.md), and a longer one leaves the loss unchecked."""
 
 
-def loss_coupling(workload: WorkloadSpec) -> bool | None:
+def loss_coupling(workload: WorkloadSpec) -> bool | str:
     """Whether the workload's loss of a micro-batch couples its samples
     (``runner.coupling.loss_couples_samples``), from the model built for real here and the
-    dataset's first two samples; None when that cannot be told: a model over
-    ``COUPLING_BUILD_BYTES``, one that does not build or run here, a loss that draws, a forward
-    over ``COUPLING_FORWARD_S``."""
+    dataset's first two samples; where that cannot be told, why, in a few words: a model over
+    ``COUPLING_BUILD_BYTES`` or a forward counted over ``COUPLING_FORWARD_FLOPS``, one that does
+    not build or run here, a loss that draws at random, a forward over ``COUPLING_FORWARD_S``."""
     from torch.nn.parameter import is_lazy
     from torch.utils.data import default_collate
 
     from autotune.runner.coupling import loss_couples_samples  # imports torch
 
     built = _meta_model(workload.model)
+    if built is None:
+        return "the model does not build on the meta device"
     first = _first_samples(workload, BATCH_CHECKED)  # read once for every probe
-    if built is None or not first or len(first) < 2:
-        return None
+    if not first or len(first) < 2:
+        return "the dataset gives fewer than two samples here"
     samples = list(first[:2])
     held = [t for t in (*built[1].parameters(), *built[1].buffers()) if not is_lazy(t)]
-    if sum(t.numel() * t.element_size() for t in held) > COUPLING_BUILD_BYTES:
-        return None
+    size = sum(t.numel() * t.element_size() for t in held)
+    if size > COUPLING_BUILD_BYTES:
+        return (
+            f"the model holds {size / 2**30:.1f} GiB, over the {COUPLING_BUILD_BYTES / 2**30:g} "
+            "GiB the check builds"
+        )
     try:
         collate = load_collate(workload, built[0])[0] or default_collate
         flops = _meta_forward_flops(built[1], collate(samples))
-        if flops is not None and flops > COUPLING_FORWARD_FLOPS:
-            return None  # before the model is built for real
+        if flops is not None and flops > COUPLING_FORWARD_FLOPS:  # before it is built for real
+            return (
+                f"a forward of two samples counts {flops:.1e} operations, over the "
+                f"{COUPLING_FORWARD_FLOPS:.0e} the check runs"
+            )
         module, model = load_model(workload.model)
         loss, _ = load_loss(workload, module)
-    except Exception:  # the trials will say
-        return None
+    except Exception as error:  # the trials will say
+        return f"the model or its loss did not load here: {error_line(error)}"
     return loss_couples_samples(
         model,
         samples,
@@ -344,9 +353,9 @@ def _meta_forward_flops(model: Any, batch: Any) -> int | None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from autotune.runner.training import forward_keywords, split_batch  # imports torch
+    from autotune.runner.training import forward_keywords, map_tensors, split_batch  # imports torch
 
-    shapes = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), batch)
+    shapes = map_tensors(batch, lambda t: t.to("meta"))
     args, kwargs, _ = split_batch(shapes, forward_keywords(model))
     try:
         with FlopCounterMode(display=False) as counter, torch.no_grad():
@@ -357,10 +366,12 @@ def _meta_forward_flops(model: Any, batch: Any) -> int | None:
 
 
 def coupling(workload: WorkloadSpec) -> Coupling | None:
-    """What makes the workload's forward follow the micro-batch (``recipe.Coupling``); None
-    where nothing does."""
-    found = Coupling(batch_norm(workload.model), bool(loss_coupling(workload)))
-    return found or None
+    """What makes the workload's forward follow the micro-batch (``recipe.Coupling``), and why
+    the loss's part could not be told; None where nothing does and all was told."""
+    told = loss_coupling(workload)
+    untold = "" if isinstance(told, bool) else told
+    found = Coupling(batch_norm(workload.model), loss=told is True, loss_untold=untold)
+    return found if found or untold else None
 
 
 def scalar_parameters(model_reference: str) -> list[str]:

@@ -162,6 +162,10 @@ class Coupling:
     loss: bool = False
     """The loss of a micro-batch is not the mean (or sum) of its samples' own: in-batch
     negatives, a mean over the tokens of padded samples (``runner.coupling``)."""
+    loss_untold: str = ""
+    """Why the check could not tell whether the loss couples the samples (a model too large to
+    run here, a loss that draws at random); "" where it told. Untold, a split of the global
+    batch is taken to train the same, and the search's header says so."""
 
     def __bool__(self) -> bool:
         return self.batch_norm is not None or self.loss

@@ -13,7 +13,7 @@ from autotune.search.probe import coupling, loss_coupling
 from autotune.search.recipe import Coupling, numerics_changes, simplicity
 
 
-def _couples(reference: str) -> bool | None:
+def _couples(reference: str) -> bool | str:
     shape = (3, 8, 8) if "norms" in reference else None  # a model without data of its own
     workload = build_workload(WorkloadSpec(model=reference, input_shape=shape))
     samples = first_samples(workload.dataset, 2)
@@ -29,11 +29,12 @@ def _couples(reference: str) -> bool | None:
         ("tests.fixtures.models:Small", False),  # cross-entropy of each sample, averaged
         ("tests.fixtures.norms:Normed", False),  # batch norms are told by their class
         ("tests.fixtures.graphs:Classifier", False),  # one graph a sample, however batched
-        ("tests.fixtures.contrastive:Sampled", None),  # draws noise: cannot be told
+        ("tests.fixtures.contrastive:Sampled", "draws at random"),  # cannot be told: why
     ],
 )
-def test_a_loss_that_couples_its_samples_is_told_apart(reference: str, couples: bool) -> None:
-    assert _couples(reference) is couples
+def test_a_loss_that_couples_its_samples_is_told_apart(reference: str, couples: bool | str) -> None:
+    told = _couples(reference)
+    assert told is couples if isinstance(couples, bool) else couples in str(told)
 
 
 def test_the_check_leaves_the_model_as_it_found_it() -> None:
@@ -50,6 +51,20 @@ def test_the_probe_builds_the_model_and_reads_the_first_samples() -> None:
     assert loss_coupling(towers) is True
     assert coupling(towers) == Coupling(batch_norm=None, loss=True)
     assert coupling(WorkloadSpec(model="tests.fixtures.models:Small")) is None
+
+
+def test_a_loss_that_cannot_be_told_is_said_in_the_searchs_header() -> None:
+    from autotune.search.driver import _coupling_lines
+
+    sampled = coupling(WorkloadSpec(model="tests.fixtures.contrastive:Sampled"))
+    assert sampled is not None and not sampled  # nothing couples that is known...
+    assert "draws at random" in sampled.loss_untold  # ...and what was not told, why
+    line = _coupling_lines(sampled)["loss"]
+    assert line.startswith("not told whether it couples each micro-batch's samples (its loss ")
+    assert line.endswith("is taken to train the same")
+    base = TrainConfig(global_batch_size=8, device="cpu")
+    split = base.model_copy(update={"grad_accum_steps": 2})
+    assert numerics_changes(split, sampled, base) == []  # taken to train the same, as said
 
 
 def test_a_coupled_loss_over_other_samples_than_the_baselines_is_a_numerics_change() -> None:
@@ -70,7 +85,8 @@ def test_a_forward_slower_than_the_budget_leaves_the_loss_unchecked() -> None:
     samples = first_samples(workload.dataset, 2)
     check = (workload.model, samples, default_collate, workload.loss)
     assert loss_couples_samples(*check, budget_s=60.0) is True
-    assert loss_couples_samples(*check, budget_s=0.0) is None  # any forward takes longer
+    slow = loss_couples_samples(*check, budget_s=0.0)  # any forward takes longer
+    assert isinstance(slow, str) and slow.startswith("a forward of two samples took ")
 
 
 def test_float64_tells_a_token_mean_that_float32_cannot() -> None:
@@ -95,4 +111,7 @@ def test_a_forward_counted_over_the_operations_budget_is_not_run(
     flops = probe._meta_forward_flops(probe._meta_model(towers.model)[1], batch)
     assert flops is not None and 0 < flops < probe.COUPLING_FORWARD_FLOPS
     monkeypatch.setattr(probe, "COUPLING_FORWARD_FLOPS", flops - 1)
-    assert loss_coupling(towers) is None
+    told = loss_coupling(towers)
+    assert isinstance(told, str) and f"counts {flops:.1e} operations, over the " in told
+    monkeypatch.setattr(probe, "COUPLING_BUILD_BYTES", 1)  # the model's size, before anything
+    assert "the model holds 0.0 GiB, over the " in str(loss_coupling(towers))

@@ -45,7 +45,7 @@ def test_a_trial_given_no_global_batch_takes_the_modules(
     from autotune.cli import main
 
     argv = ["trial", "--model", "tests.fixtures.declared_batch:Model", "--json"]
-    code = main([*argv, "--measured-steps", "2", "--warmup-steps", "1"])
+    code = main([*argv, "--measured-steps", "2", "--warmup-steps", "1", "--target-interval", "0"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["config"]["global_batch_size"] == 16
 
