@@ -36,6 +36,7 @@ from autotune.runner.workload import (
     load_loss,
     load_model,
     load_optimizer,
+    model_optimizer,
     put_on_path,
 )
 
@@ -601,6 +602,7 @@ def _trace(
     with mode:
         wrapped, _, _, _ = prepare_model(model, config, device)
         params = wrapped.parameters()
+        factory = factory or model_optimizer(model)  # a LightningModule's, on the fake model
         optimizer = factory(params) if factory else default_optimizer(params, learning_rate)
         if implementation == "default":  # what the device would run: foreach on CUDA
             implementation = device_default(optimizer, device_type)

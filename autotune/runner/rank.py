@@ -36,7 +36,7 @@ from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
 from autotune.runner.training import OPTIMIZER_STEP
 from autotune.runner.window import AFTER_FASTER, STEP_PHASES, Decision, Window, warmup_phase
-from autotune.runner.workload import WorkloadCache, build_workload
+from autotune.runner.workload import WorkloadCache, build_workload, model_optimizer
 
 
 class Progress:
@@ -201,6 +201,7 @@ def _measure(
         workload.dataset,
         workload.loss,
         optimizer=workload.optimizer
+        or model_optimizer(workload.model)
         or (lambda params: default_optimizer(params, options.learning_rate)),
         device=device,
         seed=options.seed,

@@ -269,10 +269,17 @@ def move_to(
     return map_tensors(batch, move)
 
 
+WHOLE_BATCH = frozenset({"(the whole batch)"})
+"""``forward_keywords`` of a model whose forward takes the batch as it comes
+(``takes_whole_batch``: a LightningModule's training step): ``split_batch`` splits nothing."""
+
+
 def forward_keywords(model: nn.Module) -> frozenset[str] | None:
     """The keyword arguments the user's model's forward takes (the model as built, before any
     wrapper, whose forward takes anything); None when it takes any (``**kwargs``) or cannot be
-    told."""
+    told; ``WHOLE_BATCH`` for a forward that takes the whole batch."""
+    if getattr(model, "takes_whole_batch", False):
+        return WHOLE_BATCH
     try:
         parameters = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):
@@ -297,6 +304,8 @@ def split_batch(
     and in the target. Where the forward takes none of its keys, every key is passed, so that
     the error names them.
     """
+    if accepts is WHOLE_BATCH:
+        return (batch,), {}, None
     if isinstance(batch, Mapping):
         every = dict(batch)
         taken = every if accepts is None else {k: v for k, v in every.items() if k in accepts}
@@ -404,7 +413,7 @@ class TrainStep:
             data_wait += time.perf_counter() - fetch_start
             moved = move_to(batch, self.device, self.non_blocking, self.config.channels_last)
             args, kwargs, target = split_batch(moved, self.accepts)
-            if isinstance(moved, Mapping):
+            if isinstance(moved, Mapping) and self.accepts is not WHOLE_BATCH:
                 self.left_out.update(moved.keys() - kwargs.keys())
             calls_before = self.hooks.calls
             if self.keep_grads:  # each micro-step is a new replay of the graphs

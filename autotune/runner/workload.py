@@ -291,19 +291,26 @@ def declared_global_batch(spec: WorkloadSpec) -> int | None:
 
 
 def load_model(reference: str) -> tuple[Any, Any]:
-    """Build the model named by ``reference``; return (module it came from, model)."""
+    """Build the model named by ``reference``; return (module it came from, model). A
+    LightningModule comes as ``lightning.LightningStep``: its training step is the forward."""
     import torch.nn as nn
+
+    from autotune.runner.lightning import LightningStep, is_lightning_module  # imports torch
 
     module, target = resolve_reference(reference, "--model")
     _check_model_target(target, reference)
-    if isinstance(target, nn.Module):
-        return module, target
-    model = _call_factory(target, reference, "--model")
+    model = target if isinstance(target, nn.Module) else _call_factory(target, reference, "--model")
     if not isinstance(model, nn.Module):
         raise WorkloadError(
             f"--model {reference!r} returned a {type(model).__name__}, expected a torch.nn.Module"
         )
-    return module, model
+    return module, (LightningStep(model) if is_lightning_module(model) else model)
+
+
+def model_optimizer(model: Any) -> OptimizerFactory | None:
+    """The optimizer the model configures itself (a LightningModule's
+    ``configure_optimizers``), as a factory of the parameters; None where it does not."""
+    return getattr(model, "configured_optimizer", None)
 
 
 def _instantiate_dataset(source: Any, model: Any, reference: str, what: str) -> Any:
@@ -517,10 +524,14 @@ def _checked_optimizer(
 
 def describe_optimizer(spec: WorkloadSpec) -> str:
     """Where the trials' optimizer comes from, in words (the default says how to give one)."""
-    module, _ = resolve_reference(spec.model, "--model")
+    from autotune.runner.lightning import CONFIGURED, is_lightning_module  # imports torch
+
+    module, target = resolve_reference(spec.model, "--model")
     factory, source = load_optimizer(spec, module)
     if factory is not None:
         return f"--optimizer {source}" if spec.optimizer else source
+    if is_lightning_module(target):
+        return CONFIGURED
     return (
         f"default {DEFAULT_OPTIMIZER}: memory and speed hold for it; give the one you train "
         f"with by --optimizer module:attr or {OPTIMIZER_ATTRIBUTE} in the model's module"

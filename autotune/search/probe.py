@@ -31,6 +31,7 @@ from autotune.runner.workload import (
     load_loss,
     load_model,
     load_optimizer,
+    model_optimizer,
     parameter_dtype,
 )
 from autotune.search.recipe import BatchNorm, Coupling
@@ -541,7 +542,7 @@ def _meta_optimizer(workload: WorkloadSpec) -> Any:
     if model is None:
         return None
     try:
-        factory, _ = load_optimizer(workload, model[0])
+        factory = load_optimizer(workload, model[0])[0] or model_optimizer(model[1])
         parameters = model[1].parameters()
         return factory(parameters) if factory else default_optimizer(parameters)
     except WorkloadError:

@@ -1,0 +1,100 @@
+"""A LightningModule is trained as Lightning's Trainer trains it: its training step's loss and
+its configure_optimizers' optimizer, not its forward with the default loss and AdamW."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autotune.api import run_trial
+from autotune.errors import WorkloadError
+from autotune.runner.lightning import LightningStep, is_lightning_module, only_optimizer
+from autotune.runner.training import WHOLE_BATCH, forward_keywords, split_batch
+from autotune.runner.workload import (
+    WorkloadSpec,
+    build_workload,
+    describe_optimizer,
+    load_model,
+    model_optimizer,
+)
+from tests.fixtures import lit
+
+FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
+
+
+def test_the_step_is_the_modules_training_step_on_the_whole_batch() -> None:
+    _, step = load_model("tests.fixtures.lit:Classifier")
+    assert isinstance(step, LightningStep) and is_lightning_module(step.module)
+    assert not is_lightning_module(torch.nn.Linear(2, 2))
+    assert forward_keywords(step) is WHOLE_BATCH
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    assert split_batch((x, y), WHOLE_BATCH) == (((x, y),), {}, None)
+    logits = step.module(x)
+    expected = F.cross_entropy(logits, y) + lit.PENALTY * logits.pow(2).mean()
+    assert torch.allclose(step((x, y)), expected)  # the penalty too: not the forward's loss
+    assert step.batch_idx == 1
+
+
+def test_the_optimizer_is_the_one_configure_optimizers_returns() -> None:
+    workload = build_workload(WorkloadSpec(model="tests.fixtures.lit:Classifier"))
+    assert workload.optimizer is None  # no --optimizer, no autotune_optimizer: the module's
+    factory = model_optimizer(workload.model)
+    assert factory is not None
+    optimizer = factory(workload.model.parameters())
+    assert type(optimizer) is torch.optim.SGD and optimizer.defaults["momentum"] == 0.9
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert held == {id(p) for p in workload.model.parameters()}  # this instance's parameters
+    assert describe_optimizer(WorkloadSpec(model="tests.fixtures.lit:Classifier")) == (
+        "the LightningModule's configure_optimizers"
+    )
+
+
+def test_configure_optimizers_forms_give_their_one_optimizer() -> None:
+    params = [torch.nn.Parameter(torch.ones(2))]
+    sgd = torch.optim.SGD(params, lr=0.1)
+    for form in (sgd, [sgd], ([sgd], []), {"optimizer": sgd}, [{"optimizer": sgd}]):
+        assert only_optimizer(form) is sgd
+    with pytest.raises(WorkloadError, match="returned 2 optimizers"):
+        only_optimizer([sgd, torch.optim.SGD(params, lr=0.1)])
+    with pytest.raises(WorkloadError, match=r"returned a NoneType, expected a torch\.optim"):
+        only_optimizer(None)
+
+
+def test_a_module_that_optimizes_by_hand_is_refused_in_one_line() -> None:
+    with pytest.raises(WorkloadError) as error:
+        load_model("tests.fixtures.lit:ByHand")
+    assert "automatic_optimization = False" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_trials_train_the_training_steps_loss_with_the_configured_optimizer() -> None:
+    ddp = {"global_batch_size": 16, "parallel": "ddp", "world_size": 2, "device": "cpu"}
+    for model, optimizer in (("Classifier", "SGD"), ("Scheduled", "RMSprop")):
+        result = run_trial(f"tests.fixtures.lit:{model}", ddp, **FEW)
+        assert result.status == "ok", result.message
+        assert result.optimizer == optimizer
+        fsdp = run_trial(f"tests.fixtures.lit:{model}", {**ddp, "parallel": "fsdp"}, **FEW)
+        assert fsdp.status == "ok", fsdp.message
+
+
+def test_a_compiled_step_is_not_compiled_again_for_each_batch_index() -> None:
+    # The batch index read as the step's int attribute was a constant compile guarded on: the
+    # forward compiled again every step up to dynamo's limit (164 ms a step of a small
+    # classifier under compile, 1.4 ms with the index fixed). Dynamo's frame counter (private,
+    # as ``rank._compiled_graphs`` reads its graphs) says what compiled.
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    _, step = load_model("tests.fixtures.lit:Classifier")
+    compiled = torch.compile(step, backend="eager")
+    batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    for _ in range(2):  # the step's frames, and its index made dynamic once
+        compiled(batch)
+    frames = counters["frames"]["ok"]
+    for _ in range(6):
+        compiled(batch)
+    assert step.batch_idx == 8
+    assert counters["frames"]["ok"] == frames  # nothing compiled again
