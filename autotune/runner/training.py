@@ -307,7 +307,7 @@ def split_batch(
     if accepts is WHOLE_BATCH:
         return (batch,), {}, None
     if isinstance(batch, Mapping):
-        every = dict(batch)
+        every = batch if type(batch) is dict else dict(batch)  # kwargs: a dict
         taken = every if accepts is None else {k: v for k, v in every.items() if k in accepts}
         return (), (taken or every), batch
     if isinstance(batch, (list, tuple)):
