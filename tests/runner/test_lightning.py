@@ -70,13 +70,14 @@ def test_a_module_that_optimizes_by_hand_is_refused_in_one_line() -> None:
 
 @pytest.mark.slow
 def test_trials_train_the_training_steps_loss_with_the_configured_optimizer() -> None:
-    ddp = {"global_batch_size": 16, "parallel": "ddp", "world_size": 2, "device": "cpu"}
-    for model, optimizer in (("Classifier", "SGD"), ("Scheduled", "RMSprop")):
-        result = run_trial(f"tests.fixtures.lit:{model}", ddp, **FEW)
+    two = {"global_batch_size": 16, "world_size": 2, "device": "cpu"}
+    for model, parallel, optimizer in (
+        ("Classifier", "ddp", "SGD"),
+        ("Scheduled", "fsdp", "RMSprop"),
+    ):
+        result = run_trial(f"tests.fixtures.lit:{model}", {**two, "parallel": parallel}, **FEW)
         assert result.status == "ok", result.message
         assert result.optimizer == optimizer
-        fsdp = run_trial(f"tests.fixtures.lit:{model}", {**ddp, "parallel": "fsdp"}, **FEW)
-        assert fsdp.status == "ok", fsdp.message
 
 
 def test_a_compiled_step_is_not_compiled_again_for_each_batch_index() -> None:
