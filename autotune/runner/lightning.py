@@ -42,6 +42,8 @@ class LightningStep(nn.Module):
 
     takes_whole_batch = True
     """The forward takes the batch as the DataLoader makes it (``training.forward_keywords``)."""
+    step_source = "the LightningModule's training_step"
+    """What the forward runs, for the trial's loss line."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()

@@ -288,7 +288,7 @@ def _measure(
         peak_reserved_bytes=peak.reserved_bytes,
         peak_device_used_bytes=peak.device_used_bytes,
         losses=losses,
-        loss_rule=getattr(workload.loss, "rule", ""),
+        loss_rule=_loss_rule(workload),
         **(
             {
                 "data": f"{workload.data_source}; left out of the forward's call, which does not "
@@ -313,6 +313,14 @@ def _measure(
             allocator_settings=allocator,
         ),
     )
+
+
+def _loss_rule(workload: Any) -> str:
+    """Which of the default loss's rules made the trial's loss, and from what the model's step
+    returned where that is not its forward (a LightningModule's training step)."""
+    rule = str(getattr(workload.loss, "rule", ""))
+    stepped = getattr(workload.model, "step_source", "")
+    return f"{rule}, returned by {stepped}" if rule and stepped else rule
 
 
 def _compiled_graphs() -> int:

@@ -78,6 +78,7 @@ def test_trials_train_the_training_steps_loss_with_the_configured_optimizer() ->
         result = run_trial(f"tests.fixtures.lit:{model}", {**two, "parallel": parallel}, **FEW)
         assert result.status == "ok", result.message
         assert result.optimizer == optimizer
+        assert result.loss_rule.endswith(", returned by the LightningModule's training_step")
 
 
 def test_a_compiled_step_is_not_compiled_again_for_each_batch_index() -> None:
