@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.nn.utils.rnn import PackedSequence
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
 from autotune.errors import NO_CUDA_ERRORS, NO_CUDA_HERE, NOT_TENSORS
@@ -238,9 +239,15 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """``batch`` with ``fn`` applied to each of its tensors, through dicts, lists and tuples as
     users' data code makes them: a mapping keeps its type where that type can be built from a
     dict (Hugging Face's ``BatchEncoding``, a ``UserDict`` that torch's pytree takes for one
-    leaf), else becomes a dict; a named tuple keeps its type. Anything else is left as it is."""
+    leaf), else becomes a dict; a named tuple keeps its type; a ``PackedSequence`` (a collate
+    function that packs) keeps its batch sizes. Anything else is left as it is."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
+    if isinstance(batch, PackedSequence):  # its batch sizes stay on the CPU, as its .to keeps them
+        data, sizes, order, unorder = batch
+        return PackedSequence(
+            fn(data), sizes, *(t if t is None else fn(t) for t in (order, unorder))
+        )
     if isinstance(batch, Mapping):
         mapped = {k: map_tensors(v, fn) for k, v in batch.items()}
         if type(batch) is dict:

@@ -44,12 +44,13 @@ def test_keys_the_forward_does_not_take_are_left_out_and_said() -> None:
     assert "(the batch's 'labels')" in result.loss_rule
 
 
-def test_named_tuple_and_batch_encoding_batches_train_as_a_tuple_and_a_dict_do() -> None:
+def test_named_tuple_batch_encoding_and_packed_batches_train_as_tuples_and_dicts_do() -> None:
     # A named tuple was rebuilt from one generator (every trial failed: "missing 1 required
-    # positional argument"); a BatchEncoding (a UserDict) was taken for one input, and would not
-    # have been moved to a GPU.
+    # positional argument"), and so was a PackedSequence (a named tuple too); a BatchEncoding (a
+    # UserDict) was taken for one input, and would not have been moved to a GPU.
     config = {"global_batch_size": 8, "parallel": "ddp", "world_size": 2, "device": "cpu"}
-    for model in ("tests.fixtures.named_samples:Net", "tests.fixtures.encodings:Classifier"):
+    models = ("named_samples:Net", "encodings:Classifier", "packed_batches:Tagger")
+    for model in (f"tests.fixtures.{m}" for m in models):
         result = run_trial(model, config, **FEW)
         assert result.status == "ok", result.message
 
@@ -66,6 +67,9 @@ def test_a_batch_keeps_its_type_on_its_way_to_the_device() -> None:
     assert type(named) is Sample and named.features.device == meta
     encoded = move_to(BatchEncoding({"input_ids": torch.ones(2, 3)}), meta, False)
     assert type(encoded) is BatchEncoding and encoded.input_ids.device == meta
+    packed = torch.nn.utils.rnn.pack_sequence([torch.ones(3, 2), torch.ones(2, 2)])
+    moved = move_to(packed, meta, False)
+    assert moved.data.device == meta and moved.batch_sizes.device.type == "cpu"  # as .to keeps it
     args, kwargs, target = split_batch(encoded, frozenset({"input_ids"}))
     assert args == () and list(kwargs) == ["input_ids"] and target is encoded
     assert type(kwargs) is dict  # passed as **kwargs
