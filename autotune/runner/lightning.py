@@ -106,3 +106,48 @@ def only_optimizer(configured: Any) -> torch.optim.Optimizer:
             "torch.optim.Optimizer (or a dict, list or tuple holding one)"
         )
     return found[0]
+
+
+_PACKAGES = ("lightning", "pytorch_lightning")
+
+
+def is_data_module(value: Any) -> bool:
+    """Whether ``value`` is a Lightning ``LightningDataModule``."""
+    return any(
+        c.__name__ == "LightningDataModule" and c.__module__.split(".")[0] in _PACKAGES
+        for c in type(value).__mro__
+    )
+
+
+def defines_train_dataloader(value: Any) -> bool:
+    """Whether ``value``'s class (a LightningModule's, a DataModule's) defines
+    ``train_dataloader`` itself: Lightning's own raises that it is not implemented."""
+    owner = next((c for c in type(value).__mro__ if "train_dataloader" in c.__dict__), None)
+    return owner is not None and owner.__module__.split(".")[0] not in _PACKAGES
+
+
+def train_dataset(owner: Any, named: str, collate_given: bool) -> Any:
+    """The dataset of ``owner.train_dataloader()`` (a LightningModule or a DataModule that
+    defines it), prepared and set up for fitting first, as the Trainer does. ``named``: the
+    owner in the output's words. A loader that batches with a collate function of its own is a
+    one-line error unless one was given (``collate_given``): the trials' DataLoaders would
+    stack the samples with torch's ``default_collate``."""
+    from torch.utils.data import DataLoader, default_collate
+
+    owner.prepare_data()
+    owner.setup("fit")
+    loader = owner.train_dataloader()
+    if not isinstance(loader, DataLoader):
+        raise WorkloadError(
+            f"{named}'s train_dataloader() returned a {type(loader).__name__}, expected a "
+            "torch DataLoader; give its dataset by autotune_dataset beside the model or --data"
+        )
+    batches_with = getattr(loader, "collate_fn", default_collate)
+    if batches_with is not default_collate and not collate_given:
+        name = getattr(batches_with, "__qualname__", type(batches_with).__name__)
+        raise WorkloadError(
+            f"{named}'s train_dataloader() batches with its collate_fn {name}: give it by "
+            "--collate module:attr or autotune_collate beside the model, so that the trials' "
+            "DataLoaders batch as it does"
+        )
+    return loader.dataset

@@ -313,13 +313,19 @@ def model_optimizer(model: Any) -> OptimizerFactory | None:
     return getattr(model, "configured_optimizer", None)
 
 
-def _instantiate_dataset(source: Any, model: Any, reference: str, what: str) -> Any:
+def _instantiate_dataset(
+    source: Any, model: Any, reference: str, what: str, collate_given: bool = False
+) -> Any:
     from torch.utils.data import Dataset, IterableDataset
+
+    from autotune.runner.lightning import is_data_module, train_dataset  # imports torch
 
     dataset = source
     if not isinstance(source, Dataset) and callable(source):
         wants_model = _takes_one_argument(source)
         dataset = _call_factory(source, reference, what, *((model,) if wants_model else ()))
+    if is_data_module(dataset):  # a LightningDataModule: the dataset its loader trains on
+        dataset = train_dataset(dataset, f"{what} {reference!r}", collate_given)
     if isinstance(dataset, IterableDataset):
         return dataset  # a stream: it shards itself across ranks and workers (README)
     if not isinstance(dataset, Dataset) and not _indexable(dataset):
@@ -368,14 +374,23 @@ def _beside_model(spec: WorkloadSpec, attribute: str) -> str:
 
 
 def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any, str]:
-    """The dataset for ``model`` and a description of where it came from."""
+    """The dataset for ``model`` and a description of where it came from: ``--data`` (a
+    LightningDataModule too), else ``autotune_dataset``, else a LightningModule's own
+    ``train_dataloader()``, else synthetic samples."""
+    from autotune.runner.lightning import LightningStep, defines_train_dataloader, train_dataset
+
+    given = load_collate(spec, model_module)[0] is not None
     if spec.data:
         _, source = resolve_reference(spec.data, "--data")
-        return _instantiate_dataset(source, model, spec.data, "--data"), f"--data {spec.data}"
+        dataset = _instantiate_dataset(source, model, spec.data, "--data", given)
+        return dataset, f"--data {spec.data}"
     if hasattr(model_module, DATASET_ATTRIBUTE):
         reference = _beside_model(spec, DATASET_ATTRIBUTE)
         source = getattr(model_module, DATASET_ATTRIBUTE)
-        return _instantiate_dataset(source, model, reference, "dataset"), reference
+        return _instantiate_dataset(source, model, reference, "dataset", given), reference
+    if isinstance(model, LightningStep) and defines_train_dataloader(model.module):
+        named = "the LightningModule"
+        return train_dataset(model.module, named, given), f"{named}'s train_dataloader()"
     from autotune.runner.synthetic import (  # imports torch: when data is needed
         INTEGER_HIGH,
         SyntheticDataset,

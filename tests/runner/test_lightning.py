@@ -100,3 +100,28 @@ def test_a_compiled_step_is_not_compiled_again_for_each_batch_index() -> None:
         compiled(batch)
     assert step.batch_idx == 8
     assert counters["frames"]["ok"] == frames  # nothing compiled again
+
+
+def test_the_data_comes_from_a_data_module_or_the_modules_own_loader() -> None:
+    # Lightning users keep their data in a LightningDataModule or the module's train_dataloader;
+    # neither was read, and a module without autotune_dataset had no data at all.
+    module = WorkloadSpec(model="tests.fixtures.lit_loaders:Loading")
+    workload = build_workload(module)
+    assert workload.data_source == "the LightningModule's train_dataloader()"
+    assert len(workload.dataset) == 256  # the loader's dataset, not its batches
+    given = WorkloadSpec(model="tests.fixtures.lit:Classifier", data="tests.fixtures.lit:Sized")
+    assert len(build_workload(given).dataset) == 256
+
+
+def test_a_loader_of_its_own_collate_or_none_at_all_is_one_line() -> None:
+    padding = WorkloadSpec(model="tests.fixtures.lit:Classifier", data="tests.fixtures.lit:Padding")
+    with pytest.raises(WorkloadError) as error:
+        build_workload(padding)
+    assert "train_dataloader() batches with its collate_fn Padding.train_dataloader.<locals>" in (
+        str(error.value)
+    )
+    assert "--collate module:attr or autotune_collate" in str(error.value)
+    given = padding.model_copy(update={"collate": "torch.utils.data:default_collate"})
+    assert len(build_workload(given).dataset) == 256  # a collate given: the user's choice
+    with pytest.raises(WorkloadError, match=r"train_dataloader\(\) returned a list, expected"):
+        build_workload(WorkloadSpec(model="tests.fixtures.lit_loaders:Listing"))
