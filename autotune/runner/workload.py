@@ -377,7 +377,11 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     """The dataset for ``model`` and a description of where it came from: ``--data`` (a
     LightningDataModule too), else ``autotune_dataset``, else a LightningModule's own
     ``train_dataloader()``, else synthetic samples."""
-    from autotune.runner.lightning import LightningStep, defines_train_dataloader, train_dataset
+    from autotune.runner.lightning import (  # imports torch
+        LightningStep,
+        defines_train_dataloader,
+        train_dataset,
+    )
 
     given = load_collate(spec, model_module)[0] is not None
     if spec.data:
