@@ -27,14 +27,23 @@ CONFIGURED = "the LightningModule's configure_optimizers"
 """Where the optimizer comes from, in the output's words."""
 
 
+_PACKAGES = ("lightning", "pytorch_lightning")
+
+
+def _lightnings(cls: type) -> bool:
+    """Whether ``cls`` is one of Lightning's own classes."""
+    return cls.__module__.split(".")[0] in _PACKAGES
+
+
+def _derives(value: Any, name: str) -> bool:
+    """Whether ``value`` (an instance or a class) derives from Lightning's class ``name``."""
+    cls = value if isinstance(value, type) else type(value)
+    return any(c.__name__ == name and _lightnings(c) for c in cls.__mro__)
+
+
 def is_lightning_module(model: Any) -> bool:
     """Whether ``model`` (an instance or a class) is a Lightning ``LightningModule``."""
-    cls = model if isinstance(model, type) else type(model)
-    return any(
-        c.__name__ == "LightningModule"
-        and c.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
-        for c in cls.__mro__
-    )
+    return _derives(model, "LightningModule")
 
 
 class LightningStep(nn.Module):
@@ -108,22 +117,16 @@ def only_optimizer(configured: Any) -> torch.optim.Optimizer:
     return found[0]
 
 
-_PACKAGES = ("lightning", "pytorch_lightning")
-
-
 def is_data_module(value: Any) -> bool:
     """Whether ``value`` is a Lightning ``LightningDataModule``."""
-    return any(
-        c.__name__ == "LightningDataModule" and c.__module__.split(".")[0] in _PACKAGES
-        for c in type(value).__mro__
-    )
+    return _derives(value, "LightningDataModule")
 
 
 def defines_train_dataloader(value: Any) -> bool:
     """Whether ``value``'s class (a LightningModule's, a DataModule's) defines
     ``train_dataloader`` itself: Lightning's own raises that it is not implemented."""
     owner = next((c for c in type(value).__mro__ if "train_dataloader" in c.__dict__), None)
-    return owner is not None and owner.__module__.split(".")[0] not in _PACKAGES
+    return owner is not None and not _lightnings(owner)
 
 
 def train_dataset(owner: Any, named: str, collate_given: bool) -> Any:
