@@ -314,7 +314,11 @@ def model_optimizer(model: Any) -> OptimizerFactory | None:
 
 
 def _instantiate_dataset(
-    source: Any, model: Any, reference: str, what: str, collate_given: bool = False
+    source: Any,
+    model: Any,
+    reference: str,
+    what: str,
+    collate_given: Callable[[], bool] = lambda: False,
 ) -> Any:
     from torch.utils.data import Dataset, IterableDataset
 
@@ -325,7 +329,7 @@ def _instantiate_dataset(
         wants_model = _takes_one_argument(source)
         dataset = _call_factory(source, reference, what, *((model,) if wants_model else ()))
     if is_data_module(dataset):  # a LightningDataModule: the dataset its loader trains on
-        dataset = train_dataset(dataset, f"{what} {reference!r}", collate_given)
+        dataset = train_dataset(dataset, f"{what} {reference!r}", collate_given())
     if isinstance(dataset, IterableDataset):
         return dataset  # a stream: it shards itself across ranks and workers (README)
     if not isinstance(dataset, Dataset) and not _indexable(dataset):
@@ -383,7 +387,9 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
         train_dataset,
     )
 
-    given = load_collate(spec, model_module)[0] is not None
+    def given() -> bool:  # asked only where a Lightning loader is read
+        return load_collate(spec, model_module)[0] is not None
+
     if spec.data:
         _, source = resolve_reference(spec.data, "--data")
         dataset = _instantiate_dataset(source, model, spec.data, "--data", given)
@@ -394,7 +400,7 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
         return _instantiate_dataset(source, model, reference, "dataset", given), reference
     if isinstance(model, LightningStep) and defines_train_dataloader(model.module):
         named = "the LightningModule"
-        return train_dataset(model.module, named, given), f"{named}'s train_dataloader()"
+        return train_dataset(model.module, named, given()), f"{named}'s train_dataloader()"
     from autotune.runner.synthetic import (  # imports torch: when data is needed
         INTEGER_HIGH,
         SyntheticDataset,
