@@ -27,14 +27,14 @@ _RUN = """
 import json, sys, time, torch
 from torch.utils.data import DataLoader
 from autotune.runner.memory import _status_kib
-from autotune.runner.optimizer import default_optimizer
+from autotune.runner.optimizer import chosen_optimizer
 from autotune.runner.training import _AMP_DTYPES, move_to, split_batch
 from autotune.runner.workload import WorkloadSpec, build_workload
 spec, amp, micro, steps = WorkloadSpec.model_validate_json(sys.argv[1]), *sys.argv[2:5]
 micro, steps = int(micro), int(steps)
 work = build_workload(spec)
 model = work.model
-make = work.optimizer or default_optimizer
+make = chosen_optimizer(work.optimizer, model)
 optimizer = make(model.parameters())
 loader = DataLoader(
     work.dataset, batch_size=micro, shuffle=True, drop_last=True, collate_fn=work.collate

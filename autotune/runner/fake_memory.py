@@ -27,7 +27,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
-from autotune.runner.optimizer import default_optimizer, device_default, with_implementation
+from autotune.runner.optimizer import chosen_optimizer, device_default, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
     first_samples,
@@ -36,7 +36,6 @@ from autotune.runner.workload import (
     load_loss,
     load_model,
     load_optimizer,
-    model_optimizer,
     put_on_path,
 )
 
@@ -602,8 +601,8 @@ def _trace(
     with mode:
         wrapped, _, _, _ = prepare_model(model, config, device)
         params = wrapped.parameters()
-        factory = factory or model_optimizer(model)  # a LightningModule's, on the fake model
-        optimizer = factory(params) if factory else default_optimizer(params, learning_rate)
+        # a LightningModule's own, on the fake model, where the user gave none
+        optimizer = chosen_optimizer(factory, model, learning_rate)(params)
         if implementation == "default":  # what the device would run: foreach on CUDA
             implementation = device_default(optimizer, device_type)
         optimizer = with_implementation(optimizer, implementation)

@@ -46,6 +46,12 @@ def is_lightning_module(model: Any) -> bool:
     return _derives(model, "LightningModule")
 
 
+def trained_as(model: nn.Module) -> nn.Module:
+    """``model`` as a trial trains it: a LightningModule in its ``LightningStep``, any other
+    model as it is."""
+    return LightningStep(model) if is_lightning_module(model) else model
+
+
 class LightningStep(nn.Module):
     """A LightningModule whose forward is its training step (module docstring)."""
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import ConfigError
@@ -16,6 +18,21 @@ def default_optimizer(parameters: Any, learning_rate: float = 1e-4) -> Any:
     import torch  # imports torch only where an optimizer is built
 
     return torch.optim.AdamW(parameters, lr=learning_rate)
+
+
+def chosen_optimizer(
+    factory: Callable[[Any], Any] | None, model: Any, learning_rate: float = 1e-4
+) -> Callable[[Any], Any]:
+    """The factory a training builds its optimizer with, first of: the user's (``--optimizer``,
+    ``autotune_optimizer`` beside the model, ``prepare(optimizer=...)``), the one the model
+    configures itself (a LightningModule's ``configure_optimizers``, as ``LightningStep`` holds
+    it), the default AdamW at ``learning_rate``."""
+    if factory is not None:
+        return factory
+    configured = getattr(model, "configured_optimizer", None)
+    if configured is not None:
+        return configured  # type: ignore[no-any-return]
+    return functools.partial(default_optimizer, learning_rate=learning_rate)
 
 
 def accepted_implementations(optimizer_class: type) -> tuple[str, ...]:

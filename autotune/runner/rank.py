@@ -30,13 +30,13 @@ from autotune.errors import (
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
-from autotune.runner.optimizer import default_optimizer, running_implementation
+from autotune.runner.optimizer import chosen_optimizer, running_implementation
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
 from autotune.runner.training import OPTIMIZER_STEP
 from autotune.runner.window import AFTER_FASTER, STEP_PHASES, Decision, Window, warmup_phase
-from autotune.runner.workload import WorkloadCache, build_workload, model_optimizer
+from autotune.runner.workload import WorkloadCache, build_workload
 
 
 class Progress:
@@ -200,9 +200,7 @@ def _measure(
         workload.model,
         workload.dataset,
         workload.loss,
-        optimizer=workload.optimizer
-        or model_optimizer(workload.model)
-        or (lambda params: default_optimizer(params, options.learning_rate)),
+        optimizer=chosen_optimizer(workload.optimizer, workload.model, options.learning_rate),
         device=device,
         seed=options.seed,
         collate=workload.collate,

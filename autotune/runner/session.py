@@ -25,9 +25,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from autotune.config import TrainConfig
 from autotune.runner.lazy_modules import materialize_from_data
+from autotune.runner.lightning import trained_as
 from autotune.runner.loss import default_loss
 from autotune.runner.memory import child_pids
-from autotune.runner.optimizer import default_optimizer, with_implementation
+from autotune.runner.optimizer import chosen_optimizer, with_implementation
 from autotune.runner.training import (
     HookCounter,
     StepStats,
@@ -222,9 +223,12 @@ def prepare(
 
     ``loss(output, target)`` defaults to the model's own loss or the rules of
     ``autotune.runner.loss.default_loss``; ``optimizer`` is a factory taking the parameters of the
-    wrapped model (AdamW with lr=1e-4 when omitted); ``collate`` makes a batch of samples, the
-    DataLoader's ``collate_fn`` (torch's ``default_collate`` when omitted).
+    wrapped model (when omitted: the model's own, else AdamW with lr=1e-4); ``collate`` makes a
+    batch of samples, the DataLoader's ``collate_fn`` (torch's ``default_collate`` when omitted).
+    A LightningModule trains as the trials trained it: its ``training_step`` is the forward and
+    its loss, its ``configure_optimizers`` the optimizer (``autotune.runner.lightning``).
     """
+    model = trained_as(model)
     device = device or device_for(config)
     config = config.resolved(device.type)  # type: ignore[arg-type]
     set_matmul_precision(config)
@@ -233,7 +237,7 @@ def prepare(
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
     materialize_from_data(model, dataset, collate)  # lazy modules' shapes, before any wrapper
     wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)
-    make_optimizer = optimizer or default_optimizer
+    make_optimizer = chosen_optimizer(optimizer, model)
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)
     loader, sampler = make_loader(config, dataset, rank, seed, collate)
     runner = TrainStep(wrapped, opt, loss or default_loss, config, device, hooks, accepts)

@@ -295,7 +295,7 @@ def load_model(reference: str) -> tuple[Any, Any]:
     LightningModule comes as ``lightning.LightningStep``: its training step is the forward."""
     import torch.nn as nn
 
-    from autotune.runner.lightning import LightningStep, is_lightning_module  # imports torch
+    from autotune.runner.lightning import trained_as  # imports torch
 
     module, target = resolve_reference(reference, "--model")
     _check_model_target(target, reference)
@@ -304,7 +304,7 @@ def load_model(reference: str) -> tuple[Any, Any]:
         raise WorkloadError(
             f"--model {reference!r} returned a {type(model).__name__}, expected a torch.nn.Module"
         )
-    return module, (LightningStep(model) if is_lightning_module(model) else model)
+    return module, trained_as(model)
 
 
 def model_optimizer(model: Any) -> OptimizerFactory | None:
@@ -547,15 +547,17 @@ def _checked_optimizer(
     return make, reference
 
 
-def describe_optimizer(spec: WorkloadSpec) -> str:
-    """Where the trials' optimizer comes from, in words (the default says how to give one)."""
+def describe_optimizer(spec: WorkloadSpec, configures: bool = False) -> str:
+    """Where the trials' optimizer comes from, in words (the default says how to give one);
+    ``configures``: the model, as built, configures its own (``probe.configures_optimizer``:
+    a factory's LightningModule, which the reference alone does not tell)."""
     from autotune.runner.lightning import CONFIGURED, is_lightning_module  # imports torch
 
     module, target = resolve_reference(spec.model, "--model")
     factory, source = load_optimizer(spec, module)
     if factory is not None:
         return f"--optimizer {source}" if spec.optimizer else source
-    if is_lightning_module(target):
+    if configures or is_lightning_module(target):
         return CONFIGURED
     return (
         f"default {DEFAULT_OPTIMIZER}: memory and speed hold for it; give the one you train "

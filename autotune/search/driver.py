@@ -31,6 +31,7 @@ from autotune.search.probe import (
     autocast_ignored,
     check_batches,
     check_optimizer,
+    configures_optimizer,
     coupling,
     data_source,
     every_block,
@@ -232,7 +233,7 @@ def run_search(
         "steps": [settings.measurement.warmup_steps, settings.measurement.measured_steps],
         "seed": settings.measurement.seed,
     }
-    optimizer_source = describe_optimizer(workload)
+    optimizer_source = describe_optimizer(workload, configures_optimizer(workload.model))
     collate = describe_collate(workload)
     name = settings.study.study_name or default_study_name(workload, settings)
     # opened once the input is known good: a bad flag leaves no empty study database behind

@@ -33,6 +33,7 @@ from autotune.search.probe import (
     blocks_phrase,
     check_autocast,
     check_shardable,
+    configures_optimizer,
     every_block,
     fsdp_refusal,
     repeated_blocks,
@@ -245,7 +246,7 @@ def make_plan(
         left_out=left_out,
         added=added,
         needs_find_unused_parameters=model.needs_unused_parameters,
-        optimizer=describe_optimizer(workload),
+        optimizer=describe_optimizer(workload, configures_optimizer(workload.model)),
         calibration=calibrated.describe()
         if calibrated.trials
         else (

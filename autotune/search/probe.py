@@ -20,7 +20,7 @@ from autotune.errors import ConfigError, WorkloadError, error_line
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.launch import run_trial
-from autotune.runner.optimizer import accepted_implementations, default_optimizer
+from autotune.runner.optimizer import accepted_implementations, chosen_optimizer
 from autotune.runner.outcome import UNEVEN_SAMPLES_ERROR, UNEVEN_SAMPLES_HINT
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import (
@@ -250,6 +250,13 @@ def _meta_model(model_reference: str) -> tuple[Any, Any] | None:
             return load_model(model_reference)
     except Exception:  # a model that cannot be built on meta: trials will report it
         return None
+
+
+def configures_optimizer(model_reference: str) -> bool:
+    """Whether the model configures its own optimizer (a LightningModule, named as its class or
+    built by a factory); False where it cannot be built on the meta device."""
+    built = _meta_model(model_reference)
+    return built is not None and model_optimizer(built[1]) is not None
 
 
 def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
@@ -542,9 +549,8 @@ def _meta_optimizer(workload: WorkloadSpec) -> Any:
     if model is None:
         return None
     try:
-        factory = load_optimizer(workload, model[0])[0] or model_optimizer(model[1])
-        parameters = model[1].parameters()
-        return factory(parameters) if factory else default_optimizer(parameters)
+        factory = load_optimizer(workload, model[0])[0]
+        return chosen_optimizer(factory, model[1])(model[1].parameters())
     except WorkloadError:
         raise
     except Exception:  # the trials will say what is wrong with it

@@ -8,8 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from autotune.api import run_trial
+from autotune.apply import prepare
+from autotune.config import TrainConfig
 from autotune.errors import WorkloadError
 from autotune.runner.lightning import LightningStep, is_lightning_module, only_optimizer
+from autotune.runner.optimizer import chosen_optimizer
 from autotune.runner.training import WHOLE_BATCH, forward_keywords, split_batch
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -18,6 +21,7 @@ from autotune.runner.workload import (
     load_model,
     model_optimizer,
 )
+from autotune.search.probe import configures_optimizer
 from tests.fixtures import lit
 
 FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
@@ -48,6 +52,45 @@ def test_the_optimizer_is_the_one_configure_optimizers_returns() -> None:
     assert describe_optimizer(WorkloadSpec(model="tests.fixtures.lit:Classifier")) == (
         "the LightningModule's configure_optimizers"
     )
+
+
+def test_the_users_optimizer_comes_before_the_modules_and_the_modules_before_adamw() -> None:
+    _, step = load_model("tests.fixtures.lit:Classifier")
+    params = list(step.parameters())
+
+    def users(parameters: object) -> torch.optim.Optimizer:
+        return torch.optim.Adagrad(params)
+
+    assert type(chosen_optimizer(users, step)(params)) is torch.optim.Adagrad
+    assert type(chosen_optimizer(None, step)(params)) is torch.optim.SGD
+    plain = chosen_optimizer(None, torch.nn.Linear(2, 2), learning_rate=0.5)(params)
+    assert type(plain) is torch.optim.AdamW and plain.defaults["lr"] == 0.5
+
+
+def test_a_factory_built_module_is_said_to_configure_its_optimizer() -> None:
+    # the reference names a function: only the model it builds tells (the probe builds it)
+    spec = WorkloadSpec(model="tests.fixtures.lit:make")
+    assert describe_optimizer(spec).startswith("default AdamW")
+    assert configures_optimizer(spec.model) and not configures_optimizer(
+        "tests.fixtures.models:Small"
+    )
+    assert describe_optimizer(spec, configures=True) == "the LightningModule's configure_optimizers"
+
+
+def test_apply_trains_a_module_as_its_trials_did() -> None:
+    # a user's loop given the LightningModule itself runs the training step and its optimizer
+    config = TrainConfig(global_batch_size=16, device="cpu")
+    module = lit.Classifier()
+    training = prepare(config, module, lit.autotune_dataset(module))
+    assert isinstance(training.model, LightningStep) and training.model.module is module
+    assert type(training.optimizer) is torch.optim.SGD
+    x, y = next(iter(training.loader))
+    logits = module(x)
+    expected = F.cross_entropy(logits, y) + lit.PENALTY * logits.pow(2).mean()
+    assert training.model((x, y)).item() == pytest.approx(expected.item())
+    stats = training.step(training.batches())
+    assert stats.loss == stats.loss
+    training.close()
 
 
 def test_configure_optimizers_forms_give_their_one_optimizer() -> None:
