@@ -67,7 +67,11 @@ class StepDiagnostics(BaseModel):
     powersgd_lowrank_calls: int = Field(
         0, description="PowerSGD hook calls that sent low-rank factors (compression happened)."
     )
-    compiled_graphs: int = Field(0, description="Graphs torch.compile compiled in this trial.")
+    compiled_graphs: int | None = Field(
+        0,
+        description="Graphs torch.compile compiled in this trial; None where torch's counter "
+        "could not be read (autotune.runner.compile_state).",
+    )
     matmul_precision: str = Field(
         "", description="torch.get_float32_matmul_precision() while the trial ran."
     )

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from autotune.runner import compile_state
 from autotune.runner.workload import (
     WorkloadSpec,
     load_dataset,
@@ -142,10 +143,8 @@ def release_earlier_trials(device: torch.device) -> None:
     import contextlib
     import ctypes
     import gc
-    import sys
 
-    if "torch._dynamo" in sys.modules:  # only a process that compiled has anything to reset
-        torch._dynamo.reset()
+    compile_state.reset()
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: retained heap then counts
         ctypes.CDLL("libc.so.6").malloc_trim(0)

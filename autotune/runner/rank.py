@@ -28,6 +28,7 @@ from autotune.errors import (
     error_line,
 )
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
+from autotune.runner.compile_state import compiled_graphs, compiled_since
 from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
 from autotune.runner.optimizer import chosen_optimizer, running_implementation
@@ -188,7 +189,7 @@ def _measure(
     report["startup_s"] = started - spawned
 
     compiling = config.compile != "off"  # dynamo's import costs ~1 s: only when compiling
-    graphs_before = _compiled_graphs() if compiling else 0
+    graphs_before = compiled_graphs() if compiling else 0
     progress("building the workload")
     release_earlier_trials(device)  # what earlier trials held must not count in this one's peak
     allocator = apply_expandable_segments(config.expandable_segments)  # every trial: reused ranks
@@ -240,9 +241,9 @@ def _measure(
         progress(
             window.phase(warmup_phase(i, compiling, compile_steps_s[0] if compile_steps_s else 0.0))
         )
-        graphs = _compiled_graphs() if compiling else 0
+        graphs = compiled_graphs() if compiling else 0
         step_s, _, epoch_start_s = run_step()
-        if compiling and (i == 0 or agree.any(_compiled_graphs() > graphs)):
+        if compiling and (i == 0 or agree.any((compiled_since(graphs) or 0) > 0)):
             # It compiled (the first step) or compiled again (a guard the first step broke:
             # Hugging Face's classifiers set config.problem_type in their first forward): paid
             # once per run, reported as compile time, never judged or measured.
@@ -277,7 +278,7 @@ def _measure(
     if compile_steps_s and window.steps:
         steady = window.interval().mean
         report["compile_s"] = sum(max(0.0, s - steady) for s in compile_steps_s)
-        report["compiled_before"] = graphs_before > 0  # reset, but its imports and kernels stay
+        report["compiled_before"] = (graphs_before or 0) > 0  # reset; imports, kernels stay
     peak = tracker.stop()
     progress("reporting")
     report.update(
@@ -305,7 +306,7 @@ def _measure(
             dataloader_worker_pids=training.worker_pids,
             grad_scaler_scale=step.scaler.get_scale() if step.scaler else None,
             powersgd_lowrank_calls=step.hooks.lowrank_calls,
-            compiled_graphs=_compiled_graphs() - graphs_before if compiling else 0,
+            compiled_graphs=compiled_since(graphs_before) if compiling else 0,
             matmul_precision=torch.get_float32_matmul_precision(),
             optimizer_impl=running_implementation(training.optimizer),
             allocator_settings=allocator,
@@ -319,13 +320,6 @@ def _loss_rule(workload: Any) -> str:
     rule = str(getattr(workload.loss, "rule", ""))
     stepped = getattr(workload.model, "step_source", "")
     return f"{rule}, returned by {stepped}" if rule and stepped else rule
-
-
-def _compiled_graphs() -> int:
-    """Graphs torch.compile has compiled in this process so far (dynamo's own counter)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def main(argv: list[str] | None = None) -> None:
