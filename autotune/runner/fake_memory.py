@@ -505,6 +505,24 @@ def _gradient_bytes(model: Any) -> int:
     return total
 
 
+_SHOWN: set[tuple[str, type[Warning], str, int]] = set()
+"""The warnings traces have shown in this process (``_once``)."""
+
+
+def _once(show: Any) -> Any:
+    """``warnings.showwarning`` that shows each warning (text, category, place) once."""
+
+    def shown_once(
+        message: Any, category: Any, filename: str, lineno: int, *rest: Any, **more: Any
+    ) -> None:
+        key = (str(message), category, filename, lineno)
+        if key not in _SHOWN:
+            _SHOWN.add(key)
+            show(message, category, filename, lineno, *rest, **more)
+
+    return shown_once
+
+
 def trace_step(
     spec: WorkloadSpec,
     micro_batch_size: int,
@@ -526,7 +544,13 @@ def trace_step(
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():  # the tracker's own notes on hooks it skipped
+        with warnings.catch_warnings():
+            # each trace builds the model again, and a changed filter list makes Python forget
+            # which warnings it showed (its registries, "once" included, are cleared): the
+            # user's code's own (a library's deprecation notes) are said once a process, not
+            # once a configuration
+            warnings.showwarning = _once(warnings.showwarning)
+            # the tracker's own notes on hooks it skipped
             warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
             # a deep copy of a fake parameter (nn.TransformerEncoder clones its layer) reads
             # its data pointer, which a fake tensor warns of: nothing is allocated either way

@@ -595,3 +595,14 @@ def test_a_batch_encoding_batch_is_traced_at_a_real_steps_peak() -> None:
     real = real_step_peak(WithLoss(), input_ids=batch["input_ids"],
                           attention_mask=batch["attention_mask"])  # fmt: skip
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_a_warning_the_models_construction_gives_is_shown_once_for_all_traces() -> None:
+    import warnings
+
+    spec = WorkloadSpec(model="tests.fixtures.models:Deprecated")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # once a place, as a user's interpreter shows them
+        trace_step(spec, 4)
+        trace_step(spec, 8)  # builds the model again
+    assert [str(w.message) for w in seen].count("Deprecated's argument is deprecated") == 1
