@@ -165,6 +165,21 @@ def test_bad_input_is_one_line_with_exit_code_2(
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_trial_without_a_global_batch_finds_a_model_in_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the global batch the model's module may declare is looked up where the model is built
+    # from: it said "no module named" of a module a search and a given batch found
+    (tmp_path / "here_only_model.py").write_text(
+        "import torch\nNet = torch.nn.Linear\nautotune_global_batch_size = 0\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert exit_code(["trial", "--model", "here_only_model:Net"]) == 2
+    err = capsys.readouterr().err
+    assert "here_only_model.autotune_global_batch_size = 0: expected a positive int" in err
+
+
 def test_console_script_exit_code_and_no_traceback() -> None:
     process = run_cli("trial", "--model", "nowhere:Net", "--global-batch-size", "8")
     assert process.returncode == 2

@@ -279,6 +279,7 @@ def _shape_ignored(spec: WorkloadSpec, because: str, drop: str) -> WorkloadError
 
 def declared_global_batch(spec: WorkloadSpec) -> int | None:
     """``autotune_global_batch_size`` of the model's module, or None where it declares none."""
+    put_on_path(spec)  # a module in the caller's directory, as every other reference
     module, _ = resolve_reference(spec.model, "--model")
     value = getattr(module, GLOBAL_BATCH_ATTRIBUTE, None)
     if value is None:
