@@ -37,7 +37,6 @@ class DefaultLoss:
 def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
     """(the loss, the rule that made it, in words): ``DefaultLoss``'s order."""
     import torch  # lazily: the workload module, and so the CLI, import this one
-    import torch.nn.functional as F
 
     loss, rule = getattr(output, "loss", None), "the model output's .loss"
     if loss is None and isinstance(output, dict):
@@ -56,6 +55,38 @@ def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
             f"the model returned {type(output).__name__} with no tensor in it; return a tensor "
             "or an object with a .loss, or pass --loss"
         )
+    loss, rule = _target_loss(logits, target)
+    if left := _scalars_beside(output, logits):
+        rule += (
+            f"; the output's scalar {', '.join(left)} is left out (an auxiliary loss? add it with "
+            "--loss or autotune_loss)"
+        )
+    return loss, rule
+
+
+def _scalars_beside(output: Any, used: Any) -> list[str]:
+    """Where a tuple, list or dict output holds, beside ``used``, a scalar tensor of its own:
+    an auxiliary loss (a mixture's load balancing) that a loss from the target leaves out."""
+    import torch
+
+    if isinstance(output, dict):
+        items = [(repr(key), value) for key, value in output.items()]
+    elif isinstance(output, (tuple, list)):
+        items = [(f"item {i}", value) for i, value in enumerate(output)]
+    else:
+        return []
+    return [
+        where
+        for where, value in items
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and value is not used
+    ]
+
+
+def _target_loss(logits: Any, target: Any) -> tuple[Any, str]:
+    """(the loss of ``logits`` against ``target``, its rule): ``DefaultLoss``'s last rules."""
+    import torch
+    import torch.nn.functional as F
+
     against = ""
     if isinstance(target, Mapping):
         key = next((k for k in TARGET_KEYS if isinstance(target.get(k), torch.Tensor)), None)

@@ -86,3 +86,19 @@ def test_a_dict_batchs_labels_are_the_target_and_stay_out_of_a_forward_that_take
     assert "(the batch's 'y')" in default_loss.rule
     default_loss(scores, {"x": scores})  # no target among the keys: the output's mean square
     assert default_loss.rule.startswith("the output's mean square")
+
+
+def test_a_scalar_beside_the_scores_is_said_to_be_left_out() -> None:
+    # a mixture's (logits, load-balancing loss): the loss from the target drops the second
+    scores, target = torch.randn(8, 5), torch.randint(0, 5, (8,))
+    aux = torch.tensor(0.3)
+    loss = default_loss((scores, aux), target)
+    assert float(loss) == pytest.approx(float(F.cross_entropy(scores, target)))
+    assert default_loss.rule.endswith(
+        "; the output's scalar item 1 is left out (an auxiliary loss? add it with --loss or "
+        "autotune_loss)"
+    )
+    default_loss({"logits": scores, "aux_loss": aux}, target)
+    assert "the output's scalar 'aux_loss' is left out" in default_loss.rule
+    default_loss((scores, torch.randn(8, 3)), target)  # hidden states beside: nothing to say
+    assert "left out" not in default_loss.rule
