@@ -18,6 +18,7 @@ from autotune.report import (
     baseline_memory_cell,
     baseline_over_limit_line,
     compile_line,
+    loss_rule,
     memory_cell,
     numerics_line,
     recipe_lines,
@@ -216,6 +217,8 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
     ]
     if r.simpler_choice:
         summary.insert(3, ("chosen for changing less", r.simpler_choice, ""))
+    if (rule := loss_rule(r)) is not None:
+        summary.append(("loss", rule, ""))
     if r.config.compile != "off":
         summary.append(("compile", compile_line(r), ""))
     if base is not None and r.baseline_failed:

@@ -128,6 +128,15 @@ def baseline_over_limit_line(r: Recommendation) -> str | None:
     )
 
 
+def loss_rule(r: Recommendation) -> str | None:
+    """What the recommended configuration's verification run trained on (the default loss's
+    rule: the model's own loss, or one from the target, with what it left out); None where the
+    user gave the loss or no run said."""
+    if r.verification is None or not r.verification.loss_rule:
+        return None
+    return r.verification.loss_rule
+
+
 def verification_line(r: Recommendation) -> str:
     """What the longer run showed, in one sentence that never calls a coin toss a confirmation."""
     v = r.verification
@@ -334,6 +343,8 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     lines.append(f"global batch {r.config.global_batch_size} ({r.global_batch_source})")
     if r.optimizer or r.optimizer_source:
         lines.append(f"optimizer {r.optimizer or '?'} ({r.optimizer_source})")
+    if (rule := loss_rule(r)) is not None:
+        lines.append(f"loss {rule}")
     if r.config.compile != "off":
         lines.append(compile_line(r))
     counts: dict[str, int] = {}

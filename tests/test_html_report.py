@@ -260,3 +260,20 @@ def test_a_recipe_that_went_over_the_limit_in_a_race_run_is_said_to_have() -> No
         "1.07x; the recipe went over the memory limit 3.0 GiB in 1 of its 2 runs (up to 3.5 GiB), "
         "so the race left it"
     ) in format_recommendation(r)
+
+
+def test_the_loss_the_recommendation_was_verified_on_is_said_unless_the_user_gave_it() -> None:
+    from autotune.report import format_recommendation
+    from autotune.result import TrialResult
+
+    base = _recommendation()
+    rule = "cross-entropy against the integer targets; the output's scalar item 1 is left out"
+    told = base.model_copy(
+        update={"verification": TrialResult(config=base.config, status="ok", loss_rule=rule)}
+    )
+    assert f"\nloss {rule}\n" in format_recommendation(told)
+    assert f"<td>loss</td><td>{rule.replace(chr(39), '&#x27;')}</td>" in render_html(told)
+    users = told.model_copy(update={"verification": TrialResult(config=base.config, status="ok")})
+    assert "\nloss " not in format_recommendation(users) and "<td>loss</td>" not in render_html(
+        users
+    )

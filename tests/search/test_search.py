@@ -9,6 +9,7 @@ import pytest
 
 import autotune
 from autotune.recommendation import Recommendation
+from autotune.report import format_recommendation
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster", "probe_cache")]
 
@@ -64,6 +65,9 @@ def test_search_returns_a_verified_feasible_recommendation(tmp_path: Path) -> No
     assert recommendation.throughput_confirmed == (recommendation.throughput_verdict == "confirmed")
     assert recommendation.verified == recommendation.throughput_confirmed
     assert recommendation.verification.measured_steps == 6
+    rule = recommendation.verification.loss_rule  # what the trials trained on, said
+    assert rule.startswith("cross-entropy against the integer targets")
+    assert f"\nloss {rule}\n" in format_recommendation(recommendation)
     assert recommendation.baseline is not None and recommendation.baseline.samples_per_s
     assert recommendation.baseline.config is not None
     assert recommendation.baseline.config.parallel == "ddp"
