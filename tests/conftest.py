@@ -48,10 +48,12 @@ def no_leftover_processes():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray instance for the whole session, with logical CPUs for 2-rank gangs."""
+    """One local Ray instance for the whole session, with the logical CPUs a search of two ranks
+    over the quick space asks of its own instance (``driver._executor``): with fewer, its gangs
+    cannot all stay warm, and race runs start new rank actors, seconds each."""
     ray = pytest.importorskip("ray")
     ray.init(
-        num_cpus=8,
+        num_cpus=16,
         include_dashboard=False,
         object_store_memory=100 << 20,
         log_to_driver=False,

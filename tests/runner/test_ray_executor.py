@@ -15,8 +15,8 @@ def test_an_address_or_cpu_count_an_existing_ray_instance_overrides_is_reported(
     platform = detect_platform("cpu")
     joined = RayExecutor(platform, address="10.0.0.7:6379")
     assert any("'10.0.0.7:6379' is not used" in note for note in joined.notes)
-    wider = RayExecutor(platform, num_cpus=64)  # the session's instance has 8 CPUs
-    assert any("with 8 CPUs; the search asked for 64" in note for note in wider.notes)
+    wider = RayExecutor(platform, num_cpus=64)  # the session's instance has 16 CPUs
+    assert any("with 16 CPUs; the search asked for 64" in note for note in wider.notes)
     fitting = RayExecutor(platform, num_cpus=4)
     assert fitting.notes == []
     for executor in (joined, wider, fitting):
