@@ -131,8 +131,9 @@ class TrainConfig(BaseModel):
         0,
         ge=0,
         description="Activation checkpointing: 0 = off; k = the first k of the model's repeated "
-        "blocks each run as one non-reentrant checkpoint segment (recomputed in backward). "
-        "Must not exceed the number of repeated blocks.",
+        "blocks (those with a parameter that trains first) each run as one non-reentrant "
+        "checkpoint segment (recomputed in backward). Must not exceed the number of repeated "
+        "blocks.",
     )
     grad_accum_steps: int = Field(
         1,

@@ -16,7 +16,10 @@ being ``nn.Sequential``.
 
 ``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
 checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
-The rest run normally. k must not exceed the number of blocks found.
+The rest run normally. k must not exceed the number of blocks found. Blocks with a parameter that
+trains come first (``checkpoint_order``): a frozen block below every trainable one (a fine-tune's
+frozen lower layers, a frozen encoder run under ``no_grad``) keeps nothing for backward, so
+checkpointing it saves nothing, and a k that took it first would change nothing at all.
 
 Recomputing a block runs its forward again, and a forward that updates the block's buffers
 (BatchNorm's running statistics, spectral normalisation's power iteration) would update them
@@ -152,7 +155,8 @@ def block_classes(blocks: list[nn.Module]) -> str:
 
 
 def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
-    """Checkpoint the first ``segments`` repeated blocks of ``model``; return those blocks."""
+    """Checkpoint the first ``segments`` repeated blocks of ``model`` (``checkpoint_order``: those
+    that train first); return those blocks."""
     if segments == 0:
         return []
     blocks = find_repeated_blocks(model)
@@ -167,10 +171,19 @@ def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
             f"{block_classes(blocks).replace(',', ', ')} blocks of {type(model).__name__}; use "
             f"0..{len(blocks)}"
         )
-    for block in blocks[:segments]:
+    chosen = checkpoint_order(blocks)[:segments]
+    for block in chosen:
         _checkpoint_forward(block)
     _without_cache(model)
-    return blocks[:segments]
+    return chosen
+
+
+def checkpoint_order(blocks: list[nn.Module]) -> list[nn.Module]:
+    """``blocks`` in the order checkpointing takes them: those with a parameter that trains
+    first, then the frozen ones, each in forward order (the module docstring says why)."""
+    trains = [b for b in blocks if any(p.requires_grad for p in b.parameters())]
+    taken = {id(b) for b in trains}
+    return trains + [b for b in blocks if id(b) not in taken]
 
 
 def _without_cache(model: nn.Module) -> None:

@@ -133,6 +133,26 @@ def test_first_k_blocks_are_recomputed_in_backward_with_kwargs() -> None:
         assert torch.allclose(a.grad, b.grad)  # same gradients as without checkpointing
 
 
+def test_blocks_that_train_are_checkpointed_before_frozen_ones() -> None:
+    # a frozen lower block keeps nothing for backward: checkpointed first, k=1 did nothing
+    model = _Stack()
+    model.layers[0].requires_grad_(False)
+    assert apply_checkpointing(model, 2) == [model.layers[1], model.layers[2]]
+    model(torch.randn(2, 4)).backward()
+    assert [layer.calls for layer in model.layers] == [1, 2, 2]
+    everything = _Stack()  # nothing frozen: forward order
+    assert apply_checkpointing(everything, 2) == list(everything.layers[:2])
+
+
+def test_checkpointing_one_block_of_a_model_with_frozen_lower_blocks_lowers_its_peak() -> None:
+    from autotune.runner.fake_memory import trace_step
+    from autotune.runner.workload import WorkloadSpec
+
+    spec = WorkloadSpec(model="tests.fixtures.models:FrozenBottom")
+    peaks = [trace_step(spec, 64, checkpoint_segments=k).total_bytes for k in (0, 1)]
+    assert peaks[1] < peaks[0]
+
+
 def test_too_many_segments_or_no_blocks_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="exceeds the 3 repeated _Counting blocks"):
         apply_checkpointing(_Stack(), 4)
