@@ -34,14 +34,18 @@ NO_CUDA_HERE = "the model asks for CUDA"
 """How the note begins that a forward failing for want of CUDA carries on a machine without it
 (a tensor made with ``device="cuda"`` inside the model): the rank's reason ends with it in
 brackets, as ``NOT_TENSORS``'s does."""
+TUPLE_SPLIT = "a tuple batch is (inputs..., target)"
+"""How the note begins that a forward given too many positional inputs carries where the batch
+was a tuple of three or more (samples of (input, target, weight)): the rank's reason ends with
+it in brackets, as ``NOT_TENSORS``'s does."""
 NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")
 """What torch says when CUDA is asked of a machine without it (a CPU build; no driver; no GPU)."""
 
 
 def rank_hint(message: str) -> str:
-    """The ``NOT_TENSORS`` or ``NO_CUDA_HERE`` note at the end of a trial's reason ('' where
-    there is none)."""
-    for note in (NOT_TENSORS, NO_CUDA_HERE):
+    """The ``NOT_TENSORS``, ``NO_CUDA_HERE`` or ``TUPLE_SPLIT`` note at the end of a trial's
+    reason ('' where there is none)."""
+    for note in (NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT):
         _, found, rest = message.rpartition(f" ({note}")
         if found:
             return f"{note}{rest.removesuffix(')')}"

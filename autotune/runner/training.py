@@ -25,7 +25,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import PackedSequence
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
-from autotune.errors import NO_CUDA_ERRORS, NO_CUDA_HERE, NOT_TENSORS
+from autotune.errors import NO_CUDA_ERRORS, NO_CUDA_HERE, NOT_TENSORS, TUPLE_SPLIT
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
 from autotune.runner.loss import first_tensor
 
@@ -73,6 +73,21 @@ def cuda_hint(error: BaseException, device: torch.device) -> str | None:
     return (
         f"{NO_CUDA_HERE}, which this machine lacks: make tensors inside the model on its "
         "input's device (device=x.device) or register them as buffers, which move with it"
+    )
+
+
+def tuple_hint(error: BaseException, batch: Any) -> str | None:
+    """Why a forward given a tuple batch of three or more items failed on its positional
+    inputs (samples of (input, target, weight)), with the fix; None otherwise."""
+    if not (isinstance(batch, (list, tuple)) and len(batch) > 2 and isinstance(error, TypeError)):
+        return None
+    if "positional argument" not in str(error):
+        return None
+    return (
+        f"{TUPLE_SPLIT}: its {len(batch)} items went to the forward as {len(batch) - 1} inputs "
+        "and the last as the target; samples with more than an input and a target (a weight, "
+        "an id) can be dicts, passed as keyword arguments, with the loss given by --loss or "
+        "autotune_loss"
     )
 
 
@@ -430,7 +445,11 @@ class TrainStep:
                     try:
                         output = self.model(*args, **kwargs)
                     except Exception as error:
-                        hint = input_hint(args, kwargs) or cuda_hint(error, self.device)
+                        hint = (
+                            input_hint(args, kwargs)
+                            or cuda_hint(error, self.device)
+                            or tuple_hint(error, moved)
+                        )
                         if hint:
                             error.add_note(hint)
                         raise

@@ -11,7 +11,14 @@ import torch
 from autotune.config import TrainConfig, make_config
 from autotune.runner.loss import default_loss
 from autotune.runner.session import prepare
-from autotune.runner.training import TrainStep, check_loss, input_hint, prepare_model, split_batch
+from autotune.runner.training import (
+    TrainStep,
+    check_loss,
+    input_hint,
+    prepare_model,
+    split_batch,
+    tuple_hint,
+)
 from workloads.mlp import autotune_dataset, mlp_tiny
 
 
@@ -134,6 +141,36 @@ def test_a_forward_failing_on_strings_says_a_collate_function_makes_tensors() ->
         input_hint((), {"meta": {"lang": "en"}})
     )
     assert "a str in a dict as 'meta'" in str(input_hint((), {"meta": {"lang": "en"}}))
+
+
+def test_a_forward_given_more_inputs_than_it_takes_from_a_long_tuple_says_how_it_was_split() -> (
+    None
+):
+    from torch.utils.data import Dataset
+
+    from autotune.apply import prepare
+
+    class Weighted(Dataset[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+        def __len__(self) -> int:
+            return 16
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return torch.randn(4), torch.tensor(i % 2), torch.tensor(0.5)  # input, label, weight
+
+    training = prepare(
+        TrainConfig(global_batch_size=8, device="cpu"), torch.nn.Linear(4, 2), Weighted()
+    )
+    with pytest.raises(TypeError) as raised:
+        training.step(training.batches())
+    assert raised.value.__notes__ == [
+        "a tuple batch is (inputs..., target): its 3 items went to the forward as 2 inputs and "
+        "the last as the target; samples with more than an input and a target (a weight, an id) "
+        "can be dicts, passed as keyword arguments, with the loss given by --loss or "
+        "autotune_loss"
+    ]
+    training.close()
+    assert tuple_hint(TypeError("takes 2 positional arguments"), (1, 2)) is None  # (x, y): fine
+    assert tuple_hint(ValueError("positional argument"), (1, 2, 3)) is None
 
 
 def test_a_loss_that_is_not_a_scalar_is_refused_naming_its_shape() -> None:
