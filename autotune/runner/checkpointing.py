@@ -154,9 +154,28 @@ def block_classes(blocks: list[nn.Module]) -> str:
     return ",".join(dict.fromkeys(type(block).__name__ for block in blocks))
 
 
+OWN_CHECKPOINTING = ("gradient_checkpointing", "grad_checkpointing")
+"""The flags by which a model's modules checkpoint themselves: Hugging Face's (set by
+``gradient_checkpointing_enable``) and timm's (``set_grad_checkpointing``)."""
+
+
+def checkpoints_itself(model: nn.Module) -> bool:
+    """Whether one of the model's modules has its own checkpointing on (``OWN_CHECKPOINTING``)."""
+    return any(
+        getattr(m, flag, None) is True for m in model.modules() for flag in OWN_CHECKPOINTING
+    )
+
+
 def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
     """Checkpoint the first ``segments`` repeated blocks of ``model`` (``checkpoint_order``: those
-    that train first); return those blocks."""
+    that train first); return those blocks. Checkpointing the model turned on itself is turned
+    off first, so that ``segments`` is the one control and 0 is off: a model built with Hugging
+    Face's ``gradient_checkpointing_enable()`` measured as "off" recomputed every block, and
+    checkpointed again inside its own."""
+    for module in model.modules():
+        for flag in OWN_CHECKPOINTING:
+            if getattr(module, flag, None) is True:
+                setattr(module, flag, False)
     if segments == 0:
         return []
     blocks = find_repeated_blocks(model)

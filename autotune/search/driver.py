@@ -38,6 +38,7 @@ from autotune.search.probe import (
     feeds_images,
     fsdp_refusal,
     optimizer_flags,
+    own_checkpointing,
     parameters_dtype,
     repeated_blocks,
     restrict_space,
@@ -270,6 +271,7 @@ def run_search(
             optimizer=optimizer_source,
             **({"batches": f"made by {collate}"} if collate else {}),
             **_coupling_lines(coupled),
+            **({"checkpointing": own} if (own := own_checkpointing(workload.model)) else {}),
             **_oversubscribed(settings, device, devices, count),
             budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",

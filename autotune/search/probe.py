@@ -259,6 +259,21 @@ def configures_optimizer(model_reference: str) -> bool:
     return built is not None and model_optimizer(built[1]) is not None
 
 
+def own_checkpointing(model_reference: str) -> str | None:
+    """The search's line where the model, as built, checkpoints itself (Hugging Face's
+    ``gradient_checkpointing_enable()`` in its factory): trials turn that off
+    (``checkpointing.apply_checkpointing``); None where it does not, or cannot be built."""
+    from autotune.runner import checkpointing  # imports torch
+
+    built = _meta_model(model_reference)
+    if built is None or not checkpointing.checkpoints_itself(built[1]):
+        return None
+    return (
+        "the model turns on its own (gradient_checkpointing): every trial turns it off, so "
+        "that checkpoint_segments decides (0: off); the recommended value is the one to keep"
+    )
+
+
 def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
     """(number, class names) of the user's model's repeated blocks (the names comma-separated:
     an encoder's and a decoder's layers are two classes); None if the model cannot be built on

@@ -10,6 +10,7 @@ from autotune.errors import ConfigError
 from autotune.runner.checkpointing import (
     apply_checkpointing,
     block_classes,
+    checkpoints_itself,
     find_repeated_blocks,
 )
 from workloads.convnet import BasicBlock, resnet_tiny
@@ -151,6 +152,24 @@ def test_checkpointing_one_block_of_a_model_with_frozen_lower_blocks_lowers_its_
     spec = WorkloadSpec(model="tests.fixtures.models:FrozenBottom")
     peaks = [trace_step(spec, 64, checkpoint_segments=k).total_bytes for k in (0, 1)]
     assert peaks[1] < peaks[0]
+
+
+def test_a_model_that_checkpoints_itself_is_turned_off_so_that_zero_is_off() -> None:
+    from autotune.runner.fake_memory import trace_step
+    from autotune.runner.workload import WorkloadSpec
+    from autotune.search.probe import own_checkpointing
+    from tests.fixtures import self_checkpointed
+
+    model = self_checkpointed.make()
+    assert checkpoints_itself(model)
+    assert apply_checkpointing(model, 0) == [] and not checkpoints_itself(model)
+    # traced at k=0 as the same model never checkpointed: nothing recomputed, nothing freed
+    own = WorkloadSpec(model="tests.fixtures.self_checkpointed:make")
+    plain = WorkloadSpec(model="tests.fixtures.hf_zoo:gpt2", data="tests.fixtures.hf_zoo:data_gpt2")
+    assert trace_step(own, 8).total_bytes == trace_step(plain, 8).total_bytes
+    assert trace_step(own, 8, checkpoint_segments=2).total_bytes < trace_step(own, 8).total_bytes
+    assert "turns on its own (gradient_checkpointing)" in str(own_checkpointing(own.model))
+    assert own_checkpointing(plain.model) is None
 
 
 def test_too_many_segments_or_no_blocks_is_a_config_error() -> None:
