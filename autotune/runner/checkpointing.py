@@ -159,11 +159,19 @@ OWN_CHECKPOINTING = ("gradient_checkpointing", "grad_checkpointing")
 ``gradient_checkpointing_enable``) and timm's (``set_grad_checkpointing``)."""
 
 
+def _own_flags(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, flag) wherever one of ``OWN_CHECKPOINTING`` is on in ``model``."""
+    return [
+        (m, flag)
+        for m in model.modules()
+        for flag in OWN_CHECKPOINTING
+        if getattr(m, flag, None) is True
+    ]
+
+
 def checkpoints_itself(model: nn.Module) -> bool:
     """Whether one of the model's modules has its own checkpointing on (``OWN_CHECKPOINTING``)."""
-    return any(
-        getattr(m, flag, None) is True for m in model.modules() for flag in OWN_CHECKPOINTING
-    )
+    return bool(_own_flags(model))
 
 
 def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
@@ -172,10 +180,8 @@ def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
     off first, so that ``segments`` is the one control and 0 is off: a model built with Hugging
     Face's ``gradient_checkpointing_enable()`` measured as "off" recomputed every block, and
     checkpointed again inside its own."""
-    for module in model.modules():
-        for flag in OWN_CHECKPOINTING:
-            if getattr(module, flag, None) is True:
-                setattr(module, flag, False)
+    for module, flag in _own_flags(model):
+        setattr(module, flag, False)
     if segments == 0:
         return []
     blocks = find_repeated_blocks(model)
