@@ -131,7 +131,8 @@ class TrainConfig(BaseModel):
         0,
         ge=0,
         description="Activation checkpointing: 0 = off; k = the first k of the model's repeated "
-        "blocks (those with a parameter that trains first) each run as one non-reentrant "
+        "blocks (those with a parameter that trains first, then frozen ones from the last) each "
+        "run as one non-reentrant "
         "checkpoint segment (recomputed in backward). Must not exceed the number of repeated "
         "blocks.",
     )

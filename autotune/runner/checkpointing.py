@@ -17,9 +17,12 @@ being ``nn.Sequential``.
 ``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
 checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
 The rest run normally. k must not exceed the number of blocks found. Blocks with a parameter that
-trains come first (``checkpoint_order``): a frozen block below every trainable one (a fine-tune's
-frozen lower layers, a frozen encoder run under ``no_grad``) keeps nothing for backward, so
-checkpointing it saves nothing, and a k that took it first would change nothing at all.
+trains come first, then the frozen ones from the last (``checkpoint_order``): a frozen block
+below every trainable one (a fine-tune's frozen lower layers, a frozen encoder run under
+``no_grad``) keeps nothing for backward, so checkpointing it saves nothing, and a k that took it
+first would change nothing at all; a frozen block above a trainable one passes gradients back
+and keeps its activations like any other. (The search leaves out the k that would reach the
+blocks that keep nothing: ``probe.idle_blocks``.)
 
 Recomputing a block runs its forward again, and a forward that updates the block's buffers
 (BatchNorm's running statistics, spectral normalisation's power iteration) would update them
@@ -204,11 +207,11 @@ def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
 
 
 def checkpoint_order(blocks: list[nn.Module]) -> list[nn.Module]:
-    """``blocks`` in the order checkpointing takes them: those with a parameter that trains
-    first, then the frozen ones, each in forward order (the module docstring says why)."""
+    """``blocks`` in the order checkpointing takes them: those with a parameter that trains, in
+    forward order, then the frozen ones from the last back (the module docstring says why)."""
     trains = [b for b in blocks if any(p.requires_grad for p in b.parameters())]
     taken = {id(b) for b in trains}
-    return trains + [b for b in blocks if id(b) not in taken]
+    return trains + [b for b in reversed(blocks) if id(b) not in taken]
 
 
 def _without_cache(model: nn.Module) -> None:

@@ -37,6 +37,7 @@ from autotune.search.probe import (
     every_block,
     feeds_images,
     fsdp_refusal,
+    idle_blocks,
     optimizer_flags,
     own_checkpointing,
     parameters_dtype,
@@ -256,6 +257,7 @@ def run_search(
         block_class=blocks[1] if blocks else "",
         fsdp_refusal=fsdp_refusal(workload.model),
         autocast_ignored=autocast_ignored(workload.model),
+        idle_blocks=idle_blocks(workload) if blocks else 0,
     )
     executor = _executor(settings, space, platform, devices, workload)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)

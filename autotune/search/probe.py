@@ -168,6 +168,7 @@ def restrict_space(
     block_class: str = "",
     fsdp_refusal: str | None = None,
     autocast_ignored: str | None = None,
+    idle_blocks: int = 0,
 ) -> tuple[SearchSpace, list[Exclusion]]:
     """Drop the choices that cannot work here; return the space and what was dropped (the
     ``all`` of checkpointing made the model's number of blocks first: ``every_block``)."""
@@ -209,6 +210,14 @@ def restrict_space(
                     "checkpoint_segments",
                     segments,
                     f"the model has {blocks_phrase(repeated_blocks, block_class)}",
+                )
+            elif isinstance(segments, int) and segments > repeated_blocks - idle_blocks:
+                drop(
+                    "checkpoint_segments",
+                    segments,
+                    f"{idle_blocks} of the model's {blocks_phrase(repeated_blocks, block_class)} "
+                    "keep nothing for backward (frozen, with no gradient flowing through them): "
+                    "checkpointing them saves nothing",
                 )
     if optimizer_flags is not None:
         name, accepted = optimizer_flags
@@ -272,6 +281,45 @@ def own_checkpointing(model_reference: str) -> str | None:
         "the model turns on its own (gradient_checkpointing): every trial turns it off, so "
         "that checkpoint_segments decides (0: off); the recommended value is the one to keep"
     )
+
+
+def idle_blocks(workload: WorkloadSpec) -> int:
+    """How many of the model's repeated blocks keep nothing for backward: their output needs no
+    gradient (frozen, below every parameter that trains: a linear probe's backbone, a fine-tune's
+    frozen lower layers), so checkpointing them saves nothing. From a forward of the dataset's
+    first two samples through the model built on the meta device; 0 where that cannot run."""
+    import torch
+    from torch.utils.data import default_collate
+
+    from autotune.runner import checkpointing  # imports torch
+    from autotune.runner.training import forward_keywords, map_tensors, split_batch  # imports torch
+
+    built = _meta_model(workload.model)
+    first = _first_samples(workload, 2)
+    if built is None or not first:
+        return 0
+    model = built[1]
+    blocks = checkpointing.find_repeated_blocks(model)
+    keeps: dict[int, bool] = {}
+
+    def seen(block: Any, _inputs: Any, output: Any) -> None:
+        kept: list[bool] = []
+        map_tensors(output, lambda t: kept.append(t.requires_grad))
+        keeps[id(block)] = keeps.get(id(block), False) or any(kept)
+
+    handles = [block.register_forward_hook(seen) for block in blocks]
+    try:
+        collate = load_collate(workload, built[0])[0] or default_collate
+        batch = map_tensors(collate(list(first)), lambda t: t.to("meta"))
+        args, kwargs, _ = split_batch(batch, forward_keywords(model))
+        with torch.enable_grad():
+            model(*args, **kwargs)
+    except Exception:  # a model the meta device cannot run: nothing is left out
+        return 0
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sum(1 for block in blocks if id(block) in keeps and not keeps[id(block)])
 
 
 def repeated_blocks(model_reference: str) -> tuple[int, str] | None:

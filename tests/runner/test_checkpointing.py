@@ -10,6 +10,7 @@ from autotune.errors import ConfigError
 from autotune.runner.checkpointing import (
     apply_checkpointing,
     block_classes,
+    checkpoint_order,
     checkpoints_itself,
     find_repeated_blocks,
 )
@@ -143,6 +144,15 @@ def test_blocks_that_train_are_checkpointed_before_frozen_ones() -> None:
     assert [layer.calls for layer in model.layers] == [1, 2, 2]
     everything = _Stack()  # nothing frozen: forward order
     assert apply_checkpointing(everything, 2) == list(everything.layers[:2])
+    # frozen ones from the last back: one above a trainable block passes gradients back
+    mixed = _Stack()
+    mixed.layers[0].requires_grad_(False)
+    mixed.layers[2].requires_grad_(False)
+    assert checkpoint_order(list(mixed.layers)) == [
+        mixed.layers[1],
+        mixed.layers[2],
+        mixed.layers[0],
+    ]
 
 
 def test_checkpointing_one_block_of_a_model_with_frozen_lower_blocks_lowers_its_peak() -> None:

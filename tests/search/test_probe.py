@@ -191,3 +191,21 @@ def test_the_default_space_checkpoints_every_block_of_a_deep_model() -> None:
     assert line is not None and "32 repeated LlamaDecoderLayer blocks" in line
     shallow, line = every_block(load_space("default"), 4)
     assert shallow.params["checkpoint_segments"].choices == (0, 1, 2, 4, 8, 12) and line is None
+
+
+def test_checkpointing_that_would_reach_blocks_keeping_nothing_for_backward_is_left_out() -> None:
+    from autotune.runner.workload import WorkloadSpec
+    from autotune.search.probe import idle_blocks
+    from autotune.search.space import parse_space
+
+    # the lower two of four blocks are frozen, with nothing trainable below them
+    assert idle_blocks(WorkloadSpec(model="tests.fixtures.models:FrozenBottom")) == 2
+    assert idle_blocks(WorkloadSpec(model="tests.fixtures.models:Small")) == 0
+    space = parse_space({"checkpoint_segments": [0, 1, 2, 4, 8]}, "'test'")
+    kept, dropped = restrict_space(space, detect_platform("cpu"), 1, 4, idle_blocks=2)
+    assert kept.params["checkpoint_segments"].choices == (0, 1, 2)
+    assert [(e.value, e.reason) for e in dropped] == [
+        (4, "2 of the model's 4 repeated blocks keep nothing for backward (frozen, with no "
+            "gradient flowing through them): checkpointing them saves nothing"),
+        (8, "the model has 4 repeated blocks"),
+    ]  # fmt: skip
