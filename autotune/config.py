@@ -132,9 +132,8 @@ class TrainConfig(BaseModel):
         ge=0,
         description="Activation checkpointing: 0 = off; k = the first k of the model's repeated "
         "blocks (those with a parameter that trains first, then frozen ones from the last) each "
-        "run as one non-reentrant "
-        "checkpoint segment (recomputed in backward). Must not exceed the number of repeated "
-        "blocks.",
+        "run as one non-reentrant checkpoint segment (recomputed in backward). Must not exceed "
+        "the number of repeated blocks.",
     )
     grad_accum_steps: int = Field(
         1,
