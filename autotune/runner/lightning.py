@@ -74,7 +74,15 @@ class LightningStep(nn.Module):
         warnings.filterwarnings("ignore", message=r"You are trying to `self\.log\(\)`")
 
     def forward(self, batch: Any) -> Any:
-        return self.module.training_step(batch, self._next_index())
+        index = self._next_index()
+        loss = self.module.training_step(batch, index)
+        if loss is None:  # the default loss's "no tensor in it; pass --loss" would mislead here
+            raise WorkloadError(
+                f"{type(self.module).__name__}.training_step returned None for batch {index} "
+                "(Lightning skips such a batch): a trial runs and times the step of every "
+                "batch; return the loss for each"
+            )
+        return loss
 
     @torch.compiler.disable  # type: ignore[untyped-decorator]
     def _next_index(self) -> int:

@@ -104,6 +104,18 @@ def test_configure_optimizers_forms_give_their_one_optimizer() -> None:
         only_optimizer(None)
 
 
+def test_a_step_that_skips_its_batch_is_said_to_in_one_line() -> None:
+    step = LightningStep(lit.Skipping())
+    batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    assert step(batch).dim() == 0  # batch 0 trains
+    with pytest.raises(WorkloadError) as error:
+        step(batch)
+    assert str(error.value) == (
+        "Skipping.training_step returned None for batch 1 (Lightning skips such a batch): a "
+        "trial runs and times the step of every batch; return the loss for each"
+    )
+
+
 def test_a_module_that_optimizes_by_hand_is_refused_in_one_line() -> None:
     with pytest.raises(WorkloadError) as error:
         load_model("tests.fixtures.lit:ByHand")
