@@ -292,7 +292,7 @@ def idle_blocks(workload: WorkloadSpec) -> int:
     from torch.utils.data import default_collate
 
     from autotune.runner import checkpointing  # imports torch
-    from autotune.runner.training import forward_keywords, map_tensors, split_batch  # imports torch
+    from autotune.runner.training import map_tensors  # imports torch
 
     built = _meta_model(workload.model)
     first = _first_samples(workload, 2)
@@ -310,8 +310,7 @@ def idle_blocks(workload: WorkloadSpec) -> int:
     handles = [block.register_forward_hook(seen) for block in blocks]
     try:
         collate = load_collate(workload, built[0])[0] or default_collate
-        batch = map_tensors(collate(list(first)), lambda t: t.to("meta"))
-        args, kwargs, _ = split_batch(batch, forward_keywords(model))
+        args, kwargs = _meta_inputs(model, collate(list(first)))
         with torch.enable_grad():
             model(*args, **kwargs)
     except Exception:  # a model the meta device cannot run: nothing is left out
@@ -424,16 +423,24 @@ def _meta_forward_flops(model: Any, batch: Any) -> int | None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from autotune.runner.training import forward_keywords, map_tensors, split_batch  # imports torch
-
-    shapes = map_tensors(batch, lambda t: t.to("meta"))
-    args, kwargs, _ = split_batch(shapes, forward_keywords(model))
+    args, kwargs = _meta_inputs(model, batch)
     try:
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             model(*args, **kwargs)
     except Exception:  # the forwards themselves are timed instead
         return None
     return int(counter.get_total_flops())
+
+
+def _meta_inputs(model: Any, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(positional, keyword) inputs of ``model``'s forward from ``batch``, its tensors on the
+    meta device, split as a trial splits it."""
+    from autotune.runner.training import forward_keywords, map_tensors, split_batch  # imports torch
+
+    args, kwargs, _ = split_batch(
+        map_tensors(batch, lambda t: t.to("meta")), forward_keywords(model)
+    )
+    return args, kwargs
 
 
 def coupling(workload: WorkloadSpec) -> Coupling | None:
