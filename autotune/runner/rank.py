@@ -21,9 +21,7 @@ import torch.distributed as dist
 
 from autotune.config import TrainConfig
 from autotune.errors import (
-    NO_CUDA_HERE,
-    NOT_TENSORS,
-    TUPLE_SPLIT,
+    RANK_HINTS,
     ConfigError,
     WorkloadError,
     error_line,
@@ -157,7 +155,7 @@ def run_rank(
         status, message = classify_exception(error)
         notes = getattr(error, "__notes__", ())
         where = [n for n in notes if n.startswith(OPTIMIZER_STEP)]
-        hints = [f" ({n})" for n in notes if n.startswith((NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT))]
+        hints = [f" ({n})" for n in notes if n.startswith(RANK_HINTS)]
         phase = progress.phase.removesuffix(AFTER_FASTER)  # how the pruning rule read it: not news
         message = ": ".join([phase, *where[:1], message]) + "".join(hints[:1])
         return RankReport(status=status, message=message, **report)
