@@ -25,10 +25,9 @@ from autotune.search.driver import resolve_global_batch, run_search
 from autotune.search.log import memory_used
 from autotune.search.plan import Plan, make_plan
 from autotune.search.probe import (
-    check_autocast,
     check_batches,
     check_optimizer,
-    check_shardable,
+    check_refusals,
 )
 from autotune.search.progress import LineReporter, Reporter
 from autotune.search.settings import make_settings
@@ -158,8 +157,7 @@ def run_trial(
     if isinstance(config, dict) and "global_batch_size" not in config:
         config = {**config, "global_batch_size": declared_global_batch_size(workload.model)}
     chosen = as_config(config)
-    check_shardable(chosen, workload.model)
-    check_autocast(chosen, workload.model)
+    check_refusals(chosen, workload.model)
     return launch(chosen, workload, as_options(options, option_overrides))
 
 

@@ -9,7 +9,7 @@ import torch
 from autotune.api import plan, run_trial
 from autotune.errors import ConfigError
 from autotune.runner.workload import WorkloadSpec, build_workload
-from autotune.search.probe import autocast_ignored, restrict_space
+from autotune.search.probe import autocast_ignored, model_refusals, restrict_space
 from autotune.search.space import parse_space
 from tests.search.fakes import PLATFORM
 
@@ -27,7 +27,7 @@ def test_autocast_is_known_to_change_nothing_only_where_every_parameter_is_float
 def test_the_search_drops_amp_for_such_a_model_and_says_why() -> None:
     space = parse_space({"parallel": ["single"], "amp": ["off", "fp16", "bf16"]}, "test")
     kept, dropped = restrict_space(
-        space, PLATFORM, 1, None, run_checks=False, autocast_ignored=autocast_ignored(PINN)
+        space, PLATFORM, 1, None, run_checks=False, refusals=model_refusals(PINN)
     )
     assert kept.choices()["amp"] == ["off"]
     assert [(d.knob, d.value) for d in dropped] == [("amp", "fp16"), ("amp", "bf16")]

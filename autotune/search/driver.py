@@ -28,7 +28,6 @@ from autotune.runner.workload import (
 )
 from autotune.search.memory_model import budget_scope, start_prior
 from autotune.search.probe import (
-    autocast_ignored,
     check_batches,
     check_optimizer,
     configures_optimizer,
@@ -36,8 +35,8 @@ from autotune.search.probe import (
     data_source,
     every_block,
     feeds_images,
-    fsdp_refusal,
     idle_blocks,
+    model_refusals,
     optimizer_flags,
     own_checkpointing,
     parameters_dtype,
@@ -255,8 +254,7 @@ def run_search(
         image_batches=images,
         optimizer_flags=flags,
         block_class=blocks[1] if blocks else "",
-        fsdp_refusal=fsdp_refusal(workload.model),
-        autocast_ignored=autocast_ignored(workload.model),
+        refusals=model_refusals(workload.model),
         idle_blocks=idle_blocks(workload) if blocks else 0,
     )
     executor = _executor(settings, space, platform, devices, workload)

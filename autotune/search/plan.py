@@ -29,13 +29,11 @@ from autotune.search.memory_model import (
     prior_for,
 )
 from autotune.search.probe import (
-    autocast_ignored,
     blocks_phrase,
-    check_autocast,
-    check_shardable,
+    check_refusals,
     configures_optimizer,
     every_block,
-    fsdp_refusal,
+    model_refusals,
     repeated_blocks,
 )
 from autotune.search.space import Param, SearchSpace, enumerate_configs
@@ -216,8 +214,7 @@ def make_plan(
     else:
         raise ConfigError("plan needs a search space or a configuration")
     configs, left_out = _checkpointable(workload, configs, config is not None)
-    configs, left_out = _shardable(workload, configs, config is not None, left_out)
-    configs, left_out = _autocastable(workload, configs, config is not None, left_out)
+    configs, left_out = _refused(workload, configs, config is not None, left_out)
     if config is None and space is not None:
         left_out += _unsplittable(plan_space(space, devices, device_type), global_batch_size)
         spread = sorted({c.parallel for c in configs if c.parallel != "single"})
@@ -305,35 +302,22 @@ def _checkpointable(
     return kept, [f"checkpoint_segments {values}: the model has {blocks}"]
 
 
-def _shardable(
+def _refused(
     workload: WorkloadSpec, configs: list[TrainConfig], one: bool, left_out: list[str]
 ) -> tuple[list[TrainConfig], list[str]]:
-    """``configs`` without FSDP where the model refuses it (``probe.fsdp_refusal``, as the
-    search's probe drops it), ``left_out`` with a line saying why; for a configuration given
-    alone, a one-line error instead."""
+    """``configs`` without the values the model rules out (``probe.model_refusals``, as the
+    search's probe drops them), ``left_out`` with a line for each knob saying why; for a
+    configuration given alone, a one-line error instead."""
     if one:
-        check_shardable(configs[0], workload.model)
-    if not any(c.parallel == "fsdp" for c in configs):
-        return configs, left_out
-    refusal = fsdp_refusal(workload.model)
-    if refusal is None:
-        return configs, left_out
-    return [c for c in configs if c.parallel != "fsdp"], [*left_out, f"parallel fsdp: {refusal}"]
-
-
-def _autocastable(
-    workload: WorkloadSpec, configs: list[TrainConfig], one: bool, left_out: list[str]
-) -> tuple[list[TrainConfig], list[str]]:
-    """``configs`` without AMP where it would change nothing (``probe.autocast_ignored``, as
-    the search's probe drops it), ``left_out`` with a line saying why; for a configuration
-    given alone, a one-line error instead."""
-    if one:
-        check_autocast(configs[0], workload.model)
-    amps = sorted({c.amp for c in configs if c.amp != "off"})
-    ignored = autocast_ignored(workload.model) if amps else None
-    if ignored is None:
-        return configs, left_out
-    return [c for c in configs if c.amp == "off"], [*left_out, f"amp {', '.join(amps)}: {ignored}"]
+        check_refusals(configs[0], workload.model)
+    dropped: dict[tuple[str, str], list[str]] = {}
+    for refusal in model_refusals(workload.model):
+        kept = [c for c in configs if getattr(c, refusal.knob) != refusal.value]
+        if len(kept) < len(configs):
+            dropped.setdefault((refusal.knob, refusal.reason), []).append(str(refusal.value))
+        configs = kept
+    lines = [f"{knob} {', '.join(values)}: {reason}" for (knob, reason), values in dropped.items()]
+    return configs, [*left_out, *lines]
 
 
 def _calibrate(

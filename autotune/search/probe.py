@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,8 +167,7 @@ def restrict_space(
     image_batches: bool | None = None,
     optimizer_flags: tuple[str, tuple[str, ...]] | None = None,
     block_class: str = "",
-    fsdp_refusal: str | None = None,
-    autocast_ignored: str | None = None,
+    refusals: tuple[Refusal, ...] = (),
     idle_blocks: int = 0,
 ) -> tuple[SearchSpace, list[Exclusion]]:
     """Drop the choices that cannot work here; return the space and what was dropped (the
@@ -224,11 +224,8 @@ def restrict_space(
         for flag in ("foreach", "fused"):
             if flag not in accepted:
                 drop("optimizer_impl", flag, f"the optimizer {name} takes no {flag} flag")
-    if fsdp_refusal:
-        drop("parallel", "fsdp", fsdp_refusal)
-    if autocast_ignored:
-        for precision in ("fp16", "bf16"):
-            drop("amp", precision, autocast_ignored)
+    for refusal in refusals:
+        drop(refusal.knob, refusal.value, refusal.reason)
     if image_batches is False:
         drop("channels_last", True, "the model is not fed 4-D image batches (N, C, H, W)")
     cores = platform.cpu_count
@@ -550,18 +547,69 @@ def autocast_ignored(model_reference: str) -> str | None:
     return "the model's parameters are all float64, which autocast leaves alone"
 
 
-def check_autocast(config: TrainConfig, model_reference: str) -> None:
-    """A configuration given alone: one line, before anything runs, where it asks for AMP that
-    would change nothing (``autocast_ignored``)."""
-    if config.amp != "off" and (ignored := autocast_ignored(model_reference)):
-        raise ConfigError(f"amp={config.amp}: {ignored}; use amp=off")
+def complex_parameters(model_reference: str) -> str | None:
+    """The complex dtypes among the model's trainable parameters ("complex64"), from a build on
+    the meta device: a Fourier layer's spectral weights. None where there are none, or it
+    cannot be built there."""
+    built = _meta_model(model_reference)
+    if built is None:
+        return None
+    dtypes = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in built[1].parameters() if p.is_complex()}
+    )
+    return " and ".join(dtypes) or None
 
 
-def check_shardable(config: TrainConfig, model_reference: str) -> None:
+@dataclass(frozen=True)
+class Refusal:
+    """A knob's value the model itself rules out, why, and what to ask for instead."""
+
+    knob: str
+    value: Value
+    reason: str
+    instead: str
+
+
+@functools.cache
+def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
+    """The knob values no trial of this model could run, or would run for nothing, told from a
+    build on the meta device before any trial: the search's probe drops them, ``plan`` leaves
+    them out, and a configuration given alone asking for one is refused in one line."""
+    refusals: list[Refusal] = []
+    if refusal := fsdp_refusal(model_reference):
+        refusals.append(Refusal("parallel", "fsdp", refusal, "use ddp or single"))
+    if ignored := autocast_ignored(model_reference):
+        refusals += [Refusal("amp", amp, ignored, "use amp=off") for amp in ("fp16", "bf16")]
+    if dtypes := complex_parameters(model_reference):
+        refusals.append(
+            Refusal(
+                "comm_hook",
+                "powersgd",
+                f"PowerSGD's hook never returns for {dtypes} gradients (a trial hung until "
+                "its timeout)",
+                "use comm_hook none, fp16 or bf16",
+            )
+        )
+        refusals.append(
+            Refusal(
+                "optimizer_impl",
+                "fused",
+                f"a fused optimizer takes real floating-point parameters only, and the model "
+                f"trains {dtypes} ones",
+                "use foreach or default",
+            )
+        )
+    return tuple(refusals)
+
+
+def check_refusals(config: TrainConfig, model_reference: str) -> None:
     """A configuration given alone (a trial, a plan of one): one line, before anything runs,
-    where it asks for FSDP and the model refuses it (``fsdp_refusal``)."""
-    if config.parallel == "fsdp" and (refusal := fsdp_refusal(model_reference)):
-        raise ConfigError(f"parallel=fsdp: {refusal}; use ddp or single")
+    where it asks for a value the model rules out (``model_refusals``)."""
+    for refusal in model_refusals(model_reference):
+        if getattr(config, refusal.knob) == refusal.value:
+            raise ConfigError(
+                f"{refusal.knob}={refusal.value}: {refusal.reason}; {refusal.instead}"
+            )
 
 
 def feeds_images(workload: WorkloadSpec) -> bool | None:

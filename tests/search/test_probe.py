@@ -4,11 +4,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from autotune.api import run_trial
+from autotune.errors import ConfigError
 from autotune.records import Exclusion, exclusion_lines
 from autotune.runner.platform import detect_platform
-from autotune.search.probe import fsdp_refusal, repeated_blocks, restrict_space
+from autotune.search.probe import fsdp_refusal, model_refusals, repeated_blocks, restrict_space
 from autotune.search.space import load_space
+
+SPECTRAL = "tests.fixtures.spectral:Spectral"
+ONE_DDP_PAIR = {"global_batch_size": 4, "device": "cpu", "parallel": "ddp", "world_size": 2}
 
 
 def test_cpu_platform_drops_what_cannot_work_and_says_why() -> None:
@@ -57,11 +63,49 @@ def test_fsdp_is_dropped_for_a_model_it_cannot_shard_with_why() -> None:
         "and float32 ones"
     )
     assert fsdp_refusal("tests.fixtures.traced:Stack") is None
+    refusals = model_refusals("tests.fixtures.sparse:Lookups")
     space, dropped = restrict_space(
-        load_space("quick"), detect_platform("cpu"), 2, None, False, fsdp_refusal=sparse
+        load_space("quick"), detect_platform("cpu"), 2, None, False, refusals=refusals
     )
     assert "fsdp" not in space.params["parallel"].choices
     assert {(e.knob, e.value): e.reason for e in dropped}[("parallel", "fsdp")] == sparse
+
+
+def test_powersgd_and_fused_optimizers_are_ruled_out_for_complex_parameters() -> None:
+    # A Fourier neural operator (complex64 spectral weights): its DDP trial with PowerSGD hung
+    # until the trial's timeout (300 s, both ranks waiting in the hook), and a fused AdamW
+    # failed its first step; the search proposed both.
+    refusals = model_refusals(SPECTRAL)
+    assert [(r.knob, r.value) for r in refusals] == [
+        ("parallel", "fsdp"),
+        ("comm_hook", "powersgd"),
+        ("optimizer_impl", "fused"),
+    ]
+    assert model_refusals("tests.fixtures.traced:Stack") == ()
+    space, dropped = restrict_space(
+        load_space("default"), detect_platform("cpu"), 2, 2, False, refusals=refusals
+    )
+    assert "powersgd" not in space.params["comm_hook"].choices
+    assert space.params["optimizer_impl"].choices == ("default", "foreach")
+    reasons = {(e.knob, e.value): e.reason for e in dropped}
+    assert reasons[("optimizer_impl", "fused")] == (
+        "a fused optimizer takes real floating-point parameters only, and the model trains "
+        "complex64 ones"
+    )
+    with pytest.raises(ConfigError, match=r"^comm_hook=powersgd: PowerSGD's hook never returns"):
+        run_trial(SPECTRAL, {**ONE_DDP_PAIR, "comm_hook": "powersgd"})
+    with pytest.raises(ConfigError, match=r"complex64 ones; use foreach or default$"):
+        run_trial(SPECTRAL, {**ONE_DDP_PAIR, "optimizer_impl": "fused"})
+
+
+def test_a_fused_optimizer_refuses_complex_parameters_in_this_torch() -> None:
+    # What ``model_refusals`` foresees, pinned: should a fused AdamW learn complex parameters,
+    # this fails and the refusal can go.
+    weight = torch.nn.Parameter(torch.ones(2, dtype=torch.cfloat))
+    optimizer = torch.optim.AdamW([weight], fused=True)
+    weight.grad = torch.ones_like(weight)
+    with pytest.raises(RuntimeError, match="requires all the params to be floating point"):
+        optimizer.step()
 
 
 def test_repeated_blocks_are_counted_without_building_real_weights() -> None:
