@@ -144,8 +144,9 @@ def run_trial(
     Bad input raises ``AutotuneError`` (a one-line message); a trial that fails (OOM, crash,
     hang, an exception in the model) is returned as a ``TrialResult`` with its status.
     ``option_overrides`` are ``TrialOptions`` fields, e.g. ``measured_steps=20``.
-    ``optimizer`` ("module:attr") names a factory taking the parameters and returning a
-    ``torch.optim.Optimizer``; without it the model module's ``autotune_optimizer``, else AdamW.
+    ``optimizer`` ("module:attr") names a factory taking the parameters (or the model, where
+    its first parameter is named ``model``) and returning a ``torch.optim.Optimizer``; without
+    it the model module's ``autotune_optimizer``, else AdamW.
     ``collate`` ("module:attr") names the DataLoader's ``collate_fn`` (samples -> batch: padding
     samples of different lengths); without it the model module's ``autotune_collate``, else
     torch's ``default_collate``.

@@ -95,8 +95,9 @@ def workload_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--loss", help="'module:attr': loss(output, target) -> scalar tensor.")
     group.add_argument(
         "--optimizer",
-        help="'module:attr': a factory taking the parameters and returning a "
-        "torch.optim.Optimizer (default: autotune_optimizer in the model's module, else AdamW).",
+        help="'module:attr': a factory taking the parameters (or the model, where its first "
+        "parameter is named model) and returning a torch.optim.Optimizer (default: "
+        "autotune_optimizer in the model's module, else AdamW).",
     )
     group.add_argument(
         "--collate",

@@ -12,6 +12,9 @@ from autotune.errors import ConfigError
 
 IMPLEMENTATIONS = ("foreach", "fused")
 
+MODEL_ARGUMENTS = ("model", "module", "net", "network")
+"""Names of an optimizer factory's first parameter that ask for the model, not its parameters."""
+
 
 def default_optimizer(parameters: Any, learning_rate: float = 1e-4) -> Any:
     """What trials train with when the workload names no optimizer: AdamW."""
@@ -20,14 +23,33 @@ def default_optimizer(parameters: Any, learning_rate: float = 1e-4) -> Any:
     return torch.optim.AdamW(parameters, lr=learning_rate)
 
 
+def takes_model(factory: Callable[..., Any]) -> bool:
+    """Whether the user's optimizer factory is given the model rather than its parameters: its
+    first parameter is named ``model`` (or ``module``, ``net``, ``network``), as a factory that
+    groups the parameters by name (no weight decay for biases and norms) or calls the model's
+    own ``configure_optimizers`` is written. A checked factory says so itself."""
+    said = getattr(factory, "takes_model", None)
+    if said is not None:
+        return bool(said)
+    try:
+        parameters = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(parameters) and parameters[0].name in MODEL_ARGUMENTS
+
+
 def chosen_optimizer(
     factory: Callable[[Any], Any] | None, model: Any, learning_rate: float = 1e-4
 ) -> Callable[[Any], Any]:
     """The factory a training builds its optimizer with, first of: the user's (``--optimizer``,
     ``autotune_optimizer`` beside the model, ``prepare(optimizer=...)``), the one the model
     configures itself (a LightningModule's ``configure_optimizers``, as ``LightningStep`` holds
-    it), the default AdamW at ``learning_rate``."""
+    it), the default AdamW at ``learning_rate``. The factory returned takes the parameters; a
+    user's factory that takes the model (``takes_model``) is given ``model``, whose parameters
+    are those of any wrapper around it."""
     if factory is not None:
+        if takes_model(factory):
+            return lambda _parameters: factory(model)
         return factory
     configured = getattr(model, "configured_optimizer", None)
     if configured is not None:

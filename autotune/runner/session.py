@@ -223,8 +223,9 @@ def prepare(
 
     ``loss(output, target)`` defaults to the model's own loss or the rules of
     ``autotune.runner.loss.default_loss``; ``optimizer`` is a factory taking the parameters of the
-    wrapped model (when omitted: the model's own, else AdamW with lr=1e-4); ``collate`` makes a
-    batch of samples, the DataLoader's ``collate_fn`` (torch's ``default_collate`` when omitted).
+    wrapped model, or the model where its first parameter is named ``model`` (when omitted:
+    the model's own, else AdamW with lr=1e-4); ``collate`` makes a batch of samples, the
+    DataLoader's ``collate_fn`` (torch's ``default_collate`` when omitted).
     A LightningModule trains as the trials trained it: its ``training_step`` is the forward and
     its loss, its ``configure_optimizers`` the optimizer (``autotune.runner.lightning``).
     """

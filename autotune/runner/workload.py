@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import WorkloadError, error_line
 from autotune.runner.loss import default_loss
+from autotune.runner.optimizer import MODEL_ARGUMENTS, takes_model
 
 DATASET_ATTRIBUTE = "autotune_dataset"
 """Name of the dataset (or factory) a model's module may expose when no --data is given."""
@@ -524,17 +525,40 @@ def _needs_closure(optimizer: Any) -> bool:
     return closure is not None and closure.default is closure.empty
 
 
-def _checked_optimizer(
-    factory: Callable[[Any], Any], reference: str
-) -> tuple[Callable[[Any], Any], str]:
-    def make(params: Any) -> Any:
+class _CheckedOptimizer:
+    """The user's optimizer factory, its result checked: a ``torch.optim.Optimizer`` whose step
+    takes no closure. Given the parameters, or the model where the factory asks for it
+    (``optimizer.takes_model``)."""
+
+    def __init__(self, factory: Callable[[Any], Any], reference: str) -> None:
+        self.factory = factory
+        self.reference = reference
+        self.takes_model = takes_model(factory)
+
+    def __call__(self, given: Any) -> Any:
         import torch
 
-        optimizer = _call_factory(factory, reference, "optimizer", params)
+        reference = self.reference
+        try:
+            optimizer = _call_factory(self.factory, reference, "optimizer", given)
+        except WorkloadError as error:
+            if self.takes_model or "'generator' object" not in str(error):
+                raise
+            raise WorkloadError(
+                f"{error} (it is given the model's parameters; a factory that wants the model "
+                f"names its first parameter one of: {', '.join(MODEL_ARGUMENTS)})"
+            ) from error
         if not isinstance(optimizer, torch.optim.Optimizer):
+            paired = isinstance(optimizer, tuple | list | dict)
             raise WorkloadError(
                 f"optimizer {reference!r} returned a {type(optimizer).__name__}, expected a "
                 "torch.optim.Optimizer"
+                + (
+                    " alone (a learning-rate schedule changes neither a step's time nor its "
+                    "memory: trials need none)"
+                    if paired
+                    else ""
+                )
             )
         if _needs_closure(optimizer):
             raise WorkloadError(
@@ -545,7 +569,11 @@ def _checked_optimizer(
             )
         return optimizer
 
-    return make, reference
+
+def _checked_optimizer(
+    factory: Callable[[Any], Any], reference: str
+) -> tuple[Callable[[Any], Any], str]:
+    return _CheckedOptimizer(factory, reference), reference
 
 
 def describe_optimizer(spec: WorkloadSpec, configures: bool = False) -> str:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 import autotune
 from autotune.api import run_trial
+from autotune.apply import prepare
+from autotune.config import TrainConfig
 from autotune.errors import WorkloadError
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -16,7 +19,8 @@ from autotune.runner.workload import (
     describe_optimizer,
 )
 from autotune.search.probe import check_optimizer
-from tests.fixtures.optimizers import PARAMETER_BYTES
+from tests.fixtures.optimizers import PARAMETER_BYTES, Features, Wide
+from tests.fixtures.optimizers import decayed as decayed_factory
 
 MODULE = "tests.fixtures.optimizers"
 MODEL = f"{MODULE}:Wide"
@@ -95,6 +99,49 @@ def test_an_optimizer_whose_step_needs_a_closure_is_refused_saying_why() -> None
         autotune.plan(MODEL, optimizer="tests.fixtures.optimizers:lbfgs", devices=2,
                       device_memory="8GiB", global_batch_size=8)  # fmt: skip
     assert check_optimizer(WorkloadSpec(model=MODEL)) is None  # the module's SGD is fine
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_a_factory_that_names_its_parameter_model_is_given_the_model() -> None:
+    # A user's factory grouping parameters by name (no weight decay for biases) failed every
+    # trial with "'generator' object has no attribute 'named_parameters'".
+    decayed = f"{MODULE}:decayed"
+    assert check_optimizer(WorkloadSpec(model=MODEL, optimizer=decayed)) is None
+    config = TrainConfig(global_batch_size=8, device="cpu", parallel="ddp", world_size=1)
+    training = prepare(config, Wide(), Features(), optimizer=decayed_factory)
+    try:
+        groups = training.optimizer.param_groups
+        assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+        trained = {id(p) for p in training.model.parameters()}
+        assert {id(p) for g in groups for p in g["params"]} == trained  # the wrapper's own
+        assert [p.ndim for p in groups[0]["params"]] == [2] * 4
+    finally:
+        training.close()
+    result = _trial(decayed)
+    assert result.status == "ok", result.message
+    assert result.optimizer == "AdamW"
+
+
+@pytest.mark.parametrize(
+    ("factory", "expected"),
+    [
+        (
+            "named_from_parameters",
+            "'generator' object has no attribute 'named_parameters' (it is given the model's "
+            "parameters; a factory that wants the model names its first parameter one of: model,",
+        ),
+        (
+            "with_schedule",
+            "returned a tuple, expected a torch.optim.Optimizer alone (a learning-rate schedule "
+            "changes neither",
+        ),
+    ],
+)
+def test_a_factory_written_for_another_contract_is_told_which_before_any_trial(
+    factory: str, expected: str
+) -> None:
+    with pytest.raises(WorkloadError, match=re.escape(expected)):
+        check_optimizer(WorkloadSpec(model=MODEL, optimizer=f"{MODULE}:{factory}"))
 
 
 def test_an_error_in_the_optimizer_s_step_is_said_to_be_there() -> None:
