@@ -49,6 +49,11 @@ def format_trial(result: TrialResult) -> str:
             f"(largest of {len(result.ranks)}; {_memory_kind(result)})",
             f"  loss          {'finite' if result.loss_finite else 'NOT FINITE'} "
             f"({_loss_trend(result)})" + (f": {result.loss_rule}" if result.loss_rule else ""),
+            *(
+                [f"  diverged      {diverged}: a search never recommends such a configuration"]
+                if (diverged := result.diverged)
+                else []
+            ),
         ]
         if result.optimizer:
             given = result.workload.get("optimizer")

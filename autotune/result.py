@@ -19,7 +19,9 @@ TrialStatus = Literal["ok", "pruned", "oom", "crashed", "timed_out", "error", "i
 """pruned: stopped early because it was clearly slower than the incumbent; its partial
 measurement (samples/s, peak so far) is kept."""
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+"""Frozen; a loss that was not finite is written "NaN" or "Infinity", standard JSON read back as
+the float (pydantic's default, null, failed to read back, and a NaN loss ended a search)."""
 
 
 class Platform(BaseModel):
@@ -205,6 +207,19 @@ class TrialResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def diverged(self) -> str | None:
+        """The first loss that was not finite, where, in words; None where every loss was
+        finite (or none was recorded): training under this configuration diverged."""
+        for report in self.ranks:
+            for step, loss in enumerate(report.losses, 1):
+                if not _finite(loss):
+                    return (
+                        f"rank {report.rank}'s loss was {loss} at optimizer step {step} of "
+                        f"{len(report.losses)} (warm-up included)"
+                    )
+        return None
 
     @property
     def overhead_s(self) -> float:

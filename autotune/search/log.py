@@ -44,6 +44,11 @@ def memory_used(result: TrialResult, device_type: str) -> int | None:
     return max(peaks) if device_type == "cuda" else sum(peaks)
 
 
+DIVERGES = "training diverges under this configuration"
+"""The end of the reason of a trial that ran with a loss that was not finite: recorded as an
+error, so that the search never takes it for a configuration that trains."""
+
+
 def to_record(
     number: int,
     role: Role,
@@ -58,10 +63,13 @@ def to_record(
     feasible = (
         used <= limit_bytes if used is not None else (False if result.status == "oom" else None)
     )
+    status, message = result.status, result.message
+    if result.ok and (diverged := result.diverged):
+        status, message = "error", f"{diverged}: {DIVERGES}"
     return TrialRecord(
         number=number,
         role=role,
-        status=result.status,
+        status=status,
         config=result.config,
         samples_per_s=result.samples_per_s,
         samples_per_s_low=result.samples_per_s_low,
@@ -74,7 +82,7 @@ def to_record(
         if device_type == "cuda" and used is not None
         else None,
         feasible=feasible,
-        message=result.message,
+        message=message,
         overhead_s=result.overhead_s,
         warmup_s=result.warmup_s,
         measured_s=result.measured_s,

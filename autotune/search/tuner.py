@@ -38,7 +38,7 @@ from autotune.search.lessons import (
     failing_values,
     needs_unused_parameters,
 )
-from autotune.search.log import StudyLog, to_record
+from autotune.search.log import DIVERGES, StudyLog, to_record
 from autotune.search.memory_gate import MemoryGate
 from autotune.search.memory_model import MemoryModel, Prediction, prior_for
 from autotune.search.precheck import precheck
@@ -247,9 +247,17 @@ class Tuner:
                 record = None  # the same baseline again, with find_unused_parameters
 
     def _stop_if_the_step_fails(self, baseline: TrialRecord) -> None:
-        """Stop the search when the baseline failed with the error the traced step raised
-        before any trial (one device, fp32): the step itself fails (the optimizer refuses the
-        model's sparse gradients, say), not a configuration, and every trial would too."""
+        """Stop the search when the baseline diverged (a loss not finite: every comparison with
+        it would be void), or failed with the error the traced step raised before any trial
+        (one device, fp32): the step itself fails (the optimizer refuses the model's sparse
+        gradients, say), not a configuration, and every trial would too."""
+        if baseline.status == "error" and baseline.message.endswith(DIVERGES):
+            cause = baseline.message.removesuffix(f": {DIVERGES}")
+            raise SearchError(
+                f"the model does not train as given: the baseline (trial {baseline.number}, "
+                f"nothing tuned yet) diverged, {cause}; fix the model, data or loss (--loss) "
+                "and search again"
+            )
         traced = self.gate.trace_error
         if baseline.status != "error" or not traced or not baseline.message:
             return
