@@ -33,6 +33,7 @@ from autotune.search.probe import (
     check_refusals,
     configures_optimizer,
     every_block,
+    idle_blocks,
     model_refusals,
     repeated_blocks,
 )
@@ -278,28 +279,46 @@ def _unsplittable(space: SearchSpace, global_batch_size: int) -> list[str]:
 def _checkpointable(
     workload: WorkloadSpec, configs: list[TrainConfig], one: bool
 ) -> tuple[list[TrainConfig], list[str]]:
-    """``configs`` without those that checkpoint more blocks than the model repeats (as the
-    search's probe drops them), and a line saying which were left out; for a configuration
-    given alone, a one-line error instead. A model that cannot be built on the meta device is
-    left to the trace."""
+    """``configs`` without those that checkpoint more blocks than the model repeats, or blocks
+    that keep nothing for backward (``probe.idle_blocks``), as the search's probe drops them,
+    and lines saying which were left out; for a configuration given alone, a one-line error
+    instead where it asks for more blocks than there are. A model that cannot be built on the
+    meta device is left to the trace."""
     found = repeated_blocks(workload.model)
     if found is None:
         return configs, []
     count, name = found
     kept = [c for c in configs if c.checkpoint_segments <= count]
-    if len(kept) == len(configs):
-        return configs, []
     blocks = blocks_phrase(count, name)
-    if one:
+    if one and len(kept) < len(configs):
         raise ConfigError(
             f"checkpoint_segments={configs[0].checkpoint_segments}: the model has {blocks} to "
             f"checkpoint; use 0..{count}"
         )
+    lines = _dropped_segments(configs, kept, f"the model has {blocks}")
+    idle = idle_blocks(workload) if not one else 0
+    if idle:
+        useful = [c for c in kept if c.checkpoint_segments <= count - idle]
+        reason = (
+            f"{idle} of the model's {blocks} keep nothing for backward (frozen, with no "
+            "gradient flowing through them): checkpointing them saves nothing"
+        )
+        lines += _dropped_segments(kept, useful, reason)
+        kept = useful
+    return kept, lines
+
+
+def _dropped_segments(
+    configs: list[TrainConfig], kept: list[TrainConfig], reason: str
+) -> list[str]:
+    """A line naming the checkpoint_segments values in ``configs`` and not in ``kept``, and
+    why; none where nothing was left out."""
     dropped = sorted(
         {c.checkpoint_segments for c in configs} - {c.checkpoint_segments for c in kept}
     )
-    values = ", ".join(str(d) for d in dropped)
-    return kept, [f"checkpoint_segments {values}: the model has {blocks}"]
+    if not dropped:
+        return []
+    return [f"checkpoint_segments {', '.join(str(d) for d in dropped)}: {reason}"]
 
 
 def _refused(

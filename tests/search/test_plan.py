@@ -376,3 +376,27 @@ def test_a_plan_for_one_device_leaves_out_the_modes_that_need_more() -> None:
     # was: "ddpx1" and "fsdpx1" rows, which no search runs on one device
     assert {row.config.parallel for row in table.rows} == {"single"}
     assert "parallel ddp, fsdp: needs more than one device; 1 planned" in table.left_out
+
+
+def test_a_plan_leaves_out_checkpointing_of_blocks_that_keep_nothing_for_backward(
+    tmp_path: Path,
+) -> None:
+    # As the search's probe drops them (probe.idle_blocks): the plan tabulated k=4 of a model
+    # whose lower two of four blocks are frozen, the same peak as k=2.
+    from autotune.api import plan
+
+    space = tmp_path / "space.yaml"
+    space.write_text("parallel: [single]\ncheckpoint_segments: [0, 1, 2, 4, 8, 12]\n")
+    table = plan(
+        "tests.fixtures.models:FrozenBottom", devices=1, device="cpu", device_memory="4GiB",
+        space=str(space),
+    )  # fmt: skip
+    assert {row.config.checkpoint_segments for row in table.rows} == {0, 1, 2}
+    assert (
+        "checkpoint_segments 4: 2 of the model's 4 repeated Sequential blocks keep nothing for "
+        "backward (frozen, with no gradient flowing through them): checkpointing them saves "
+        "nothing"
+    ) in table.left_out
+    assert "checkpoint_segments 8, 12: the model has 4 repeated Sequential blocks" in (
+        table.left_out
+    )
