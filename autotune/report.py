@@ -423,6 +423,8 @@ def format_study(storage: str, study_name: str | None) -> str:
         lines.append(
             f"{t.number:>4}  {t.role:9}  {t.status:9}  {speed:>10}  {memory:>36}{fits}  {what}"
         )
+        if t.status != "ok" and t.config and t.message:  # why: the numbers alone mislead
+            lines.append(f"{'':>4}  why: {t.message}")
     return "\n".join(lines)
 
 

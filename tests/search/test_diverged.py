@@ -4,12 +4,13 @@ training that diverges, never recommended; a diverging baseline stops the search
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from autotune.api import run_trial
 from autotune.config import TrainConfig
-from autotune.report import format_trial
+from autotune.report import format_study, format_trial
 from autotune.result import RankReport, TrialResult
 from autotune.search.log import DIVERGES, to_record
 from autotune.search.tuner import SearchError
@@ -40,7 +41,7 @@ def test_a_loss_that_is_not_finite_survives_json_and_is_said_where() -> None:
     assert record.message == f"{back.diverged}: {DIVERGES}"
 
 
-def test_a_configuration_that_diverges_is_never_recommended() -> None:
+def test_a_configuration_that_diverges_is_never_recommended(tmp_path: Path) -> None:
     def outcome(config: TrainConfig, before: int) -> TrialResult:
         if config.amp == "bf16":
             return _diverged(config)  # the fastest, were its training real
@@ -48,11 +49,15 @@ def test_a_configuration_that_diverges_is_never_recommended() -> None:
 
     executor = FakeExecutor(outcome)
     space = {"parallel": ["single"], "amp": ["off", "bf16"], "num_workers": [0, 1]}
-    tuner = make_tuner(executor, space, trials=4, climb=True)
-    recommendation = tuner.run([], "memory", "test")
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    tuner = make_tuner(executor, space, trials=4, climb=True, storage=storage)
+    recommendation = tuner.run([], storage, "test")
     assert executor.ran(amp="bf16") >= 1
     assert recommendation.config.amp == "off"
     first, *later = [r for r in tuner.log.records if r.config and r.config.amp == "bf16"]
+    shown = format_study(storage, None).splitlines()
+    row = next(i for i, line in enumerate(shown) if line.startswith(f"{first.number:>4}  "))
+    assert " error " in shown[row] and shown[row + 1] == f"      why: {first.message}"
     assert first.status == "error" and first.message.endswith(DIVERGES)
     # and the lesson of a value that failed where the same configuration without it ran
     assert all(r.status == "skipped" and "amp=bf16" in r.message for r in later)
