@@ -118,6 +118,8 @@ def import_location(location: str, what: str) -> Any:
         path = Path(location).expanduser().resolve()
         if not path.is_file():
             raise WorkloadError(f"{what}: file {location!r} does not exist")
+        if (packaged := _import_packaged(path, what, location)) is not None:
+            return packaged
         name = "autotune_user_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_")
         if name in sys.modules:
             return sys.modules[name]
@@ -136,8 +138,37 @@ def import_location(location: str, what: str) -> Any:
                 f"{what}: importing {location!r} raised {type(error).__name__}: {error}"
             ) from error
         return module
+    return _import_module(location, what)
+
+
+def _import_packaged(path: Path, what: str, location: str) -> Any:
+    """The module of a file inside a package (its directory holds ``__init__.py``), imported
+    by its dotted name from the directory above the outermost package, as ``python -m`` would:
+    so that its relative imports (``from .layers import Block``) work. None for a file outside
+    any package, or one whose dotted name imports another file (an installed package of that
+    name): it is then loaded by itself."""
+    parts = [] if path.name == "__init__.py" else [path.stem]
+    root = path.parent
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+        return None
+    for directory in (str(path.parent), str(root)):  # siblings import too, as beside a script
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    top = importlib.util.find_spec(parts[0])
+    if top is None or top.origin is None or Path(top.origin).resolve().parent != root / parts[0]:
+        return None  # that name is another package's
+    return _import_module(".".join(parts), what, location)
+
+
+def _import_module(name: str, what: str, location: str | None = None) -> Any:
+    """``importlib.import_module(name)``, its failures as one-line ``WorkloadError``s naming
+    ``location`` (the name as given)."""
+    location = location or name
     try:
-        return importlib.import_module(location)
+        return importlib.import_module(name)
     except ModuleNotFoundError as error:
         if error.name and location.startswith(error.name):
             raise WorkloadError(

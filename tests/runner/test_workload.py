@@ -132,6 +132,35 @@ def test_a_model_file_imports_the_modules_beside_it(tmp_path: Path) -> None:
     assert isinstance(workload.dataset, list) and len(workload.dataset) == 8
 
 
+def test_a_model_file_inside_a_package_takes_its_relative_imports(tmp_path: Path) -> None:
+    # `--model src/pkg_rel/model.py:Net`, whose model.py says `from .layers import WIDTH`,
+    # failed with "attempted relative import with no known parent package".
+    package = tmp_path / "src" / "pkg_rel"
+    (package / "sub").mkdir(parents=True)
+    for directory in (package, package / "sub"):
+        (directory / "__init__.py").write_text("")
+    (package / "layers.py").write_text("WIDTH = 5\n")
+    (package / "sub" / "model.py").write_text(
+        "import torch.nn as nn\nfrom ..layers import WIDTH\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__(); self.f = nn.Linear(WIDTH, 2)\n"
+        "    def forward(self, x):\n        return self.f(x)\n"
+    )
+    workload = build_workload(WorkloadSpec(model=f"{package}/sub/model.py:Net", input_shape=(5,)))
+    assert workload.model.f.in_features == 5
+    assert type(workload.model).__module__ == "pkg_rel.sub.model"  # as `python -m` names it
+    # a file in a directory that shares its package's name with an installed one is loaded
+    # by itself, not as the installed package's module
+    shadow = tmp_path / "elsewhere" / "json"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    (shadow / "net.py").write_text(
+        "import torch.nn as nn\nclass Net(nn.Linear):\n"
+        "    def __init__(self):\n        super().__init__(4, 2)\n"
+    )
+    assert build_workload(WorkloadSpec(model=f"{shadow}/net.py:Net", input_shape=(4,))).model
+
+
 def test_samples_by_index_are_a_dataset_and_a_mapping_is_not() -> None:
     class Table:  # a Hugging Face datasets.Dataset is not a torch Dataset: it is indexed
         def __len__(self) -> int:
