@@ -223,6 +223,7 @@ def plan(
     collate: Reference | None = None,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
+    progress: bool = False,
 ) -> Plan:
     """The predicted peak per device of every configuration of ``space`` (or of ``config``)
     on ``devices`` devices of ``device_memory`` each, without running a step: the model traced
@@ -230,7 +231,9 @@ def plan(
     to measure what the process adds to its tensors (only for this machine's kind of device).
     Every number in the result is a prediction. ``device``: the kind planned for; by default
     ``config``'s own device (where it names one), else cuda. Bad input raises
-    ``AutotuneError``."""
+    ``AutotuneError``. ``progress=True`` says on stderr what takes time (each traced step).
+    """
+    say = LineReporter().phase if progress else None  # its clock starts here
     chosen = as_config(config) if config is not None else None
     device = _planned_device(device, chosen, devices)
     chosen = chosen.resolved(device) if chosen is not None else None  # device=auto: this one
@@ -268,6 +271,7 @@ def plan(
         space=load_space(space) if chosen is None and space else None,
         config=chosen,
         measure=measure,
+        progress=say,
     )
 
 

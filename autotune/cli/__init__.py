@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tensors (only when planning for this machine's kind of device).",
     )
     planner.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    planner.add_argument("--quiet", action="store_true", help="No progress display.")
 
     for sub in (trial, search, export, report, show, planner):
         sub.add_argument("--debug", action="store_true", help="Show tracebacks.")
@@ -307,6 +308,7 @@ def _plan(args: argparse.Namespace) -> int:
         collate=args.collate,
         input_shape=args.input_shape,
         input_dtype=args.input_dtype,
+        progress=not args.quiet,
     )
     if args.json and config is not None and result.rows:
         row = result.rows[0]

@@ -27,7 +27,7 @@ Where the model defeats the fake tensors, ``predict`` returns None and says why
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from autotune.config import TrainConfig
@@ -383,6 +383,8 @@ class MemoryModel:
     prior: Calibration = field(default_factory=Calibration)
     calibration: Calibration | None = None
     trace_error: str | None = None
+    tracing: Callable[[str], None] | None = None
+    """Told, in words, of each step about to be traced (seconds each): progress on long work."""
     _traces: dict[tuple[int, str, int, str], TensorPeak] = field(default_factory=dict)
     _corners: tuple[tuple[int, int], tuple[int, int]] | None = None
 
@@ -429,6 +431,12 @@ class MemoryModel:
             shared = (self.workload.model_dump_json(), self.device_type, *key)
             try:
                 if shared not in _TRACED:
+                    if self.tracing is not None:
+                        self.tracing(
+                            f"tracing a step under fake tensors: micro-batch {micro_batch}, "
+                            f"{precision(amp)}, {segments} block(s) checkpointed"
+                            + (f", optimizer {impl}" if impl != "default" else "")
+                        )
                     _TRACED[shared] = trace_step(
                         self.workload,
                         micro_batch,

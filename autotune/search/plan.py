@@ -195,10 +195,12 @@ def make_plan(
     space: SearchSpace | None = None,
     config: TrainConfig | None = None,
     measure: Callable[[TrainConfig], int | None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Plan:
     """The plan of ``space`` (or of ``config`` alone) on ``devices`` devices. ``measure`` (a
     short real trial on this machine, returning the peak one device measured) calibrates the
-    process's share first, on the plan's least micro-batch on one device."""
+    process's share first, on the plan's least micro-batch on one device. ``progress`` is told
+    what takes time, in words (each traced step: seconds each)."""
     added: list[str] = []
     if config is not None:
         configs = [config]
@@ -223,6 +225,13 @@ def make_plan(
             configs = [c for c in configs if c.parallel == "single"]
             left_out.append(f"parallel {', '.join(spread)}: needs more than one device; 1 planned")
     model = MemoryModel(workload, device_type, prior_for(device_type, workload))
+    model.tracing = progress
+    if progress is not None and configs:
+        progress(
+            f"predicting {len(configs):,} configuration(s): each distinct training step traced "
+            "once on this machine's CPU, no memory taken"
+            + (", the others interpolated between them" if len(configs) > 1 else "")
+        )
     if len(configs) > 1:
         model.interpolate_between(configs)
     if measure is not None and configs:

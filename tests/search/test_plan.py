@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,16 @@ def test_a_plan_for_64_devices_lists_them_predicts_and_says_what_fits(
     argv = ["plan", "--model", MODEL, "--devices", "64", "--device-memory", "300MiB"]
     argv += ["--space", _space(tmp_path), "--global-batch-size", "8192", "--json"]
     assert main(argv) == 0
-    plan = json.loads(capsys.readouterr().out)
+    shown = capsys.readouterr()
+    plan = json.loads(shown.out)
     assert plan["predicted"] is True and plan["devices"] == 64
+    # progress on stderr: 14 s of silence before gpt2_124m's table at 64 devices
+    said = shown.err.splitlines()
+    assert re.fullmatch(
+        rf"\[ +\d+s\] predicting {len(plan['configurations'])} configuration\(s\): .+", said[0]
+    )
+    assert all("tracing a step under fake tensors: micro-batch" in line for line in said[1:])
+    assert main([*argv, "--quiet"]) == 0 and capsys.readouterr().err == ""
     rows = {row["summary"]: row for row in plan["configurations"]}
     sizes = {row["config"]["world_size"] for row in plan["configurations"]}
     assert sizes == {1, 2, 8, 64}  # the space's sizes up to 64, and 64 itself
