@@ -555,7 +555,11 @@ def complex_parameters(model_reference: str) -> str | None:
     if built is None:
         return None
     dtypes = sorted(
-        {str(p.dtype).removeprefix("torch.") for p in built[1].parameters() if p.is_complex()}
+        {
+            str(p.dtype).removeprefix("torch.")
+            for p in built[1].parameters()
+            if p.is_complex() and p.requires_grad
+        }
     )
     return " and ".join(dtypes) or None
 
