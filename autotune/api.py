@@ -246,6 +246,8 @@ def plan(
     except ValueError as error:
         raise ConfigError(f"--device-memory: {error}") from None
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
+    if say is not None:
+        say(f"reading {workload.model} and its data: imports, a build on the meta device")
     check_workload(workload)
     check_batches(workload)
     check_optimizer(workload)

@@ -224,14 +224,16 @@ def make_plan(
         if devices == 1 and spread:  # as the search drops them: one process has no one to share
             configs = [c for c in configs if c.parallel == "single"]
             left_out.append(f"parallel {', '.join(spread)}: needs more than one device; 1 planned")
-    model = MemoryModel(workload, device_type, prior_for(device_type, workload))
-    model.tracing = progress
     if progress is not None and configs:
         progress(
             f"predicting {len(configs):,} configuration(s): each distinct training step traced "
             "once on this machine's CPU, no memory taken"
             + (", the others interpolated between them" if len(configs) > 1 else "")
         )
+        if device_type == "cpu":
+            progress("measuring what a rank process of this workload holds beyond its tensors")
+    model = MemoryModel(workload, device_type, prior_for(device_type, workload))
+    model.tracing = progress
     if len(configs) > 1:
         model.interpolate_between(configs)
     if measure is not None and configs:
