@@ -275,3 +275,16 @@ def test_an_output_that_cannot_be_written_stops_a_search_before_it_starts(
     with pytest.raises(AssertionError, match="the search started"):
         exit_code([*search, "--out", str(tmp_path / "runs" / "best.yaml")])
     assert (tmp_path / "runs").is_dir()
+
+
+def test_json_on_stdout_stays_json_when_the_model_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `autotune plan --json | jq` failed: the model's prints, from its builds and forwards in
+    # this process (the probe, the trace), came first on stdout.
+    argv = ["plan", "--model", "tests.fixtures.models:Chatty", "--devices", "2"]
+    argv += ["--device-memory", "1GiB", "--space", "quick", "--json", "--quiet"]
+    assert main(argv) == 0
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["configurations"]
+    assert "building Chatty" in shown.err and "forward of (2, 8)" in shown.err

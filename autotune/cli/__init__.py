@@ -10,11 +10,12 @@ Exit codes: 0 the trial ran ok; 1 the trial ended otherwise (oom, crashed, timed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from autotune import __version__
 from autotune.api import as_config, declared_global_batch_size, plan, run_trial, tune
@@ -223,7 +224,7 @@ def _report(args: argparse.Namespace) -> int:
     _check_cost_flags(args)
     _check_outputs(("--out", args.out))
     costs = _costs(args, load_recommendation(args.storage, args.study_name))
-    print(f"wrote {write_report(args.storage, args.study_name, args.out, costs)}")
+    _emit(f"wrote {write_report(args.storage, args.study_name, args.out, costs)}")
     return EXIT_OK
 
 
@@ -251,13 +252,13 @@ def _search(args: argparse.Namespace) -> int:
     if args.report:
         write_report(checked.study.storage, recommendation.study_name, args.report, costs)
     if args.json:
-        print(recommendation.to_json())
+        _emit(recommendation.to_json())
         return EXIT_OK
-    print(format_recommendation(recommendation, args.out))
+    _emit(format_recommendation(recommendation, args.out))
     if costs:
-        print(costs)
+        _emit(costs)
     if args.report:
-        print(f"report written to {args.report}")
+        _emit(f"report written to {args.report}")
     return EXIT_OK
 
 
@@ -281,7 +282,7 @@ def _export(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text)
         print(f"wrote {args.format} to {args.out}", file=sys.stderr)
     else:
-        print(text, end="")
+        _emit(text, end="")
     return EXIT_OK
 
 
@@ -313,7 +314,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json and config is not None and result.rows:
         row = result.rows[0]
         fits = row.fits(result.limit_bytes)
-        print(
+        _emit(
             json.dumps(
                 {
                     **prediction_json(row.prediction, row.config),
@@ -326,13 +327,13 @@ def _plan(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(result.to_json() if args.json else format_plan(result, args.model))
+        _emit(result.to_json() if args.json else format_plan(result, args.model))
     return EXIT_OK if result.rows else EXIT_TRIAL_FAILED
 
 
 def _show(args: argparse.Namespace) -> int:
 
-    print(format_study(args.storage, args.study_name))
+    _emit(format_study(args.storage, args.study_name))
     return EXIT_OK
 
 
@@ -361,15 +362,35 @@ def _trial(args: argparse.Namespace) -> int:
     if result.status == "invalid" and not args.json:
         print(f"autotune: error: {result.message}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(result.to_json() if args.json else format_trial(result))
+    _emit(result.to_json() if args.json else format_trial(result))
     if result.status == "invalid":
         return EXIT_BAD_INPUT
     return EXIT_OK if result.ok else EXIT_TRIAL_FAILED
 
 
+_results: list[TextIO] = []
+"""Where a running command's result goes: stdout as the command started (``_emit``)."""
+
+
+def _emit(*values: Any, end: str = "\n") -> None:
+    """Print a command's result on stdout. While a command runs, anything else printed there
+    (a user's model printing in its forward, built in this process for the probe or a plan)
+    goes to stderr, so that ``--json`` output stays JSON that other tools read."""
+    print(*values, end=end, file=_results[-1] if _results else sys.stdout)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _results.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return _run(args)
+    finally:
+        _results.pop()
+
+
+def _run(args: argparse.Namespace) -> int:
     handlers = {
         "trial": _trial,
         "search": _search,
