@@ -38,15 +38,19 @@ TUPLE_SPLIT = "a tuple batch is (inputs..., target)"
 """How the note begins that a forward given too many positional inputs carries where the batch
 was a tuple of three or more (samples of (input, target, weight)): the rank's reason ends with
 it in brackets, as ``NOT_TENSORS``'s does."""
-RANK_HINTS = (NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT)
+DOUBLE_INPUTS = "the batch holds float64 tensors"
+"""How the note begins that a forward failing on mixed dtypes carries where its inputs held
+float64 tensors (samples from numpy arrays or pandas, float64 by default) while the model's
+parameters are of another dtype: the rank's reason ends with it in brackets, as
+``NOT_TENSORS``'s does."""
+RANK_HINTS = (NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS)
 """The notes a rank's reason ends with, in brackets, and a search that stops on it repeats."""
 NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")
 """What torch says when CUDA is asked of a machine without it (a CPU build; no driver; no GPU)."""
 
 
 def rank_hint(message: str) -> str:
-    """The ``NOT_TENSORS``, ``NO_CUDA_HERE`` or ``TUPLE_SPLIT`` note at the end of a trial's
-    reason ('' where there is none)."""
+    """The note of ``RANK_HINTS`` at the end of a trial's reason ('' where there is none)."""
     for note in RANK_HINTS:
         _, found, rest = message.rpartition(f" ({note}")
         if found:

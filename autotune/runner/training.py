@@ -25,7 +25,13 @@ import torch.nn as nn
 from torch.nn.utils.rnn import PackedSequence
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
-from autotune.errors import NO_CUDA_ERRORS, NO_CUDA_HERE, NOT_TENSORS, TUPLE_SPLIT
+from autotune.errors import (
+    DOUBLE_INPUTS,
+    NO_CUDA_ERRORS,
+    NO_CUDA_HERE,
+    NOT_TENSORS,
+    TUPLE_SPLIT,
+)
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
 from autotune.runner.loss import first_tensor
 
@@ -88,6 +94,23 @@ def tuple_hint(error: BaseException, batch: Any) -> str | None:
         "and the last as the target; samples with more than an input and a target (a weight, "
         "an id) can be dicts, passed as keyword arguments, with the loss given by --loss or "
         "autotune_loss"
+    )
+
+
+def double_hint(error: BaseException, model: nn.Module, inputs: Any) -> str | None:
+    """Why a forward failed on mixed dtypes where its inputs held float64 tensors (numpy's and
+    pandas' default) and the model's parameters are not float64, with the fix; None
+    otherwise (a model that casts its inputs itself never gets here)."""
+    if not isinstance(error, RuntimeError) or "ouble" not in str(error):
+        return None
+    doubles: list[bool] = []
+    map_tensors(inputs, lambda t: doubles.append(t.dtype == torch.float64))
+    if not any(doubles) or any(p.dtype == torch.float64 for p in model.parameters()):
+        return None
+    return (
+        f"{DOUBLE_INPUTS}, as numpy arrays and pandas give them, and the model's parameters "
+        "are not float64: make the samples float32 in the dataset (x.astype(np.float32), "
+        "torch.as_tensor(x, dtype=torch.float32)) or in a collate function (--collate)"
     )
 
 
@@ -449,6 +472,7 @@ class TrainStep:
                             input_hint(args, kwargs)
                             or cuda_hint(error, self.device)
                             or tuple_hint(error, moved)
+                            or double_hint(error, self.model, (args, kwargs))
                         )
                         if hint:
                             error.add_note(hint)

@@ -623,10 +623,12 @@ class Tuner:
             failed = [r for r in self.log.records if r.status in ("error", "crashed")]
             if not candidates and not ran and failed:  # not memory: nothing ran to show it
                 first = failed[0]
+                said = first.message.splitlines()[0] if first.message else first.status
+                hint = rank_hint(said)  # the fix the ranks named, said whole
+                cause = shortened(said.removesuffix(f" ({hint})") if hint else said)
                 raise SearchError(
-                    f"no trial ran: all {len(failed)} failed (trial {first.number}: "
-                    f"{first.message.splitlines()[0][:200] if first.message else first.status}); "
-                    "every trial is stored: see `autotune show`"
+                    f"no trial ran: all {len(failed)} failed (trial {first.number}: {cause}"
+                    f"{'; ' + hint if hint else ''}); every trial is stored: see `autotune show`"
                 )
             if not candidates:
                 raise SearchError(

@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from autotune.config import TrainConfig, make_config
+from autotune.errors import rank_hint
 from autotune.runner.loss import default_loss
 from autotune.runner.session import prepare
 from autotune.runner.training import (
     TrainStep,
     check_loss,
+    double_hint,
     input_hint,
     prepare_model,
     split_batch,
@@ -171,6 +173,21 @@ def test_a_forward_given_more_inputs_than_it_takes_from_a_long_tuple_says_how_it
     training.close()
     assert tuple_hint(TypeError("takes 2 positional arguments"), (1, 2)) is None  # (x, y): fine
     assert tuple_hint(ValueError("positional argument"), (1, 2, 3)) is None
+
+
+def test_float64_samples_for_a_float32_model_are_said_with_the_fix() -> None:
+    # Samples from a numpy table (float64) failed every trial with torch's "mat1 and mat2 must
+    # have the same dtype, but got Double and Float" and nothing else.
+    model, rows = torch.nn.Linear(3, 2), torch.zeros(4, 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError) as raised:
+        model(rows)
+    hint = double_hint(raised.value, model, ((rows,), {}))
+    assert hint is not None and hint.startswith(
+        "the batch holds float64 tensors, as numpy arrays and pandas give them"
+    )
+    assert rank_hint(f"rank 0: warm-up step 1: RuntimeError: {raised.value} ({hint})") == hint
+    assert double_hint(raised.value, model, ((rows.float(),), {})) is None  # not the cause
+    assert double_hint(raised.value, model.double(), ((rows,), {})) is None
 
 
 def test_a_loss_that_is_not_a_scalar_is_refused_naming_its_shape() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autotune.config import TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import DOUBLE_INPUTS, ConfigError
 from autotune.recommendation import Recommendation
 from autotune.records import TrialRecord
 from autotune.report import format_recommendation, format_study
@@ -172,6 +172,14 @@ def test_a_search_where_every_trial_failed_says_so_not_that_nothing_fits() -> No
     text = str(raised.value)
     assert text.startswith("no trial ran: all 3 failed (trial 0: rank 0: RuntimeError: one bad)")
     assert "memory" not in text and "autotune show" in text
+    # a fix the ranks named is said whole, however long the error before it
+    fix = f"{DOUBLE_INPUTS}, as numpy arrays and pandas give them: make them float32"
+    long = f"rank 0: warm-up step 1: RuntimeError: {'x' * 300} ({fix})"
+    with pytest.raises(SearchError) as raised:
+        make_tuner(FakeExecutor(lambda c, n: failed(c, "error", long)), SPACE, trials=2).run(
+            [], "s.db", "s"
+        )
+    assert str(raised.value).endswith(f"...; {fix}); every trial is stored: see `autotune show`")
 
 
 @pytest.mark.parametrize("modes", [["ddp", "fsdp"], ["ddp"]])
