@@ -20,7 +20,8 @@ CONFIG = TrainConfig(global_batch_size=16, device="cpu")
 
 
 def _diverged(config: TrainConfig) -> TrialResult:
-    report = RankReport(rank=0, status="ok", losses=[2.0, float("nan"), float("inf")])
+    losses = [2.0, float("nan"), float("inf")]
+    report = RankReport(rank=0, status="ok", losses=losses, peak_memory_bytes=100 * 2**20)
     return TrialResult(
         config=config, status="ok", samples_per_s=300.0, loss_finite=False, ranks=[report]
     )
