@@ -143,12 +143,14 @@ def defines_train_dataloader(value: Any) -> bool:
     return owner is not None and not _lightnings(owner)
 
 
-def train_dataset(owner: Any, named: str, collate_given: bool) -> Any:
+def train_dataset(owner: Any, named: str, collate_given: bool) -> tuple[Any, str]:
     """The dataset of ``owner.train_dataloader()`` (a LightningModule or a DataModule that
-    defines it), prepared and set up for fitting first, as the Trainer does. ``named``: the
-    owner in the output's words. A loader that batches with a collate function of its own is a
-    one-line error unless one was given (``collate_given``): the trials' DataLoaders would
-    stack the samples with torch's ``default_collate``."""
+    defines it), prepared and set up for fitting first, as the Trainer does, and a note for
+    where the data comes from: '' or, where the loader samples with a sampler of its own, that
+    trials do not use it. ``named``: the owner in the output's words. A loader that batches
+    with a collate function of its own is a one-line error unless one was given
+    (``collate_given``): the trials' DataLoaders would stack the samples with torch's
+    ``default_collate``."""
     from torch.utils.data import DataLoader, default_collate
 
     owner.prepare_data()
@@ -167,4 +169,33 @@ def train_dataset(owner: Any, named: str, collate_given: bool) -> Any:
             "--collate module:attr or autotune_collate beside the model, so that the trials' "
             "DataLoaders batch as it does"
         )
-    return loader.dataset
+    sampler = own_sampler(loader)
+    note = (
+        f" (its train_dataloader() samples with {sampler}, which trials do not use: they "
+        "shuffle with a DistributedSampler, so their batches, and with them padding and speed, "
+        "may differ from your training's)"
+        if sampler
+        else ""
+    )
+    return loader.dataset, note
+
+
+def own_sampler(loader: Any) -> str | None:
+    """The class name of ``loader``'s own sampler or batch sampler (one that groups samples by
+    length, or draws them by weight); None where it samples as a DataLoader does by itself
+    (shuffled or in order), or reads a stream."""
+    from torch.utils.data import (
+        BatchSampler,
+        DistributedSampler,
+        IterableDataset,
+        RandomSampler,
+        SequentialSampler,
+    )
+
+    if isinstance(loader.dataset, IterableDataset):
+        return None
+    batches = loader.batch_sampler
+    if batches is not None and type(batches) is not BatchSampler:
+        return type(batches).__name__
+    plain = (RandomSampler, SequentialSampler, DistributedSampler)
+    return None if isinstance(loader.sampler, plain) else type(loader.sampler).__name__

@@ -352,19 +352,21 @@ def _instantiate_dataset(
     reference: str,
     what: str,
     collate_given: Callable[[], bool] = lambda: False,
-) -> Any:
+) -> tuple[Any, str]:
+    """The dataset ``source`` gives, and a note for where it comes from ('' but for a
+    LightningDataModule whose loader samples with a sampler of its own)."""
     from torch.utils.data import Dataset, IterableDataset
 
     from autotune.runner.lightning import is_data_module, train_dataset  # imports torch
 
-    dataset = source
+    dataset, note = source, ""
     if not isinstance(source, Dataset) and callable(source):
         wants_model = _takes_one_argument(source)
         dataset = _call_factory(source, reference, what, *((model,) if wants_model else ()))
     if is_data_module(dataset):  # a LightningDataModule: the dataset its loader trains on
-        dataset = train_dataset(dataset, f"{what} {reference!r}", collate_given())
+        dataset, note = train_dataset(dataset, f"{what} {reference!r}", collate_given())
     if isinstance(dataset, IterableDataset):
-        return dataset  # a stream: it shards itself across ranks and workers (README)
+        return dataset, note  # a stream: it shards itself across ranks and workers (README)
     if not isinstance(dataset, Dataset) and not _indexable(dataset):
         raise WorkloadError(
             f"{what} {reference!r} gave a {type(dataset).__name__}, expected a "
@@ -377,7 +379,7 @@ def _instantiate_dataset(
             f"{what} {reference!r} has no __len__; a map-style Dataset needs one (a stream "
             "without a length is an IterableDataset)"
         )
-    return dataset
+    return dataset, note
 
 
 def _indexable(value: Any) -> bool:
@@ -425,15 +427,17 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
 
     if spec.data:
         _, source = resolve_reference(spec.data, "--data")
-        dataset = _instantiate_dataset(source, model, spec.data, "--data", given)
-        return dataset, f"--data {spec.data}"
+        dataset, note = _instantiate_dataset(source, model, spec.data, "--data", given)
+        return dataset, f"--data {spec.data}{note}"
     if hasattr(model_module, DATASET_ATTRIBUTE):
         reference = _beside_model(spec, DATASET_ATTRIBUTE)
         source = getattr(model_module, DATASET_ATTRIBUTE)
-        return _instantiate_dataset(source, model, reference, "dataset", given), reference
+        dataset, note = _instantiate_dataset(source, model, reference, "dataset", given)
+        return dataset, f"{reference}{note}"
     if isinstance(model, LightningStep) and defines_train_dataloader(model.module):
         named = "the LightningModule"
-        return train_dataset(model.module, named, given()), f"{named}'s train_dataloader()"
+        dataset, note = train_dataset(model.module, named, given())
+        return dataset, f"{named}'s train_dataloader(){note}"
     from autotune.runner.synthetic import (  # imports torch: when data is needed
         INTEGER_HIGH,
         SyntheticDataset,

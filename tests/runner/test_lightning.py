@@ -21,7 +21,7 @@ from autotune.runner.workload import (
     load_model,
     model_optimizer,
 )
-from autotune.search.probe import configures_optimizer
+from autotune.search.probe import configures_optimizer, data_source
 from tests.fixtures import lit
 
 FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
@@ -166,6 +166,22 @@ def test_the_data_comes_from_a_data_module_or_the_modules_own_loader() -> None:
     assert len(workload.dataset) == 256  # the loader's dataset, not its batches
     given = WorkloadSpec(model="tests.fixtures.lit:Classifier", data="tests.fixtures.lit:Sized")
     assert len(build_workload(given).dataset) == 256
+    assert build_workload(given).data_source == "--data tests.fixtures.lit:Sized"  # shuffled
+
+
+def test_a_loader_with_a_sampler_of_its_own_says_the_trials_do_not_use_it() -> None:
+    # A DataModule drawing by weight had its trials sample with a DistributedSampler, silently.
+    weighted = WorkloadSpec(
+        model="tests.fixtures.lit:Classifier", data="tests.fixtures.lit:Weighted"
+    )
+    workload = build_workload(weighted)
+    assert len(workload.dataset) == 256
+    assert workload.data_source == (
+        "--data tests.fixtures.lit:Weighted (its train_dataloader() samples with "
+        "WeightedRandomSampler, which trials do not use: they shuffle with a DistributedSampler, "
+        "so their batches, and with them padding and speed, may differ from your training's)"
+    )
+    assert data_source(weighted) == workload.data_source  # the search's first lines say it
 
 
 def test_a_loader_of_its_own_collate_or_none_at_all_is_one_line() -> None:

@@ -169,7 +169,7 @@ def test_samples_by_index_are_a_dataset_and_a_mapping_is_not() -> None:
         def __getitem__(self, index: int) -> torch.Tensor:
             return torch.full((6,), float(index))
 
-    assert isinstance(_instantiate_dataset(Table(), None, "m:t", "--data"), Table)
+    assert isinstance(_instantiate_dataset(Table(), None, "m:t", "--data")[0], Table)
     with pytest.raises(WorkloadError, match=r"gave a dict, expected a torch\.utils\.data\.Data"):
         _instantiate_dataset({"x": 1}, None, "m:MAPPING", "--data")
 
