@@ -34,6 +34,7 @@ from autotune.search.probe import (
     configures_optimizer,
     every_block,
     idle_blocks,
+    idle_reason,
     model_refusals,
     repeated_blocks,
 )
@@ -310,11 +311,7 @@ def _checkpointable(
     idle = idle_blocks(workload) if not one else 0
     if idle:
         useful = [c for c in kept if c.checkpoint_segments <= count - idle]
-        reason = (
-            f"{idle} of the model's {blocks} keep nothing for backward (frozen, with no "
-            "gradient flowing through them): checkpointing them saves nothing"
-        )
-        lines += _dropped_segments(kept, useful, reason)
+        lines += _dropped_segments(kept, useful, idle_reason(idle, blocks))
         kept = useful
     return kept, lines
 

@@ -215,9 +215,7 @@ def restrict_space(
                 drop(
                     "checkpoint_segments",
                     segments,
-                    f"{idle_blocks} of the model's {blocks_phrase(repeated_blocks, block_class)} "
-                    "keep nothing for backward (frozen, with no gradient flowing through them): "
-                    "checkpointing them saves nothing",
+                    idle_reason(idle_blocks, blocks_phrase(repeated_blocks, block_class)),
                 )
     if optimizer_flags is not None:
         name, accepted = optimizer_flags
@@ -316,6 +314,15 @@ def idle_blocks(workload: WorkloadSpec) -> int:
         for handle in handles:
             handle.remove()
     return sum(1 for block in blocks if id(block) in keeps and not keeps[id(block)])
+
+
+def idle_reason(idle: int, blocks: str) -> str:
+    """Why checkpointing that reaches the ``idle`` blocks (``idle_blocks``) of the model's
+    ``blocks`` (``blocks_phrase``) is left out, by the probe and by ``plan``."""
+    return (
+        f"{idle} of the model's {blocks} keep nothing for backward (frozen, with no gradient "
+        "flowing through them): checkpointing them saves nothing"
+    )
 
 
 def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
