@@ -63,6 +63,14 @@ def shortened(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit].rstrip()}..."
 
 
+def shortened_keeping_hint(message: str, limit: int = 200) -> str:
+    """A trial's reason cut to ``limit`` characters (``shortened``), but the note of
+    ``RANK_HINTS`` it ends with (the fix the ranks named) kept whole, after a semicolon."""
+    hint = rank_hint(message)
+    cause = message.removesuffix(f" ({hint})") if hint else message
+    return f"{shortened(cause, limit)}{'; ' + hint if hint else ''}"
+
+
 def error_line(error: BaseException, limit: int = 300) -> str:
     """``error`` in one line, its type first (``RuntimeError: stack expects ...``): the first
     line of its message, at most ``limit`` characters in all."""

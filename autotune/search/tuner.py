@@ -21,6 +21,7 @@ from autotune.errors import (
     describe_validation_error,
     rank_hint,
     shortened,
+    shortened_keeping_hint,
 )
 from autotune.recommendation import Recommendation
 from autotune.records import Exclusion, Role, TrialRecord
@@ -279,14 +280,11 @@ class Tuner:
         if found is not None:
             error, alike = found
             ran = sum(r.counts_toward_budget for r in self.log.records)
-            hint = rank_hint(error)  # the fix the ranks named, said whole
-            cause = error.removesuffix(f" ({hint})") if hint else error
             raise SearchError(
                 f"the training step fails whatever the configuration: {alike} of {ran} trials, "
                 "the baseline's among them and across parallel modes, failed with "
-                f"{shortened(cause)}{'; ' + hint if hint else ''}"
-                ", and none ran; fix it and search again (every trial is stored: see "
-                "`autotune show`)"
+                f"{shortened_keeping_hint(error)}, and none ran; fix it and search again "
+                "(every trial is stored: see `autotune show`)"
             )
 
     def _claim(self, config: TrainConfig) -> Any:
@@ -624,11 +622,9 @@ class Tuner:
             if not candidates and not ran and failed:  # not memory: nothing ran to show it
                 first = failed[0]
                 said = first.message.splitlines()[0] if first.message else first.status
-                hint = rank_hint(said)  # the fix the ranks named, said whole
-                cause = shortened(said.removesuffix(f" ({hint})") if hint else said)
                 raise SearchError(
-                    f"no trial ran: all {len(failed)} failed (trial {first.number}: {cause}"
-                    f"{'; ' + hint if hint else ''}); every trial is stored: see `autotune show`"
+                    f"no trial ran: all {len(failed)} failed (trial {first.number}: "
+                    f"{shortened_keeping_hint(said)}); every trial is stored: see `autotune show`"
                 )
             if not candidates:
                 raise SearchError(
