@@ -101,7 +101,7 @@ def double_hint(error: BaseException, model: nn.Module, inputs: Any) -> str | No
     """Why a forward failed on mixed dtypes where its inputs held float64 tensors (numpy's and
     pandas' default) and the model's parameters are not float64, with the fix; None
     otherwise (a model that casts its inputs itself never gets here)."""
-    if not isinstance(error, RuntimeError) or "ouble" not in str(error):
+    if not isinstance(error, RuntimeError) or "double" not in str(error).lower():
         return None
     doubles: list[bool] = []
     map_tensors(inputs, lambda t: doubles.append(t.dtype == torch.float64))
