@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -124,19 +125,26 @@ def test_the_wait_for_an_epochs_first_batch_is_counted_apart_from_the_step() -> 
     training.close()
 
 
+def _first_step_notes(model: torch.nn.Module, dataset: Any, raised: type[Exception]) -> Any:
+    """The notes on the ``raised`` error of the first step of ``model`` on ``dataset``, on one
+    device (a micro-batch of 8)."""
+    training = prepare(TrainConfig(global_batch_size=8, device="cpu"), model, dataset)
+    try:
+        with pytest.raises(raised) as error:
+            training.step(training.batches())
+    finally:
+        training.close()
+    return error.value.__notes__
+
+
 def test_a_forward_failing_on_strings_says_a_collate_function_makes_tensors() -> None:
     from tests.fixtures.texts import Net, Texts
 
-    config = TrainConfig(global_batch_size=8, device="cpu")
-    training = prepare(config, Net(), Texts())
-    with pytest.raises(AttributeError) as raised:
-        training.step(training.batches())
-    assert raised.value.__notes__ == [
+    assert _first_step_notes(Net(), Texts(), AttributeError) == [
         "the model was given a tuple of 8 str as input 0, not a tensor: a collate function "
         "(--collate module:attr, or autotune_collate in the model's module) makes tensors of "
         "the samples"
     ]
-    training.close()
     # tensors, however nested, give no hint; what is not one is named where it sits
     assert input_hint((torch.zeros(2), [torch.zeros(1)]), {"mask": torch.ones(2)}) is None
     assert input_hint((), {"ids": torch.zeros(2), "meta": {"lang": "en"}}) == (
@@ -150,8 +158,6 @@ def test_a_forward_given_more_inputs_than_it_takes_from_a_long_tuple_says_how_it
 ):
     from torch.utils.data import Dataset
 
-    from autotune.apply import prepare
-
     class Weighted(Dataset[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
         def __len__(self) -> int:
             return 16
@@ -159,18 +165,12 @@ def test_a_forward_given_more_inputs_than_it_takes_from_a_long_tuple_says_how_it
         def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             return torch.randn(4), torch.tensor(i % 2), torch.tensor(0.5)  # input, label, weight
 
-    training = prepare(
-        TrainConfig(global_batch_size=8, device="cpu"), torch.nn.Linear(4, 2), Weighted()
-    )
-    with pytest.raises(TypeError) as raised:
-        training.step(training.batches())
-    assert raised.value.__notes__ == [
+    assert _first_step_notes(torch.nn.Linear(4, 2), Weighted(), TypeError) == [
         "a tuple batch is (inputs..., target): its 3 items went to the forward as 2 inputs and "
         "the last as the target; samples with more than an input and a target (a weight, an id) "
         "can be dicts, passed as keyword arguments, with the loss given by --loss or "
         "autotune_loss"
     ]
-    training.close()
     assert tuple_hint(TypeError("takes 2 positional arguments"), (1, 2)) is None  # (x, y): fine
     assert tuple_hint(ValueError("positional argument"), (1, 2, 3)) is None
 

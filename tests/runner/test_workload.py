@@ -115,16 +115,22 @@ def test_synthetic_token_ids_stay_inside_the_models_lookup_tables() -> None:
     assert flags.dataset[0].dtype == torch.bool
 
 
+NET_OF_WIDTH = (
+    "class Net(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__(); self.f = nn.Linear(WIDTH, 2)\n"
+    "    def forward(self, x):\n        return self.f(x)\n"
+)
+"""A model file's Net, whose input width ``WIDTH`` comes from wherever the file imports it."""
+
+
 def test_a_model_file_imports_the_modules_beside_it(tmp_path: Path) -> None:
     # `python sub/model.py` imports sub/helpers.py; `--model sub/model.py:Net` failed with
     # "No module named 'helpers'".
     (tmp_path / "helpers_beside.py").write_text("import torch.nn as nn\nWIDTH = 3\n")
     (tmp_path / "beside.py").write_text(
         "import torch.nn as nn\nfrom helpers_beside import WIDTH\n"
-        "class Net(nn.Module):\n"
-        "    def __init__(self):\n        super().__init__(); self.f = nn.Linear(WIDTH, 2)\n"
-        "    def forward(self, x):\n        return self.f(x)\n"
-        "autotune_dataset = [(i * 1.0 + __import__('torch').zeros(3), i % 2) for i in range(8)]\n"
+        + NET_OF_WIDTH
+        + "autotune_dataset = [(i * 1.0 + __import__('torch').zeros(3), i % 2) for i in range(8)]\n"
     )
     workload = build_workload(WorkloadSpec(model=f"{tmp_path}/beside.py:Net"))
     assert workload.model.f.in_features == 3
@@ -141,10 +147,7 @@ def test_a_model_file_inside_a_package_takes_its_relative_imports(tmp_path: Path
         (directory / "__init__.py").write_text("")
     (package / "layers.py").write_text("WIDTH = 5\n")
     (package / "sub" / "model.py").write_text(
-        "import torch.nn as nn\nfrom ..layers import WIDTH\n"
-        "class Net(nn.Module):\n"
-        "    def __init__(self):\n        super().__init__(); self.f = nn.Linear(WIDTH, 2)\n"
-        "    def forward(self, x):\n        return self.f(x)\n"
+        "import torch.nn as nn\nfrom ..layers import WIDTH\n" + NET_OF_WIDTH
     )
     workload = build_workload(WorkloadSpec(model=f"{package}/sub/model.py:Net", input_shape=(5,)))
     assert workload.model.f.in_features == 5
