@@ -61,6 +61,7 @@ class TensorPeak:
     drawn_branches: int = 0  # branches a random draw decides (LayerDrop), taken at their likeliest
     unused_parameters: int = 0  # trainable parameters the traced step left without a gradient
     sampled_selections: int = 0  # sizes the batch's values decide, at the first samples' share
+    varying_batches: bool = False  # batches of other samples have other shapes (``_varying``)
 
     @property
     def needs_unused_parameters(self) -> bool:
@@ -128,6 +129,29 @@ def _fake_batch(
         return fake
 
     return map_tensors(one, widen), observed
+
+
+def _shapes(batch: Any) -> list[tuple[int, ...]]:
+    from autotune.runner.training import map_tensors  # imports torch
+
+    shapes: list[tuple[int, ...]] = []
+    map_tensors(batch, lambda t: shapes.append(tuple(t.shape)))
+    return shapes
+
+
+def _varying(dataset: Any, collate: Any) -> bool:
+    """Whether the user's ``collate`` batches other samples into other shapes (a graph batch's
+    concatenated nodes, padding to each batch's longest sample): two batches of the dataset's
+    first samples, told apart by their tensors' shapes."""
+    if collate is None:  # torch's default stacks samples of one shape, or fails
+        return False
+    samples = first_samples(dataset, 2 * VARYING_SAMPLES)
+    half = len(samples) // 2
+    return half > 0 and _shapes(collate(samples[:half])) != _shapes(collate(samples[half:]))
+
+
+VARYING_SAMPLES = 8
+"""How many samples each of ``_varying``'s two batches holds."""
 
 
 def _widens(batch: Any, samples: int) -> bool:
@@ -676,4 +700,5 @@ def _trace(
         drawn_branches=routing.drawn,
         sampled_selections=routing.sampled,
         unused_parameters=unused,
+        varying_batches=_varying(dataset, collate),
     )

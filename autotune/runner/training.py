@@ -12,6 +12,8 @@ optimizer once, through the gradient scaler for fp16.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import gc
 import inspect
@@ -52,7 +54,21 @@ def _not_a_tensor(value: Any) -> str | None:
     if isinstance(value, (list, tuple)):
         kinds = sorted({type(v).__name__ for v in value if _not_a_tensor(v)})
         return f"a {type(value).__name__} of {len(value)} {', '.join(kinds)}" if kinds else None
+    if _holds_tensors(value):
+        return None
     return f"a {type(value).__name__}"
+
+
+def _applies(value: Any) -> bool:
+    """Whether ``value`` is a batch that maps its own tensors, as PyTorch Geometric's graph
+    ``Data``/``Batch`` do: ``apply(fn)`` on its tensors, in place, and ``stores`` of them."""
+    return callable(getattr(value, "apply", None)) and hasattr(value, "stores")
+
+
+def _holds_tensors(value: Any) -> bool:
+    """Whether ``map_tensors`` goes into ``value`` beyond dicts, lists and tuples: a dataclass
+    instance or a batch that maps its own tensors (``_applies``)."""
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or _applies(value)
 
 
 def input_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -278,7 +294,10 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     users' data code makes them: a mapping keeps its type where that type can be built from a
     dict (Hugging Face's ``BatchEncoding``, a ``UserDict`` that torch's pytree takes for one
     leaf), else becomes a dict; a named tuple keeps its type; a ``PackedSequence`` (a collate
-    function that packs) keeps its batch sizes. Anything else is left as it is."""
+    function that packs) keeps its batch sizes; a dataclass instance is a copy with its fields
+    mapped; a batch that maps its own tensors (a PyTorch Geometric graph batch, ``_applies``)
+    is a shallow copy mapped by its ``apply``, as its own ``clone`` does. Anything else is left
+    as it is."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, PackedSequence):  # its batch sizes stay on the CPU, as its .to keeps them
@@ -297,6 +316,14 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(batch, (list, tuple)):
         items = [map_tensors(v, fn) for v in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if _applies(batch):
+        return copy.copy(batch).apply(lambda t: map_tensors(t, fn))
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        copied = copy.copy(batch)
+        for item in dataclasses.fields(batch):
+            # object.__setattr__: a frozen dataclass's copy takes its mapped fields too
+            object.__setattr__(copied, item.name, map_tensors(getattr(batch, item.name), fn))
+        return copied
     return batch
 
 

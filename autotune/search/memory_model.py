@@ -359,8 +359,9 @@ _TRACED: dict[tuple[str, str, int, str, int, str], TensorPeak] = {}
 CPU_KERNEL_CACHES = (
     "on CPU, autocast's oneDNN kernels are compiled per shape and cached (up to 1,024 in each "
     "of two caches), and this model's shapes change from step to step (a mixture of experts' "
-    "routing, or sizes the batch's values decide: packed sequences' lengths, rows kept by "
-    "their labels): a rank's resident memory grows with every new shape, for a hundred steps "
+    "routing, sizes the batch's values decide: packed sequences' lengths, rows kept by their "
+    "labels, or batches of different shapes: a graph batch's nodes, padding to each batch's "
+    "longest sample): a rank's resident memory grows with every new shape, for a hundred steps "
     "and more, past what its trials measured, so the measured peak is a lower bound for a long "
     "run (examples/moe.py in bf16: {growth}; scripts/bench_cpu_growth.py measures a model's)"
 )
@@ -424,6 +425,11 @@ class MemoryModel:
     def routed(self) -> bool:
         """Whether the traces estimated a mixture of experts' routing."""
         return any(t.routed_sizes for t in self._traces.values())
+
+    @property
+    def varying(self) -> bool:
+        """Whether the user's collate function batches other samples into other shapes."""
+        return any(t.varying_batches for t in self._traces.values())
 
     def _trace(self, micro_batch: int, amp: str, segments: int, impl: str) -> TensorPeak | None:
         key = (micro_batch, precision(amp), segments, impl)
@@ -570,7 +576,7 @@ class MemoryModel:
         """What ``config``'s measured peak does not cover on this device, for the
         recommendation (from what the traces found: run ``predict`` first)."""
         cpu_autocast = self.device_type == "cpu" and traced_amp(config) != "off"
-        if cpu_autocast and (self.routed or self.sampled):
+        if cpu_autocast and (self.routed or self.sampled or self.varying):
             return [CPU_KERNEL_CACHES.format(growth=CPU_KERNEL_CACHE_GROWTH)]
         return []
 

@@ -73,3 +73,32 @@ def test_a_batch_keeps_its_type_on_its_way_to_the_device() -> None:
     args, kwargs, target = split_batch(encoded, frozenset({"input_ids"}))
     assert args == () and list(kwargs) == ["input_ids"] and target is encoded
     assert type(kwargs) is dict  # passed as **kwargs
+
+
+def test_a_graph_batch_and_a_dataclass_are_moved_through_what_they_hold() -> None:
+    # A PyTorch Geometric batch (it maps its tensors by apply) and a dataclass were left as
+    # they were: on a GPU the model would have met CPU tensors. Each is moved as a copy.
+    import torch
+
+    from autotune.runner.training import input_hint, move_to
+    from tests.fixtures.graph_objects import GraphBatch, Nodes
+
+    meta = torch.device("meta")
+    batch = GraphBatch(x=torch.ones(3, 2), graph=torch.zeros(3, dtype=torch.long))
+    moved = move_to(batch, meta, False)
+    assert type(moved) is GraphBatch and moved.x.device == moved.graph.device == meta
+    assert batch.x.device.type == "cpu"  # the batch itself is left as it was
+    nodes = move_to(Nodes(torch.ones(3, 2), torch.zeros(2, 4), torch.zeros(3)), meta, False)
+    assert type(nodes) is Nodes and {t.device for t in vars(nodes).values()} == {meta}
+    assert input_hint((batch, nodes), {}) is None  # tensors inside: not "not a tensor"
+
+
+def test_a_graph_batch_object_trains_over_ranks_and_workers() -> None:
+    config = {
+        "global_batch_size": 16, "parallel": "ddp", "world_size": 2, "device": "cpu",
+        "num_workers": 1,
+    }  # fmt: skip
+    model = "tests.fixtures.graph_objects:Classifier"
+    for collate in (None, "tests.fixtures.graph_objects:as_dataclass"):
+        result = run_trial(model, config, collate=collate, **FEW)
+        assert result.status == "ok", result.message

@@ -532,6 +532,20 @@ def test_a_graph_batch_sized_by_its_own_values_is_traced_at_a_real_steps_peak(
     assert traced.total_bytes == pytest.approx(real, rel=0.001)
 
 
+@pytest.mark.parametrize("collate", [None, "tests.fixtures.graph_objects:as_dataclass"])
+def test_a_graph_batch_in_an_object_is_traced_as_its_tensors_are(collate: str | None) -> None:
+    # A PyTorch Geometric batch (neither tensor, dict nor tuple) was passed through as it was:
+    # its real tensors beside the fake ones, a batch of the first 64 graphs whatever the
+    # micro-batch, so past it the trace failed against the widened labels and fell back. Its
+    # tensors, and a dataclass's, are now faked as a tuple's: the same peak as the tuple batch's
+    # (traced at a real step's, above).
+    model = "tests.fixtures.graph_objects:Classifier"
+    traced = trace_step(WorkloadSpec(model=model, collate=collate), 80)
+    as_tuples = trace_step(WorkloadSpec(model="tests.fixtures.graphs:Classifier"), 80)
+    assert traced.total_bytes == as_tuples.total_bytes
+    assert traced.sampled_selections == traced.routed_sizes == 0, "read exactly, not assumed"
+
+
 def test_a_model_of_lazy_modules_is_traced_with_its_shapes() -> None:
     from tests.fixtures.lazy import CLASSES, FEATURES, HIDDEN
 
