@@ -43,7 +43,11 @@ DOUBLE_INPUTS = "the batch holds float64 tensors"
 float64 tensors (samples from numpy arrays or pandas, float64 by default) while the model's
 parameters are of another dtype: the rank's reason ends with it in brackets, as
 ``NOT_TENSORS``'s does."""
-RANK_HINTS = (NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS)
+NO_TARGET = "the batch holds no target"
+"""How the note begins that a loss failing on ``None`` carries where the batch gave it no
+target (a lone tensor; synthetic samples of ``--input-shape``): the rank's reason ends with it
+in brackets, as ``NOT_TENSORS``'s does."""
+RANK_HINTS = (NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS, NO_TARGET)
 """The notes a rank's reason ends with, in brackets, and a search that stops on it repeats."""
 NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")
 """What torch says when CUDA is asked of a machine without it (a CPU build; no driver; no GPU)."""

@@ -31,6 +31,7 @@ from autotune.errors import (
     DOUBLE_INPUTS,
     NO_CUDA_ERRORS,
     NO_CUDA_HERE,
+    NO_TARGET,
     NOT_TENSORS,
     TUPLE_SPLIT,
 )
@@ -127,6 +128,20 @@ def double_hint(error: BaseException, model: nn.Module, inputs: Any) -> str | No
         f"{DOUBLE_INPUTS}, as numpy arrays and pandas give them, and the model's parameters "
         "are not float64: make the samples float32 in the dataset (x.astype(np.float32), "
         "torch.as_tensor(x, dtype=torch.float32)) or in a collate function (--collate)"
+    )
+
+
+def target_hint(error: BaseException, target: Any) -> str | None:
+    """Why a loss failed on ``None`` where the batch gave it no target, with the fix; None
+    otherwise."""
+    if target is not None or not isinstance(error, (TypeError, AttributeError)):
+        return None
+    if "None" not in str(error):
+        return None
+    return (
+        f"{NO_TARGET}, a lone tensor or synthetic samples of --input-shape, so the loss was "
+        "given None as its target: give samples of (input, target) by --data module:attr or "
+        "autotune_dataset beside the model"
     )
 
 
@@ -504,7 +519,13 @@ class TrainStep:
                         if hint:
                             error.add_note(hint)
                         raise
-                    loss = self.loss_fn(output, target)
+                    try:
+                        loss = self.loss_fn(output, target)
+                    except Exception as error:
+                        hint = target_hint(error, target)
+                        if hint:
+                            error.add_note(hint)
+                        raise
                     check_loss(loss)
                     loss = loss / accum
                 if self.output_dtype is None:

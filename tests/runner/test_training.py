@@ -20,6 +20,7 @@ from autotune.runner.training import (
     input_hint,
     prepare_model,
     split_batch,
+    target_hint,
     tuple_hint,
 )
 from workloads.mlp import autotune_dataset, mlp_tiny
@@ -188,6 +189,30 @@ def test_float64_samples_for_a_float32_model_are_said_with_the_fix() -> None:
     assert rank_hint(f"rank 0: warm-up step 1: RuntimeError: {raised.value} ({hint})") == hint
     assert double_hint(raised.value, model, ((rows.float(),), {})) is None  # not the cause
     assert double_hint(raised.value, model.double(), ((rows,), {})) is None
+
+
+def test_a_loss_given_no_target_says_where_targets_come_from() -> None:
+    # A user's loss over synthetic samples (--input-shape: lone tensors) failed with torch's
+    # "argument 'target' ... must be Tensor, not NoneType" and nothing else.
+    config = make_config({"global_batch_size": 8, "device": "cpu"})
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = torch.nn.functional.cross_entropy
+    step = TrainStep(
+        model,
+        optimizer,
+        loss,
+        config,
+        torch.device("cpu"),
+        prepare_model(model, config, torch.device("cpu"))[1],
+    )
+    with pytest.raises(TypeError) as raised:
+        step.run(iter([torch.zeros(8, 3)]))
+    (hint,) = raised.value.__notes__
+    assert hint.startswith("the batch holds no target, a lone tensor or synthetic samples")
+    assert rank_hint(f"rank 0: warm-up step 1: TypeError: {raised.value} ({hint})") == hint
+    assert target_hint(TypeError("not NoneType"), torch.zeros(8)) is None  # a target: not it
+    assert target_hint(RuntimeError("None"), None) is None
 
 
 def test_a_loss_that_is_not_a_scalar_is_refused_naming_its_shape() -> None:
