@@ -55,7 +55,19 @@ _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
 
 def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks in forward (registration) order, or [] if it has none."""
+    """The model's repeated blocks in forward (registration) order, or [] if it has none. A
+    TorchScript module is no block, nor is what it holds: its forward runs in TorchScript's
+    interpreter, which neither checkpointing's patched forward nor FSDP's hooks reach."""
+    scripted = {id(m) for s in model.modules() if is_scripted(s) for m in s.modules()}
+    return [block for block in _found_blocks(model) if id(block) not in scripted]
+
+
+def is_scripted(module: nn.Module) -> bool:
+    """Whether ``module`` is a TorchScript module (``torch.jit.script``'s)."""
+    return isinstance(module, torch.jit.ScriptModule)
+
+
+def _found_blocks(model: nn.Module) -> list[nn.Module]:
     named = _declared_blocks(model)
     if named:
         return named
@@ -189,9 +201,14 @@ def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
         return []
     blocks = find_repeated_blocks(model)
     if not blocks:
+        scripted = (
+            " (TorchScript modules are not checkpointed)"
+            if any(is_scripted(m) for m in model.modules())
+            else ""
+        )
         raise ConfigError(
             f"checkpoint_segments={segments}: {type(model).__name__} has no repeated blocks to "
-            "checkpoint; use checkpoint_segments=0"
+            f"checkpoint{scripted}; use checkpoint_segments=0"
         )
     if segments > len(blocks):
         raise ConfigError(

@@ -14,9 +14,9 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from autotune.config import TrainConfig, make_config
+from autotune.config import Compile, TrainConfig, make_config
 from autotune.errors import ConfigError, WorkloadError, error_line
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
@@ -474,7 +474,7 @@ def fsdp_refusal(model_reference: str) -> str | None:
     model cannot be built there (its trials will tell)."""
     import torch
 
-    from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+    from autotune.runner.checkpointing import find_repeated_blocks, is_scripted  # imports torch
 
     built = _meta_model(model_reference)
     if built is None:
@@ -485,8 +485,19 @@ def fsdp_refusal(model_reference: str) -> str | None:
     sparse = [m for m in model.modules() if isinstance(m, kinds) and m.sparse]
     lookups = [names[m] or "the model" for m in sparse]
     if lookups:
-        shown = ", ".join(lookups[:3]) + (f" and {len(lookups) - 3} more" if lookups[3:] else "")
-        return f"FSDP cannot shard sparse gradients (sparse=True in {shown}; DDP reduces them)"
+        return (
+            f"FSDP cannot shard sparse gradients (sparse=True in {_shown(lookups)}; DDP reduces "
+            "them)"
+        )
+    every = [names[m] for m in model.modules() if is_scripted(m)]
+    # a scripted module's own modules are scripted too: the outermost are named
+    outer = [n for n in every if not any(n.startswith(f"{o}.") for o in every if o)]
+    scripted = ["the model"] if "" in every else outer
+    if scripted:
+        return (
+            f"FSDP cannot shard a model holding a TorchScript module ({_shown(scripted)}): "
+            "fully_shard hooks the modules it wraps, and a ScriptModule refuses hooks"
+        )
     blocks = find_repeated_blocks(model)
     in_blocks = {id(p) for block in blocks for p in block.parameters()}
     rest = [p for p in model.parameters() if id(p) not in in_blocks]
@@ -498,6 +509,51 @@ def fsdp_refusal(model_reference: str) -> str | None:
                 f" holds {' and '.join(dtypes)} ones"
             )
     return None
+
+
+def _shown(names: list[str]) -> str:
+    """The first three of ``names``, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if names[3:] else "")
+
+
+SCRIPTED_COMPILE = "torch.compile does not compile a TorchScript model (torch.jit.script's)"
+
+
+def scripted_model(model_reference: str) -> bool:
+    """Whether the model is itself a TorchScript module (a factory returning
+    ``torch.jit.script(model)``), from a build on the meta device."""
+    from autotune.runner.checkpointing import is_scripted  # imports torch
+
+    built = _meta_model(model_reference)
+    return built is not None and is_scripted(built[1])
+
+
+def fsdp_mixed_precision_refusal(model_reference: str) -> str | None:
+    """Why FSDP's bf16 parameters cannot train the model, told from a build on the meta device:
+    a parametrization holding floating-point buffers (``spectral_norm``'s power-iteration
+    vectors), which FSDP does not cast and which then meet its bf16 weight in one op ("addmv
+    input tensors must have the same dtype"). None when none does, or the model cannot be built
+    there (its trials will tell)."""
+    from torch.nn.utils import parametrize
+
+    built = _meta_model(model_reference)
+    if built is None:
+        return None
+    holding = [
+        name or "the model"
+        for name, module in built[1].named_modules()
+        if parametrize.is_parametrized(module)
+        and any(
+            b.is_floating_point() for p in module.parametrizations.values() for b in p.buffers()
+        )
+    ]
+    if not holding:
+        return None
+    return (
+        f"FSDP casts parameters to bf16 but not buffers, and a parametrization in "
+        f"{_shown(holding)} computes with floating-point buffers of its own (spectral_norm's "
+        "power iteration): its first step fails on mixed dtypes"
+    )
 
 
 BATCH_CHECKED = 4
@@ -589,6 +645,17 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
     refusals: list[Refusal] = []
     if refusal := fsdp_refusal(model_reference):
         refusals.append(Refusal("parallel", "fsdp", refusal, "use ddp or single"))
+    if mixed := fsdp_mixed_precision_refusal(model_reference):
+        refusals += [
+            Refusal("fsdp_mixed_precision", value, mixed, "use amp=bf16 (autocast casts per op)")
+            for value in ("bf16", "bf16-reduce-fp32")
+        ]
+    if scripted_model(model_reference):
+        refusals += [
+            Refusal("compile", mode, SCRIPTED_COMPILE, "use compile=off")
+            for mode in get_args(Compile)
+            if mode != "off"
+        ]
     if ignored := autocast_ignored(model_reference):
         refusals += [Refusal("amp", amp, ignored, "use amp=off") for amp in ("fp16", "bf16")]
     if dtypes := complex_parameters(model_reference):

@@ -190,6 +190,18 @@ def test_too_many_segments_or_no_blocks_is_a_config_error() -> None:
     assert apply_checkpointing(_Stack(), 0) == []
 
 
+def test_torchscript_modules_are_no_blocks() -> None:
+    # Scripted blocks were found as blocks, and a checkpointed one failed in TorchScript's
+    # interpreter; a model scripted whole had "3 repeated RecursiveScriptModule blocks".
+    from tests.fixtures.scripted import ScriptedBlocks, Stack, scripted_stack
+
+    assert len(find_repeated_blocks(Stack())) == 3
+    assert find_repeated_blocks(ScriptedBlocks()) == []
+    assert find_repeated_blocks(scripted_stack()) == []
+    with pytest.raises(ConfigError, match=r"checkpoint \(TorchScript modules are not checkpoin"):
+        apply_checkpointing(ScriptedBlocks(), 1)
+
+
 def test_a_hugging_face_decoder_with_its_cache_on_is_checkpointed_without_it() -> None:
     """T5's decoder fills its key/value cache in forward (``use_cache`` is on by default), and
     fills it again when a checkpointed block is recomputed: backward failed with "A different

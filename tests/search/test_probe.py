@@ -98,6 +98,32 @@ def test_powersgd_and_fused_optimizers_are_ruled_out_for_complex_parameters() ->
         run_trial(SPECTRAL, {**ONE_DDP_PAIR, "optimizer_impl": "fused"})
 
 
+def test_torchscript_modules_rule_out_fsdp_and_a_scripted_model_compiling() -> None:
+    # A model holding torch.jit.script-ed blocks failed every FSDP trial ("not supported on
+    # ScriptModules"), and one scripted whole failed every compiled trial; both were proposed.
+    blocks = model_refusals("tests.fixtures.scripted:ScriptedBlocks")
+    assert [(r.knob, r.value) for r in blocks] == [("parallel", "fsdp")]
+    assert "(blocks.0, blocks.1, blocks.2)" in blocks[0].reason
+    whole = model_refusals("tests.fixtures.scripted:scripted_stack")
+    assert [(r.knob, r.value) for r in whole] == [("parallel", "fsdp")] + [
+        ("compile", mode)
+        for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    ]
+    assert "TorchScript module (the model)" in whole[0].reason
+    with pytest.raises(ConfigError, match=r"^compile=default: torch.compile does not compile"):
+        run_trial("tests.fixtures.scripted:scripted_stack", {"global_batch_size": 8,
+                  "device": "cpu", "compile": "default"})  # fmt: skip
+
+
+def test_torch_compile_refuses_a_scripted_model_in_this_torch() -> None:
+    # What ``model_refusals`` foresees, pinned: should torch.compile take a TorchScript model,
+    # this fails and the refusal can go.
+    from tests.fixtures.scripted import scripted_stack
+
+    with pytest.raises(RuntimeError, match=r"does not support compiling torch\.jit\.script"):
+        torch.compile(scripted_stack())
+
+
 def test_a_fused_optimizer_refuses_complex_parameters_in_this_torch() -> None:
     # What ``model_refusals`` foresees, pinned: should a fused AdamW learn complex parameters,
     # this fails and the refusal can go.
