@@ -275,12 +275,21 @@ def _same_buffers(
         with torch.no_grad():
             after = {name: block.get_buffer(name).clone() for name in before}
             for name, value in before.items():
-                block.get_buffer(name).copy_(value)
+                _put(block.get_buffer(name), value)
         try:
             yield
         finally:
             with torch.no_grad():
                 for name, value in after.items():
-                    block.get_buffer(name).copy_(value)
+                    _put(block.get_buffer(name), value)
 
     return nullcontext(), recomputation()
+
+
+def _put(buffer: torch.Tensor, value: torch.Tensor) -> None:
+    """``value`` into ``buffer`` in place, resized first where the forward resized it (a
+    quantization observer's per-channel minimum starts empty and takes its channels in its
+    first forward, as the observer itself resizes it)."""
+    if buffer.shape != value.shape:
+        buffer.resize_(value.shape)
+    buffer.copy_(value)

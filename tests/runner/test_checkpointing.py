@@ -261,6 +261,33 @@ def test_recomputing_a_block_changes_no_buffer_and_no_gradient() -> None:
         assert torch.equal(expected.grad, got.grad), name
 
 
+def test_a_quantization_aware_model_trains_checkpointed_as_it_does_plainly() -> None:
+    # The observers' per-channel statistics start empty and take their channels in the first
+    # forward: putting the forward's starting buffers back failed ("The size of tensor a (32)
+    # must match the size of tensor b (0)").
+    from tests.fixtures.qat import FEATURES, prepared
+
+    def trained(checkpointed: int) -> nn.Module:
+        torch.manual_seed(0)
+        model = prepared()
+        apply_checkpointing(model, checkpointed)
+        for step in range(2):
+            x = torch.randn(4, FEATURES, generator=torch.Generator().manual_seed(step))
+            model(x).sum().backward()
+        return model
+
+    plain, checkpointed = trained(0), trained(3)
+    for (name, expected), (_, got) in zip(
+        plain.state_dict().items(), checkpointed.state_dict().items(), strict=True
+    ):
+        assert torch.equal(expected, got), name
+    for (name, expected), (_, got) in zip(
+        plain.named_parameters(), checkpointed.named_parameters(), strict=True
+    ):
+        assert expected.grad is not None and got.grad is not None
+        assert torch.equal(expected.grad, got.grad), name
+
+
 def test_torchs_own_checkpoint_still_updates_a_blocks_buffers_twice() -> None:
     # Pins why the recomputation is guarded: when torch stops doing this (pytorch#96136), the
     # guard's copies can go.
