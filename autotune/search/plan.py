@@ -339,7 +339,11 @@ def _refused(
         check_refusals(configs[0], workload.model)
     dropped: dict[tuple[str, str], list[str]] = {}
     for refusal in model_refusals(workload.model):
-        kept = [c for c in configs if getattr(c, refusal.knob) != refusal.value]
+        kept = [
+            c
+            for c in configs
+            if getattr(c, refusal.knob) != refusal.value or not refusal.holds(c.device)
+        ]
         if len(kept) < len(configs):
             dropped.setdefault((refusal.knob, refusal.reason), []).append(str(refusal.value))
         configs = kept

@@ -223,7 +223,8 @@ def restrict_space(
             if flag not in accepted:
                 drop("optimizer_impl", flag, f"the optimizer {name} takes no {flag} flag")
     for refusal in refusals:
-        drop(refusal.knob, refusal.value, refusal.reason)
+        if refusal.holds(platform.device_type):
+            drop(refusal.knob, refusal.value, refusal.reason)
     if image_batches is False:
         drop("channels_last", True, "the model is not fed 4-D image batches (N, C, H, W)")
     cores = platform.cpu_count
@@ -516,6 +517,20 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if names[3:] else "")
 
 
+def fake_quantization(model_reference: str) -> str | None:
+    """The modules of quantization-aware training in the model (torch's fake quantization:
+    ``prepare_qat``'s), named, from a build on the meta device; None when it has none."""
+    from torch.ao.quantization import FakeQuantizeBase
+
+    built = _meta_model(model_reference)
+    if built is None:
+        return None
+    kinds = sorted(
+        {type(m).__name__ for m in built[1].modules() if isinstance(m, FakeQuantizeBase)}
+    )
+    return ", ".join(kinds) or None
+
+
 SCRIPTED_COMPILE = "torch.compile does not compile a TorchScript model (torch.jit.script's)"
 
 
@@ -635,6 +650,15 @@ class Refusal:
     value: Value
     reason: str
     instead: str
+    device: str | None = None  # the device type it holds on (measured there); None: every one
+
+    def holds(self, device: str) -> bool:
+        """Whether it holds for a configuration's ``device`` (cpu, cuda, or auto)."""
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device in (None, device)
 
 
 @functools.cache
@@ -655,6 +679,20 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
             Refusal("compile", mode, SCRIPTED_COMPILE, "use compile=off")
             for mode in get_args(Compile)
             if mode != "off"
+        ]
+    if fake_quantized := fake_quantization(model_reference):
+        reason = (
+            f"quantization-aware training's fake quantization ({fake_quantized}) takes float32 "
+            "only on a CPU: 16-bit activations or weights fail its first step "
+            "(pytorch/pytorch#94371; on CUDA its trials tell)"
+        )
+        refusals += [
+            Refusal(knob, value, reason, f"use {knob}=off", device="cpu")
+            for knob, values in (
+                ("amp", ("fp16", "bf16")),
+                ("fsdp_mixed_precision", ("bf16", "bf16-reduce-fp32")),
+            )
+            for value in values
         ]
     if ignored := autocast_ignored(model_reference):
         refusals += [Refusal("amp", amp, ignored, "use amp=off") for amp in ("fp16", "bf16")]
@@ -684,7 +722,7 @@ def check_refusals(config: TrainConfig, model_reference: str) -> None:
     """A configuration given alone (a trial, a plan of one): one line, before anything runs,
     where it asks for a value the model rules out (``model_refusals``)."""
     for refusal in model_refusals(model_reference):
-        if getattr(config, refusal.knob) == refusal.value:
+        if getattr(config, refusal.knob) == refusal.value and refusal.holds(config.device):
             raise ConfigError(
                 f"{refusal.knob}={refusal.value}: {refusal.reason}; {refusal.instead}"
             )

@@ -124,6 +124,41 @@ def test_torch_compile_refuses_a_scripted_model_in_this_torch() -> None:
         torch.compile(scripted_stack())
 
 
+def test_quantization_aware_training_rules_out_16_bit_arithmetic_on_a_cpu() -> None:
+    # torch's eager QAT recipe failed every autocast and every FSDP-bf16 trial on a CPU
+    # ("expected scalar type Float but found BFloat16"), each proposed by the search. On CUDA
+    # the fused op was given bf16 (pytorch/pytorch#162620): not refused there, where only
+    # trials can tell.
+    model = "tests.fixtures.qat:prepared"
+    refusals = model_refusals(model)
+    assert [(r.knob, r.value, r.device) for r in refusals] == [
+        ("amp", "fp16", "cpu"),
+        ("amp", "bf16", "cpu"),
+        ("fsdp_mixed_precision", "bf16", "cpu"),
+        ("fsdp_mixed_precision", "bf16-reduce-fp32", "cpu"),
+    ]
+    assert "(FusedMovingAvgObsFakeQuantize) takes float32 only on a CPU" in refusals[0].reason
+    cpu = detect_platform("cpu")
+    space, _ = restrict_space(load_space("default"), cpu, 2, 4, False, refusals=refusals)
+    assert space.params["amp"].choices == ("off",)
+    cuda = cpu.model_copy(update={"device_type": "cuda"})
+    kept, _ = restrict_space(load_space("default"), cuda, 2, 4, False, refusals=refusals)
+    assert "fp16" in kept.params["amp"].choices
+    with pytest.raises(ConfigError, match=r"^amp=bf16: quantization-aware training's"):
+        run_trial(model, {"global_batch_size": 8, "device": "cpu", "amp": "bf16"})
+
+
+def test_fake_quantization_fails_under_cpu_autocast_in_this_torch() -> None:
+    # What ``model_refusals`` foresees, pinned: should the fused fake quantization take 16-bit
+    # activations on a CPU, this fails and the refusal can go.
+    from tests.fixtures.qat import FEATURES, prepared
+
+    model = prepared()
+    failing = pytest.raises(RuntimeError, match="expected scalar type Float but found BFloat16")
+    with torch.autocast("cpu", dtype=torch.bfloat16), failing:
+        model(torch.randn(4, FEATURES))
+
+
 def test_a_fused_optimizer_refuses_complex_parameters_in_this_torch() -> None:
     # What ``model_refusals`` foresees, pinned: should a fused AdamW learn complex parameters,
     # this fails and the refusal can go.
