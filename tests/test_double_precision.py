@@ -9,7 +9,8 @@ import torch
 from autotune.api import plan, run_trial
 from autotune.errors import ConfigError
 from autotune.runner.workload import WorkloadSpec, build_workload
-from autotune.search.probe import autocast_ignored, model_refusals, restrict_space
+from autotune.search.probe import restrict_space
+from autotune.search.refusals import autocast_ignored, model_refusals
 from autotune.search.space import parse_space
 from tests.search.fakes import PLATFORM
 

@@ -36,7 +36,6 @@ from autotune.search.probe import (
     every_block,
     feeds_images,
     idle_blocks,
-    model_refusals,
     optimizer_flags,
     own_checkpointing,
     parameters_dtype,
@@ -46,6 +45,7 @@ from autotune.search.probe import (
 )
 from autotune.search.progress import Reporter
 from autotune.search.recipe import BatchNorm, Coupling
+from autotune.search.refusals import model_refusals
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace, load_space
 from autotune.search.storage import NO_STUDY_YET, open_storage

@@ -30,14 +30,13 @@ from autotune.search.memory_model import (
 )
 from autotune.search.probe import (
     blocks_phrase,
-    check_refusals,
     configures_optimizer,
     every_block,
     idle_blocks,
     idle_reason,
-    model_refusals,
     repeated_blocks,
 )
+from autotune.search.refusals import check_refusals, model_refusals
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
@@ -332,7 +331,7 @@ def _dropped_segments(
 def _refused(
     workload: WorkloadSpec, configs: list[TrainConfig], one: bool, left_out: list[str]
 ) -> tuple[list[TrainConfig], list[str]]:
-    """``configs`` without the values the model rules out (``probe.model_refusals``, as the
+    """``configs`` without the values the model rules out (``refusals.model_refusals``, as the
     search's probe drops them), ``left_out`` with a line for each knob saying why; for a
     configuration given alone, a one-line error instead."""
     if one:

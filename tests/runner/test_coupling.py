@@ -108,7 +108,7 @@ def test_a_forward_counted_over_the_operations_budget_is_not_run(
 
     towers = WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers")
     batch = default_collate(list(probe._first_samples(towers, 2) or ()))
-    flops = probe._meta_forward_flops(probe._meta_model(towers.model)[1], batch)
+    flops = probe._meta_forward_flops(probe.meta_model(towers.model)[1], batch)
     assert flops is not None and 0 < flops < probe.COUPLING_FORWARD_FLOPS
     monkeypatch.setattr(probe, "COUPLING_FORWARD_FLOPS", flops - 1)
     told = loss_coupling(towers)

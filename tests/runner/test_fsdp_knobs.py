@@ -197,12 +197,12 @@ def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_r
     ],
 )
 def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None:
-    # What ``probe.fsdp_refusal`` foresees, pinned on this torch: should FSDP learn to shard a
+    # What ``refusals.fsdp_refusal`` foresees, pinned on this torch: should FSDP learn to shard a
     # unit of two dtypes or a sparse gradient, this fails, and the refusal should go. (The
     # trial is launched past ``autotune.api.run_trial``, which refuses it in one line.)
     from autotune.api import run_trial
     from autotune.runner.launch import run_trial as launch
-    from autotune.search.probe import fsdp_refusal
+    from autotune.search.refusals import fsdp_refusal
 
     config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
@@ -215,13 +215,13 @@ def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None
 
 
 def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out() -> None:
-    # What ``probe.fsdp_mixed_precision_refusal`` foresees, pinned on this torch: a GAN
+    # What ``refusals.fsdp_mixed_precision_refusal`` foresees, pinned on this torch: a GAN
     # discriminator under spectral_norm failed its first step with FSDP's bf16 parameters
     # ("addmv input tensors must have the same dtype"): FSDP casts no buffer, and the power
     # iteration's are float32. Should FSDP cast them, this fails and the refusal should go.
     from autotune.api import run_trial
     from autotune.runner.launch import run_trial as launch
-    from autotune.search.probe import fsdp_mixed_precision_refusal
+    from autotune.search.refusals import fsdp_mixed_precision_refusal
 
     model = "tests.fixtures.normed:Discriminator"
     config = TrainConfig(

@@ -10,7 +10,8 @@ from autotune.api import run_trial
 from autotune.errors import ConfigError
 from autotune.records import Exclusion, exclusion_lines
 from autotune.runner.platform import detect_platform
-from autotune.search.probe import fsdp_refusal, model_refusals, repeated_blocks, restrict_space
+from autotune.search.probe import repeated_blocks, restrict_space
+from autotune.search.refusals import fsdp_refusal, model_refusals
 from autotune.search.space import load_space
 
 SPECTRAL = "tests.fixtures.spectral:Spectral"

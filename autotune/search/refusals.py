@@ -1,0 +1,240 @@
+"""What a model itself rules out, told from a build on the meta device before any trial.
+
+A knob's value that no trial of the model could run (FSDP over sparse gradients, a TorchScript
+module or one unit of two dtypes; FSDP's bf16 parameters beside a parametrization's float32
+buffers; a compiled TorchScript model; PowerSGD and fused optimizers for complex parameters),
+or would run for nothing (autocast over float64 parameters), is a ``Refusal``: the search's
+probe drops it (``probe.restrict_space``), ``plan`` leaves it out, and a configuration given
+alone asking for one is refused in one line (``check_refusals``). Each refusal that stands for
+a limit of torch is pinned by a test that fails should torch lift it; a refusal measured on one
+device type only holds there.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import get_args
+
+from autotune.config import Compile, TrainConfig
+from autotune.errors import ConfigError
+from autotune.records import Value
+from autotune.search.probe import meta_model, parameters_dtype
+
+
+def fsdp_refusal(model_reference: str) -> str | None:
+    """Why FSDP cannot train the model, told from a build on the meta device: a lookup with
+    sparse gradients (``nn.Embedding`` or ``nn.EmbeddingBag`` with ``sparse=True``: FSDP's
+    reduce-scatter takes none), or a unit it shards (a repeated block, or the rest of the
+    model) whose trainable parameters differ in dtype (complex spectral weights beside real
+    ones: FSDP flattens a unit's parameters into one). None when neither holds, or when the
+    model cannot be built there (its trials will tell)."""
+    import torch
+
+    from autotune.runner.checkpointing import find_repeated_blocks, is_scripted  # imports torch
+
+    built = meta_model(model_reference)
+    if built is None:
+        return None
+    model = built[1]
+    names = {module: name for name, module in model.named_modules()}
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    sparse = [m for m in model.modules() if isinstance(m, kinds) and m.sparse]
+    lookups = [names[m] or "the model" for m in sparse]
+    if lookups:
+        return (
+            f"FSDP cannot shard sparse gradients (sparse=True in {_shown(lookups)}; DDP reduces "
+            "them)"
+        )
+    every = [names[m] for m in model.modules() if is_scripted(m)]
+    # a scripted module's own modules are scripted too: the outermost are named
+    outer = [n for n in every if not any(n.startswith(f"{o}.") for o in every if o)]
+    scripted = ["the model"] if "" in every else outer
+    if scripted:
+        return (
+            f"FSDP cannot shard a model holding a TorchScript module ({_shown(scripted)}): "
+            "fully_shard hooks the modules it wraps, and a ScriptModule refuses hooks"
+        )
+    blocks = find_repeated_blocks(model)
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in in_blocks]
+    for name, params in [*((names[b], list(b.parameters())) for b in blocks), ("the rest", rest)]:
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.requires_grad})
+        if len(dtypes) > 1:
+            return (
+                f"FSDP shards a unit's parameters as one, of one dtype, and {name or 'the model'}"
+                f" holds {' and '.join(dtypes)} ones"
+            )
+    return None
+
+
+def _shown(names: list[str]) -> str:
+    """The first three of ``names``, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if names[3:] else "")
+
+
+def fake_quantization(model_reference: str) -> str | None:
+    """The modules of quantization-aware training in the model (torch's fake quantization:
+    ``prepare_qat``'s), named, from a build on the meta device; None when it has none."""
+    from torch.ao.quantization import FakeQuantizeBase
+
+    built = meta_model(model_reference)
+    if built is None:
+        return None
+    kinds = sorted(
+        {type(m).__name__ for m in built[1].modules() if isinstance(m, FakeQuantizeBase)}
+    )
+    return ", ".join(kinds) or None
+
+
+SCRIPTED_COMPILE = "torch.compile does not compile a TorchScript model (torch.jit.script's)"
+
+
+def scripted_model(model_reference: str) -> bool:
+    """Whether the model is itself a TorchScript module (a factory returning
+    ``torch.jit.script(model)``), from a build on the meta device."""
+    from autotune.runner.checkpointing import is_scripted  # imports torch
+
+    built = meta_model(model_reference)
+    return built is not None and is_scripted(built[1])
+
+
+def fsdp_mixed_precision_refusal(model_reference: str) -> str | None:
+    """Why FSDP's bf16 parameters cannot train the model, told from a build on the meta device:
+    a parametrization holding floating-point buffers (``spectral_norm``'s power-iteration
+    vectors), which FSDP does not cast and which then meet its bf16 weight in one op ("addmv
+    input tensors must have the same dtype"). None when none does, or the model cannot be built
+    there (its trials will tell)."""
+    from torch.nn.utils import parametrize
+
+    built = meta_model(model_reference)
+    if built is None:
+        return None
+    holding = [
+        name or "the model"
+        for name, module in built[1].named_modules()
+        if parametrize.is_parametrized(module)
+        and any(
+            b.is_floating_point() for p in module.parametrizations.values() for b in p.buffers()
+        )
+    ]
+    if not holding:
+        return None
+    return (
+        f"FSDP casts parameters to bf16 but not buffers, and a parametrization in "
+        f"{_shown(holding)} computes with floating-point buffers of its own (spectral_norm's "
+        "power iteration): its first step fails on mixed dtypes"
+    )
+
+
+def autocast_ignored(model_reference: str) -> str | None:
+    """Why AMP would change nothing for the model: every floating parameter float64, which
+    autocast leaves alone (a physics-informed network trained in double precision: amp=bf16
+    ran it in float64 and was reported as bf16). None otherwise, or when the model cannot be
+    built on the meta device."""
+    if parameters_dtype(model_reference) != "float64":
+        return None
+    return "the model's parameters are all float64, which autocast leaves alone"
+
+
+def complex_parameters(model_reference: str) -> str | None:
+    """The complex dtypes among the model's trainable parameters ("complex64"), from a build on
+    the meta device: a Fourier layer's spectral weights. None where there are none, or it
+    cannot be built there."""
+    built = meta_model(model_reference)
+    if built is None:
+        return None
+    dtypes = sorted(
+        {
+            str(p.dtype).removeprefix("torch.")
+            for p in built[1].parameters()
+            if p.is_complex() and p.requires_grad
+        }
+    )
+    return " and ".join(dtypes) or None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A knob's value the model itself rules out, why, and what to ask for instead."""
+
+    knob: str
+    value: Value
+    reason: str
+    instead: str
+    device: str | None = None  # the device type it holds on (measured there); None: every one
+
+    def holds(self, device: str) -> bool:
+        """Whether it holds for a configuration's ``device`` (cpu, cuda, or auto)."""
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device in (None, device)
+
+
+@functools.cache
+def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
+    """The knob values no trial of this model could run, or would run for nothing, told from a
+    build on the meta device before any trial: the search's probe drops them, ``plan`` leaves
+    them out, and a configuration given alone asking for one is refused in one line."""
+    refusals: list[Refusal] = []
+    if refusal := fsdp_refusal(model_reference):
+        refusals.append(Refusal("parallel", "fsdp", refusal, "use ddp or single"))
+    if mixed := fsdp_mixed_precision_refusal(model_reference):
+        refusals += [
+            Refusal("fsdp_mixed_precision", value, mixed, "use amp=bf16 (autocast casts per op)")
+            for value in ("bf16", "bf16-reduce-fp32")
+        ]
+    if scripted_model(model_reference):
+        refusals += [
+            Refusal("compile", mode, SCRIPTED_COMPILE, "use compile=off")
+            for mode in get_args(Compile)
+            if mode != "off"
+        ]
+    if fake_quantized := fake_quantization(model_reference):
+        reason = (
+            f"quantization-aware training's fake quantization ({fake_quantized}) takes float32 "
+            "only on a CPU: 16-bit activations or weights fail its first step "
+            "(pytorch/pytorch#94371; on CUDA its trials tell)"
+        )
+        refusals += [
+            Refusal(knob, value, reason, f"use {knob}=off", device="cpu")
+            for knob, values in (
+                ("amp", ("fp16", "bf16")),
+                ("fsdp_mixed_precision", ("bf16", "bf16-reduce-fp32")),
+            )
+            for value in values
+        ]
+    if ignored := autocast_ignored(model_reference):
+        refusals += [Refusal("amp", amp, ignored, "use amp=off") for amp in ("fp16", "bf16")]
+    if dtypes := complex_parameters(model_reference):
+        refusals.append(
+            Refusal(
+                "comm_hook",
+                "powersgd",
+                f"PowerSGD's hook never returns for {dtypes} gradients (a trial hung until "
+                "its timeout)",
+                "use comm_hook none, fp16 or bf16",
+            )
+        )
+        refusals.append(
+            Refusal(
+                "optimizer_impl",
+                "fused",
+                f"a fused optimizer takes real floating-point parameters only, and the model "
+                f"trains {dtypes} ones",
+                "use foreach or default",
+            )
+        )
+    return tuple(refusals)
+
+
+def check_refusals(config: TrainConfig, model_reference: str) -> None:
+    """A configuration given alone (a trial, a plan of one): one line, before anything runs,
+    where it asks for a value the model rules out (``model_refusals``)."""
+    for refusal in model_refusals(model_reference):
+        if getattr(config, refusal.knob) == refusal.value and refusal.holds(config.device):
+            raise ConfigError(
+                f"{refusal.knob}={refusal.value}: {refusal.reason}; {refusal.instead}"
+            )
