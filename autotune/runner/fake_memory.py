@@ -27,6 +27,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
+from autotune.runner.loss import DefaultLoss, call_loss
 from autotune.runner.optimizer import chosen_optimizer, device_default, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -622,6 +623,7 @@ def _trace(
         forward_keywords,
         prepare_model,
         split_batch,
+        target_parameter,
     )
 
     put_on_path(spec)
@@ -646,6 +648,7 @@ def _trace(
     in_blocks = sum(_bytes(b.parameters()) for b in blocks)
     dtype = _AMP_DTYPES.get(amp)
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
+    into = target_parameter(model) if isinstance(loss_fn, DefaultLoss) else None
     with mode:
         wrapped, _, _, _ = prepare_model(model, config, device)
         params = wrapped.parameters()
@@ -666,11 +669,11 @@ def _trace(
         scalars = FormattedScalars()
         # the policy holds for checkpoints' recomputation too
         with routing, workspace, tracker, policy, attention, packing, scalars, _unmoved_modules():
-            args, kwargs, target = split_batch(batch, accepts)
+            args, kwargs, target = split_batch(batch, accepts, into)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:
                 output = wrapped(*args, **kwargs)
-                loss = loss_fn(output, target)
+                loss = call_loss(loss_fn, output, target, kwargs)
             # The output (a language model's logits and key/value cache) is held through
             # backward and the optimizer's step, as the trials' step holds it: it goes when
             # the next step's output replaces it.

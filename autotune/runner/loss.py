@@ -29,12 +29,27 @@ class DefaultLoss:
     def __init__(self) -> None:
         self.rule = ""
 
-    def __call__(self, output: Any, target: Any) -> Any:
-        loss, self.rule = _default_loss(output, target)
+    def __call__(self, output: Any, target: Any, fed: bool = False) -> Any:
+        """``fed``: the forward was given the target (``fed_target``), so a scalar its output
+        holds beside the logits is the model's own loss."""
+        loss, self.rule = _default_loss(output, target, fed)
         return loss
 
 
-def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
+def fed_target(kwargs: Mapping[str, Any]) -> bool:
+    """Whether the forward's keyword arguments hold a target (one of ``TARGET_KEYS``)."""
+    return any(key in kwargs for key in TARGET_KEYS)
+
+
+def call_loss(loss_fn: Any, output: Any, target: Any, kwargs: Mapping[str, Any]) -> Any:
+    """``loss_fn(output, target)``; the default loss is also told whether the forward, called
+    with ``kwargs``, was given the target (``fed_target``)."""
+    if isinstance(loss_fn, DefaultLoss):
+        return loss_fn(output, target, fed=fed_target(kwargs))
+    return loss_fn(output, target)
+
+
+def _default_loss(output: Any, target: Any, fed: bool = False) -> tuple[Any, str]:
     """(the loss, the rule that made it, in words): ``DefaultLoss``'s order."""
     import torch  # lazily: the workload module, and so the CLI, import this one
 
@@ -47,6 +62,11 @@ def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
         first = output[0]  # Hugging Face's tuples (return_dict=False) put the loss first
         if isinstance(first, torch.Tensor) and first.dim() == 0 and len(output) > 1:
             loss, rule = first, "the scalar first in the model's output, (loss, ...)"
+    scalars = _scalar_items(output)
+    if loss is None and fed and len(scalars) == 1:  # nanoGPT's (logits, loss)
+        where, loss = scalars[0]
+        rule = f"the model's own loss, the scalar {where} of its output (its forward was given "
+        rule += "the target)"
     if isinstance(loss, torch.Tensor):
         return loss, rule
     logits = first_tensor(output)
@@ -67,6 +87,11 @@ def _default_loss(output: Any, target: Any) -> tuple[Any, str]:
 def _scalars_beside(output: Any, used: Any) -> list[str]:
     """Where a tuple, list or dict output holds, beside ``used``, a scalar tensor of its own:
     an auxiliary loss (a mixture's load balancing) that a loss from the target leaves out."""
+    return [where for where, value in _scalar_items(output) if value is not used]
+
+
+def _scalar_items(output: Any) -> list[tuple[str, Any]]:
+    """(where, tensor) of each scalar tensor a tuple, list or dict output holds."""
     import torch
 
     if isinstance(output, dict):
@@ -75,11 +100,7 @@ def _scalars_beside(output: Any, used: Any) -> list[str]:
         items = [(f"item {i}", value) for i, value in enumerate(output)]
     else:
         return []
-    return [
-        where
-        for where, value in items
-        if isinstance(value, torch.Tensor) and value.dim() == 0 and value is not used
-    ]
+    return [(w, v) for w, v in items if isinstance(v, torch.Tensor) and v.dim() == 0]
 
 
 def _target_loss(logits: Any, target: Any) -> tuple[Any, str]:

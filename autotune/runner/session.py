@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from autotune.config import TrainConfig
 from autotune.runner.lazy_modules import materialize_from_data
 from autotune.runner.lightning import trained_as
-from autotune.runner.loss import default_loss
+from autotune.runner.loss import DefaultLoss, default_loss
 from autotune.runner.memory import child_pids
 from autotune.runner.optimizer import chosen_optimizer, with_implementation
 from autotune.runner.training import (
@@ -35,6 +35,7 @@ from autotune.runner.training import (
     TrainStep,
     forward_keywords,
     prepare_model,
+    target_parameter,
 )
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -241,7 +242,9 @@ def prepare(
     make_optimizer = chosen_optimizer(optimizer, model)
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)
     loader, sampler = make_loader(config, dataset, rank, seed, collate)
-    runner = TrainStep(wrapped, opt, loss or default_loss, config, device, hooks, accepts)
+    loss = loss or default_loss
+    into = target_parameter(model) if isinstance(loss, DefaultLoss) else None  # no loss given
+    runner = TrainStep(wrapped, opt, loss, config, device, hooks, accepts, into)
     return Training(
         config,
         device,

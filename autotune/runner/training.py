@@ -36,7 +36,7 @@ from autotune.errors import (
     TUPLE_SPLIT,
 )
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
-from autotune.runner.loss import first_tensor
+from autotune.runner.loss import TARGET_KEYS, call_loss, first_tensor
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZER_STEP = "in the optimizer's step"
@@ -378,18 +378,41 @@ def forward_keywords(model: nn.Module) -> frozenset[str] | None:
     )
 
 
+def target_parameter(model: nn.Module) -> tuple[str, int] | None:
+    """(name, position) of the forward's optional parameter that takes the target, named as
+    ``TARGET_KEYS`` name one (nanoGPT's ``forward(idx, targets=None)``, Hugging Face's
+    ``labels=None``), its position among the positional parameters (a keyword-only one: after
+    them all); None where the forward has none, or takes the whole batch."""
+    if getattr(model, "takes_whole_batch", False):
+        return None
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    for name in TARGET_KEYS:
+        for position, p in enumerate(parameters):
+            keyword = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            if p.name == name and keyword and p.default is not p.empty and position > 0:
+                return name, position
+    return None
+
+
 def split_batch(
-    batch: Any, accepts: frozenset[str] | None = None
+    batch: Any,
+    accepts: frozenset[str] | None = None,
+    target_into: tuple[str, int] | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
     """(positional inputs, keyword inputs, target) of a batch.
 
     A tensor is the input; a dict (any mapping: a ``BatchEncoding``) is passed as keyword
     arguments (and given to a user loss as the target); a tuple/list is (inputs..., target),
-    or (input,) alone. ``accepts``: the keywords the forward takes (``forward_keywords``); a
-    dict's other keys (a dataset's ``labels`` beside a forward that takes ``input_ids``) stay
-    out of the call, as Hugging Face's Trainer leaves out the columns a model does not take,
-    and in the target. Where the forward takes none of its keys, every key is passed, so that
-    the error names them.
+    or (input,) alone, and ``target_into`` (``target_parameter``: where the loss is the
+    default) passes the target to the forward's parameter for it too, as a training loop calls
+    ``model(x, y)``, where the inputs leave that parameter free. ``accepts``: the keywords the
+    forward takes (``forward_keywords``); a dict's other keys (a dataset's ``labels`` beside a
+    forward that takes ``input_ids``) stay out of the call, as Hugging Face's Trainer leaves
+    out the columns a model does not take, and in the target. Where the forward takes none of
+    its keys, every key is passed, so that the error names them.
     """
     if accepts is WHOLE_BATCH:
         return (batch,), {}, None
@@ -400,7 +423,10 @@ def split_batch(
     if isinstance(batch, (list, tuple)):
         if len(batch) == 1:
             return (batch[0],), {}, None
-        return tuple(batch[:-1]), {}, batch[-1]
+        inputs, target = tuple(batch[:-1]), batch[-1]
+        if target_into is not None and len(inputs) <= target_into[1]:
+            return inputs, {target_into[0]: target}, target
+        return inputs, {}, target
     return (batch,), {}, None
 
 
@@ -426,9 +452,12 @@ class TrainStep:
         device: torch.device,
         hooks: HookCounter,
         accepts: frozenset[str] | None = None,
+        target_into: tuple[str, int] | None = None,
     ) -> None:
         """``accepts``: the keywords the user's model takes (``forward_keywords`` of it before
-        it was wrapped); None passes a dict batch's every key."""
+        it was wrapped); None passes a dict batch's every key. ``target_into``: the forward's
+        parameter a tuple batch's target goes to (``target_parameter``, with the default
+        loss)."""
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.config, self.device, self.hooks = config, device, hooks
         self.amp_dtype = _AMP_DTYPES.get(config.amp)
@@ -437,7 +466,7 @@ class TrainStep:
         self.output_dtype: torch.dtype | None = None
         self.optimizer_steps = 0
         self.micro_steps = 0
-        self.accepts = accepts
+        self.accepts, self.target_into = accepts, target_into
         self.left_out: set[str] = set()
         """Keys of dict batches the forward does not take, left out of the call."""
         # CUDA graphs replay the backward graph into the same pool: a gradient that became
@@ -499,7 +528,7 @@ class TrainStep:
             batch = next(batches)
             data_wait += time.perf_counter() - fetch_start
             moved = move_to(batch, self.device, self.non_blocking, self.config.channels_last)
-            args, kwargs, target = split_batch(moved, self.accepts)
+            args, kwargs, target = split_batch(moved, self.accepts, self.target_into)
             if isinstance(moved, Mapping) and self.accepts is not WHOLE_BATCH:
                 self.left_out.update(moved.keys() - kwargs.keys())
             calls_before = self.hooks.calls
@@ -520,7 +549,7 @@ class TrainStep:
                             error.add_note(hint)
                         raise
                     try:
-                        loss = self.loss_fn(output, target)
+                        loss = call_loss(self.loss_fn, output, target, kwargs)
                     except Exception as error:
                         hint = target_hint(error, target)
                         if hint:

@@ -1,0 +1,57 @@
+"""A forward that takes the target (nanoGPT's ``forward(idx, targets=None)``) is given it from
+a tuple batch, as the training loop's ``model(x, y)`` gives it, and its own loss is the loss."""
+
+from __future__ import annotations
+
+import torch
+
+from autotune.api import run_trial
+from autotune.runner.fake_memory import trace_step
+from autotune.runner.loss import DefaultLoss
+from autotune.runner.training import split_batch, target_parameter
+from autotune.runner.workload import WorkloadSpec
+from tests.fixtures.nano_gpt import GPT, Tokens
+
+MODEL = "tests.fixtures.nano_gpt:GPT"
+FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
+
+
+def test_a_tuple_batchs_target_goes_to_the_forwards_optional_target_parameter() -> None:
+    assert target_parameter(GPT()) == ("targets", 1)
+    assert target_parameter(torch.nn.Linear(2, 2)) is None
+
+    class Required(torch.nn.Module):  # a second input that happens to be named y
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x + y
+
+    assert target_parameter(Required()) is None
+    x, y = Tokens()[0]
+    args, kwargs, target = split_batch((x, y), frozenset({"idx", "targets"}), ("targets", 1))
+    assert args == (x,) and kwargs == {"targets": y} and target is y
+    # two inputs already fill the forward's first two parameters: the target is not passed
+    args, kwargs, _ = split_batch((x, x, y), None, ("targets", 1))
+    assert len(args) == 2 and kwargs == {}
+
+
+def test_the_models_own_loss_is_taken_where_its_forward_was_given_the_target() -> None:
+    # nanoGPT's (logits, loss): the target went nowhere, so its forward gave the last
+    # position's logits alone, and cross-entropy against every position's targets failed.
+    x, y = (torch.stack(t) for t in zip(*(Tokens()[i] for i in range(4)), strict=True))
+    model = GPT()
+    logits, own = model(x, y)
+    loss_fn = DefaultLoss()
+    assert loss_fn((logits, own), y, fed=True) is own
+    assert loss_fn.rule == (
+        "the model's own loss, the scalar item 1 of its output (its forward was given the target)"
+    )
+    loss_fn((logits, own), y)  # not given it: a scalar beside the logits is an auxiliary loss
+    assert "item 1 is left out (an auxiliary loss?" in loss_fn.rule
+
+
+def test_a_nanogpt_style_model_trains_and_is_traced_as_written() -> None:
+    config = {"global_batch_size": 8, "parallel": "ddp", "world_size": 2, "device": "cpu"}
+    result = run_trial(MODEL, config, **FEW)
+    assert result.status == "ok", result.message
+    assert result.loss_rule.startswith("the model's own loss, the scalar item 1")
+    traced = trace_step(WorkloadSpec(model=MODEL), 8)  # the trace fell back before
+    assert traced.total_bytes > traced.parameters_bytes
