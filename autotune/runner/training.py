@@ -361,17 +361,35 @@ WHOLE_BATCH = frozenset({"(the whole batch)"})
 (``takes_whole_batch``: a LightningModule's training step): ``split_batch`` splits nothing."""
 
 
+def _forward_parameters(model: nn.Module) -> list[inspect.Parameter] | None:
+    """The parameters of the model's forward; None when they cannot be told. A wrapper whose
+    forward takes anything (``*args, **kwargs``) and that names the model it wraps (PEFT's
+    ``PeftModel``: ``get_base_model()``) is read through that model, as Hugging Face's Trainer
+    reads it for the columns a model takes."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    base = getattr(model, "get_base_model", None)
+    if all(p.kind in variadic for p in parameters) and callable(base):
+        try:
+            inner = base()
+        except Exception:  # not a wrapper after all: its own signature stands
+            return parameters
+        if isinstance(inner, nn.Module) and inner is not model:
+            return _forward_parameters(inner)
+    return parameters
+
+
 def forward_keywords(model: nn.Module) -> frozenset[str] | None:
     """The keyword arguments the user's model's forward takes (the model as built, before any
     wrapper, whose forward takes anything); None when it takes any (``**kwargs``) or cannot be
     told; ``WHOLE_BATCH`` for a forward that takes the whole batch."""
     if getattr(model, "takes_whole_batch", False):
         return WHOLE_BATCH
-    try:
-        parameters = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+    parameters = _forward_parameters(model)
+    if parameters is None or any(p.kind is p.VAR_KEYWORD for p in parameters):
         return None
     return frozenset(
         p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
@@ -385,9 +403,8 @@ def target_parameter(model: nn.Module) -> tuple[str, int] | None:
     them all); None where the forward has none, or takes the whole batch."""
     if getattr(model, "takes_whole_batch", False):
         return None
-    try:
-        parameters = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
+    parameters = _forward_parameters(model)
+    if parameters is None:
         return None
     for name in TARGET_KEYS:
         for position, p in enumerate(parameters):

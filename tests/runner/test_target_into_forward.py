@@ -10,7 +10,7 @@ from autotune.runner.fake_memory import trace_step
 from autotune.runner.loss import DefaultLoss
 from autotune.runner.training import split_batch, target_parameter
 from autotune.runner.workload import WorkloadSpec
-from tests.fixtures.nano_gpt import GPT, Tokens
+from tests.fixtures.nano_gpt import GPT, Adapted, Tokens
 
 MODEL = "tests.fixtures.nano_gpt:GPT"
 FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
@@ -18,6 +18,8 @@ FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
 
 def test_a_tuple_batchs_target_goes_to_the_forwards_optional_target_parameter() -> None:
     assert target_parameter(GPT()) == ("targets", 1)
+    # a wrapper passing everything on (PEFT's PeftModel) is read through the model it wraps
+    assert target_parameter(Adapted()) == ("targets", 1)
     assert target_parameter(torch.nn.Linear(2, 2)) is None
 
     class Required(torch.nn.Module):  # a second input that happens to be named y
@@ -55,3 +57,11 @@ def test_a_nanogpt_style_model_trains_and_is_traced_as_written() -> None:
     assert result.loss_rule.startswith("the model's own loss, the scalar item 1")
     traced = trace_step(WorkloadSpec(model=MODEL), 8)  # the trace fell back before
     assert traced.total_bytes > traced.parameters_bytes
+
+
+def test_a_wrapped_model_is_given_the_target_through_its_wrapper() -> None:
+    # PEFT's LoRA wrapper of a Hugging Face GPT-2 took (*args, **kwargs): its labels were never
+    # passed, and a cross-entropy of unshifted tokens stood in for the model's own loss.
+    result = run_trial("tests.fixtures.nano_gpt:Adapted", {"global_batch_size": 8}, **FEW)
+    assert result.status == "ok", result.message
+    assert result.loss_rule.startswith("the model's own loss, the scalar item 1")
