@@ -11,6 +11,10 @@ from autotune.errors import WorkloadError
 TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 """The keys of a dict batch the default loss takes as its target, the first found (Hugging
 Face's name first)."""
+TARGET_PARAMETERS = TARGET_KEYS[:-1]
+"""The names of a forward's parameter that takes the target (``training.target_parameter``):
+``TARGET_KEYS`` but ``y``, as often an input (a diffusion model's class labels,
+``forward(x, timesteps, y=None)``)."""
 
 
 class DefaultLoss:
@@ -37,8 +41,8 @@ class DefaultLoss:
 
 
 def fed_target(kwargs: Mapping[str, Any]) -> bool:
-    """Whether the forward's keyword arguments hold a target (one of ``TARGET_KEYS``)."""
-    return any(key in kwargs for key in TARGET_KEYS)
+    """Whether the forward's keyword arguments hold a target (one of ``TARGET_PARAMETERS``)."""
+    return any(key in kwargs for key in TARGET_PARAMETERS)
 
 
 def call_loss(loss_fn: Any, output: Any, target: Any, kwargs: Mapping[str, Any]) -> Any:

@@ -36,7 +36,7 @@ from autotune.errors import (
     TUPLE_SPLIT,
 )
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
-from autotune.runner.loss import TARGET_KEYS, call_loss, first_tensor
+from autotune.runner.loss import TARGET_PARAMETERS, call_loss, first_tensor
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZER_STEP = "in the optimizer's step"
@@ -398,7 +398,7 @@ def forward_keywords(model: nn.Module) -> frozenset[str] | None:
 
 def target_parameter(model: nn.Module) -> tuple[str, int] | None:
     """(name, position) of the forward's optional parameter that takes the target, named as
-    ``TARGET_KEYS`` name one (nanoGPT's ``forward(idx, targets=None)``, Hugging Face's
+    ``TARGET_PARAMETERS`` name one (nanoGPT's ``forward(idx, targets=None)``, Hugging Face's
     ``labels=None``), its position among the positional parameters (a keyword-only one: after
     them all); None where the forward has none, or takes the whole batch."""
     if getattr(model, "takes_whole_batch", False):
@@ -406,7 +406,7 @@ def target_parameter(model: nn.Module) -> tuple[str, int] | None:
     parameters = _forward_parameters(model)
     if parameters is None:
         return None
-    for name in TARGET_KEYS:
+    for name in TARGET_PARAMETERS:
         for position, p in enumerate(parameters):
             keyword = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
             if p.name == name and keyword and p.default is not p.empty and position > 0:

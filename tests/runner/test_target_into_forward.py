@@ -27,6 +27,12 @@ def test_a_tuple_batchs_target_goes_to_the_forwards_optional_target_parameter() 
             return x + y
 
     assert target_parameter(Required()) is None
+
+    class Conditioned(torch.nn.Module):  # guided diffusion's class labels: an input
+        def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> None:
+            pass
+
+    assert target_parameter(Conditioned()) is None
     x, y = Tokens()[0]
     args, kwargs, target = split_batch((x, y), frozenset({"idx", "targets"}), ("targets", 1))
     assert args == (x,) and kwargs == {"targets": y} and target is y
