@@ -55,6 +55,23 @@ UNEVEN_SAMPLES_HINT = (
     "give a collate function that pads them (--collate module:attr, or autotune_collate in the "
     "model's module)"
 )
+UNBATCHABLE_ERROR = "default_collate: batch must contain"
+"""What torch's ``default_collate`` says of samples of a kind it cannot batch (a dataclass)."""
+UNBATCHABLE_HINT = (
+    "torch's default_collate batches tensors, numbers, dicts and lists: make each sample one of "
+    "those (a dataclass's fields a dict), or give a collate function that batches them "
+    "(--collate module:attr, or autotune_collate in the model's module)"
+)
+
+
+def collate_hint(message: str) -> str | None:
+    """How to make batches of samples that torch's ``default_collate`` failed on, going by its
+    error ``message``; None for any other error."""
+    if UNEVEN_SAMPLES_ERROR in message:
+        return UNEVEN_SAMPLES_HINT
+    if UNBATCHABLE_ERROR in message:
+        return UNBATCHABLE_HINT
+    return None
 
 
 def unused_parameters_failure(config: TrainConfig, message: str) -> bool:
@@ -117,8 +134,9 @@ def assemble_result(
     message = f"rank {failure.rank}: {failure.message}"
     if unused_parameters_failure(config, message):
         message = f"{UNUSED_PARAMETERS_HINT}; {message}"
-    if UNEVEN_SAMPLES_ERROR in message and request.workload.collate is None:
-        message = f"{message} ({UNEVEN_SAMPLES_HINT})"
+    hint = collate_hint(message) if request.workload.collate is None else None
+    if hint:
+        message = f"{message} ({hint})"
     if failure.status == "timed_out":
         message = f"no result within timeout_s={options.timeout_s:g}; {message}"
     return TrialResult(

@@ -21,7 +21,7 @@ from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.launch import run_trial
 from autotune.runner.optimizer import accepted_implementations, chosen_optimizer
-from autotune.runner.outcome import UNEVEN_SAMPLES_ERROR, UNEVEN_SAMPLES_HINT
+from autotune.runner.outcome import collate_hint
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -553,7 +553,7 @@ def check_batches(workload: WorkloadSpec) -> None:
     trial would fail in its first step, and a plan would predict batches that cannot be made."""
     unbatched = batch_error(workload)
     if unbatched is not None:
-        hint = f"; {UNEVEN_SAMPLES_HINT}" if UNEVEN_SAMPLES_ERROR in unbatched else ""
+        hint = f"; {found}" if (found := collate_hint(unbatched)) else ""
         raise WorkloadError(
             f"the DataLoader cannot make a batch of the dataset's first samples: {unbatched}{hint}"
         )

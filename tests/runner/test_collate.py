@@ -102,3 +102,20 @@ def test_a_graph_batch_object_trains_over_ranks_and_workers() -> None:
     for collate in (None, "tests.fixtures.graph_objects:as_dataclass"):
         result = run_trial(model, config, collate=collate, **FEW)
         assert result.status == "ok", result.message
+
+
+def test_samples_default_collate_cannot_batch_are_said_with_the_fix() -> None:
+    # Dataclass samples stopped a search with torch's "default_collate: batch must contain
+    # tensors, numpy arrays, numbers, dicts or lists" and nothing else.
+    import pytest
+
+    from autotune.errors import WorkloadError
+    from autotune.runner.workload import WorkloadSpec
+    from autotune.search.probe import check_batches
+
+    spec = WorkloadSpec(model="tests.fixtures.dataclass_samples:Net")
+    with pytest.raises(WorkloadError, match=r"found <class .*Sample'>; torch's default_collate"):
+        check_batches(spec)
+    result = run_trial(spec.model, {"global_batch_size": 8, "device": "cpu"}, **FEW)
+    assert result.status == "error"
+    assert "(a dataclass's fields a dict), or give a collate function" in result.message
