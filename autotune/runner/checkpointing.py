@@ -1,18 +1,21 @@
 """Activation checkpointing on any model: find its repeated blocks, recompute some of them.
 
-The repeated blocks are the layers of the model's stacks: two or more modules of one kind side
-by side in one ``nn.ModuleList``/``nn.Sequential`` (a kind is a class, or for a plain
-``nn.Sequential`` the classes it holds in order), every stack's kind, so an encoder's layers and
-a decoder's are both found (torch's ``nn.Transformer``: two classes). Left out are a kind whose
-every instance lies inside a layer of another stack (a mixture of experts' experts, eight to a
-layer; a block's own sub-modules) and a stage that holds layers (ResNet's ``nn.Sequential`` of
-blocks). A model with no stack falls back to the instances of the most common kind of module
-with children that occurs at least twice, ties broken by total parameters, a kind found only
-inside instances of another repeated kind not counting. A Hugging Face model names its blocks
-itself (``_no_split_modules``, what its own sharding keeps whole): those, where the model has
-them. This finds GPT-2's ``GPT2Block`` in a ``ModuleList``, ResNet's ``BasicBlock`` across its
-stages, ``nn.TransformerEncoderLayer`` and a mixture of experts' decoder layer, without the model
-being ``nn.Sequential``.
+The repeated blocks are the layers of the model's stacks: two or more modules of one kind side by
+side in one ``nn.ModuleList``/``nn.Sequential`` (a kind is a class, or for a plain
+``nn.Sequential`` the classes it holds in order), every stack's kind, so an encoder's layers and a
+decoder's are both found (torch's ``nn.Transformer``: two classes). Left out are a kind whose every
+instance lies inside a layer of another stack (a mixture of experts' experts, eight to a layer; a
+block's own sub-modules) and a stage that holds layers (ResNet's ``nn.Sequential`` of blocks). A
+layer held as a ``ModuleList`` of its parts (x-transformers' ``[norm, attention, residual]``) has
+no forward to wrap: its parts stand side by side with the other layers', and a kind holding under
+``MINOR_SHARE`` of the heaviest stacked kind's parameters (those norms) is a part, not a layer. A
+model with no stack falls back to the instances of the most common kind of module with children
+that occurs at least twice, ties broken by total parameters, a kind found only inside instances of
+another repeated kind not counting. A Hugging Face model names its blocks itself
+(``_no_split_modules``, what its own sharding keeps whole): those, where the model has them. This
+finds GPT-2's ``GPT2Block`` in a ``ModuleList``, ResNet's ``BasicBlock`` across its stages,
+``nn.TransformerEncoderLayer`` and a mixture of experts' decoder layer, without the model being
+``nn.Sequential``.
 
 ``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
 checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
@@ -52,6 +55,13 @@ from torch.utils.checkpoint import checkpoint
 from autotune.errors import ConfigError
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+MINOR_SHARE = 0.05
+"""A stacked kind whose instances hold under this share of the parameters the heaviest stacked
+kind's hold is a part of the layers, not a stack of its own."""
+_LISTS = (nn.ModuleList, nn.ModuleDict)
+"""Containers without a forward: never a block, whose forward checkpointing or FSDP would
+wrap (a patched forward nobody calls; "fully_shard does not support containers that do not
+implement forward")."""
 
 
 def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
@@ -59,7 +69,11 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
     TorchScript module is no block, nor is what it holds: its forward runs in TorchScript's
     interpreter, which neither checkpointing's patched forward nor FSDP's hooks reach."""
     scripted = {id(m) for s in model.modules() if is_scripted(s) for m in s.modules()}
-    return [block for block in _found_blocks(model) if id(block) not in scripted]
+    return [
+        block
+        for block in _found_blocks(model)
+        if id(block) not in scripted and not isinstance(block, _LISTS)
+    ]
 
 
 def is_scripted(module: nn.Module) -> bool:
@@ -105,7 +119,7 @@ def _stacked_kinds(model: nn.Module, counts: Counter[object]) -> set[object]:
     stacked: set[object] = set()
     for parent in model.modules():
         if isinstance(parent, _CONTAINERS):
-            siblings = Counter(_kind(c) for c in parent.children() if any(c.children()))
+            siblings = Counter(_kind(c) for c in _parts(parent) if any(c.children()))
             stacked.update(kind for kind, n in siblings.items() if n >= 2)
     layers = [m for m in model.modules() if m is not model and _kind(m) in stacked]
     inner = _nested_kinds([m for m in layers if not isinstance(m, _CONTAINERS)], counts)
@@ -115,7 +129,26 @@ def _stacked_kinds(model: nn.Module, counts: Counter[object]) -> set[object]:
         for m in layers
         if _kind(m) in stacked and any(i is not m and _kind(i) in stacked for i in m.modules())
     }
-    return stacked - outer
+    stacked -= outer
+    weights = Counter[object]()
+    for m in layers:
+        if _kind(m) in stacked:
+            weights[_kind(m)] += sum(p.numel() for p in m.parameters())
+    heaviest = max(weights.values(), default=0)
+    # a layer's small parts beside its layers (x-transformers' norms, held in one list with
+    # its attention and feed-forward) are no layers
+    return {kind for kind in stacked if weights[kind] >= MINOR_SHARE * heaviest}
+
+
+def _parts(parent: nn.Module) -> Iterator[nn.Module]:
+    """``parent``'s children, a ``ModuleList``'s or ``ModuleDict``'s own in its place: a layer
+    held as a list of its parts (x-transformers' ``[norms, attention, residual]``) has no
+    forward of its own, so its parts are the layers, side by side with the other layers'."""
+    for child in parent.children():
+        if isinstance(child, _LISTS):
+            yield from _parts(child)
+        else:
+            yield child
 
 
 def _declared_blocks(model: nn.Module) -> list[nn.Module]:

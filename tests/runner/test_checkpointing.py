@@ -202,6 +202,22 @@ def test_torchscript_modules_are_no_blocks() -> None:
         apply_checkpointing(ScriptedBlocks(), 1)
 
 
+def test_layers_held_as_lists_of_their_parts_are_found_by_their_parts() -> None:
+    # x-transformers' layers are ModuleLists of [norm, block, residual]: the lists were taken
+    # for the blocks, and a ModuleList has no forward, so checkpointing patched a forward
+    # nobody called (accepted and ignored) and FSDP refused them ("fully_shard does not support
+    # containers that do not implement forward").
+    from autotune.runner.fake_memory import trace_step
+    from autotune.runner.workload import WorkloadSpec
+    from tests.fixtures.part_lists import Attention, Decoder, FeedForward
+
+    blocks = find_repeated_blocks(Decoder())
+    assert [type(b) for b in blocks] == [Attention, FeedForward] * 3  # not the norms: parts
+    spec = WorkloadSpec(model="tests.fixtures.part_lists:Decoder")
+    plain, checkpointed = trace_step(spec, 8), trace_step(spec, 8, checkpoint_segments=6)
+    assert checkpointed.total_bytes < plain.total_bytes
+
+
 def test_a_hugging_face_decoder_with_its_cache_on_is_checkpointed_without_it() -> None:
     """T5's decoder fills its key/value cache in forward (``use_cache`` is on by default), and
     fills it again when a checkpointed block is recomputed: backward failed with "A different

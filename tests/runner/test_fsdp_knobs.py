@@ -238,3 +238,14 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out() -> None:
     assert run_trial(model, config.model_copy(update={"amp": "bf16",
         "fsdp_mixed_precision": "off"}), warmup_steps=1, measured_steps=2,
         target_interval=0).status == "ok"  # fmt: skip
+
+
+def test_fsdp_shards_layers_held_as_lists_of_their_parts() -> None:
+    from autotune.api import run_trial
+
+    config = {"global_batch_size": 8, "parallel": "fsdp", "world_size": 2, "device": "cpu"}
+    result = run_trial(
+        "tests.fixtures.part_lists:Decoder", {**config, "checkpoint_segments": 2},
+        warmup_steps=1, measured_steps=2, target_interval=0,
+    )  # fmt: skip
+    assert result.status == "ok", result.message
