@@ -8,7 +8,8 @@ instance lies inside a layer of another stack (a mixture of experts' experts, ei
 block's own sub-modules) and a stage that holds layers (ResNet's ``nn.Sequential`` of blocks). A
 layer held as a ``ModuleList`` of its parts (x-transformers' ``[norm, attention, residual]``) has
 no forward to wrap: its parts stand side by side with the other layers', and a kind holding under
-``MINOR_SHARE`` of the heaviest stacked kind's parameters (those norms) is a part, not a layer. A
+``MINOR_SHARE`` of the heaviest stacked kind's parameters (those norms) is a part, not a layer (a
+small stack of its own, a vision tower beside a language model, still is). A
 model with no stack falls back to the instances of the most common kind of module with children
 that occurs at least twice, ties broken by total parameters, a kind found only inside instances of
 another repeated kind not counting. A Hugging Face model names its blocks itself
@@ -117,10 +118,13 @@ def _stacked_kinds(model: nn.Module, counts: Counter[object]) -> set[object]:
     mixture of experts' experts, a block's own sub-modules) and a stage that holds layers of
     a stack (ResNet's ``nn.Sequential`` of blocks); empty when the model has no stack."""
     stacked: set[object] = set()
+    parts: set[object] = set()  # kinds stacked as the parts of layers held as lists
     for parent in model.modules():
         if isinstance(parent, _CONTAINERS):
-            siblings = Counter(_kind(c) for c in _parts(parent) if any(c.children()))
+            found = [(c, nested) for c, nested in _parts(parent) if any(c.children())]
+            siblings = Counter(_kind(c) for c, _ in found)
             stacked.update(kind for kind, n in siblings.items() if n >= 2)
+            parts.update(_kind(c) for c, nested in found if nested and siblings[_kind(c)] >= 2)
     layers = [m for m in model.modules() if m is not model and _kind(m) in stacked]
     inner = _nested_kinds([m for m in layers if not isinstance(m, _CONTAINERS)], counts)
     stacked -= inner
@@ -136,19 +140,21 @@ def _stacked_kinds(model: nn.Module, counts: Counter[object]) -> set[object]:
             weights[_kind(m)] += sum(p.numel() for p in m.parameters())
     heaviest = max(weights.values(), default=0)
     # a layer's small parts beside its layers (x-transformers' norms, held in one list with
-    # its attention and feed-forward) are no layers
-    return {kind for kind in stacked if weights[kind] >= MINOR_SHARE * heaviest}
+    # its attention and feed-forward) are no layers; a small stack of its own (a vision tower
+    # beside a language model's decoder) still is
+    return {k for k in stacked if k not in parts or weights[k] >= MINOR_SHARE * heaviest}
 
 
-def _parts(parent: nn.Module) -> Iterator[nn.Module]:
-    """``parent``'s children, a ``ModuleList``'s or ``ModuleDict``'s own in its place: a layer
-    held as a list of its parts (x-transformers' ``[norms, attention, residual]``) has no
-    forward of its own, so its parts are the layers, side by side with the other layers'."""
+def _parts(parent: nn.Module, nested: bool = False) -> Iterator[tuple[nn.Module, bool]]:
+    """(child, whether it came from a list inside ``parent``) of ``parent``'s children, a
+    ``ModuleList``'s or ``ModuleDict``'s own in its place: a layer held as a list of its parts
+    (x-transformers' ``[norms, attention, residual]``) has no forward of its own, so its parts
+    are the layers, side by side with the other layers'."""
     for child in parent.children():
         if isinstance(child, _LISTS):
-            yield from _parts(child)
+            yield from _parts(child, True)
         else:
-            yield child
+            yield child, nested
 
 
 def _declared_blocks(model: nn.Module) -> list[nn.Module]:

@@ -218,6 +218,24 @@ def test_layers_held_as_lists_of_their_parts_are_found_by_their_parts() -> None:
     assert checkpointed.total_bytes < plain.total_bytes
 
 
+def test_a_small_stack_of_its_own_stays_a_stack_beside_a_heavy_one() -> None:
+    # Only a layer's parts (held in a list with the layer) are weighed against the heaviest
+    # stack: a small vision tower's layers beside a language model's stay blocks.
+    class Layer(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.linear = nn.Linear(width, width)
+
+    class TwoTowers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vision = nn.ModuleList(Layer(4) for _ in range(2))
+            self.language = nn.ModuleList(Layer(256) for _ in range(4))
+
+    blocks = find_repeated_blocks(TwoTowers())
+    assert [b.linear.in_features for b in blocks] == [4, 4, 256, 256, 256, 256]  # type: ignore[union-attr]
+
+
 def test_a_hugging_face_decoder_with_its_cache_on_is_checkpointed_without_it() -> None:
     """T5's decoder fills its key/value cache in forward (``use_cache`` is on by default), and
     fills it again when a checkpointed block is recomputed: backward failed with "A different
