@@ -24,8 +24,9 @@ class DefaultLoss:
 
     Order: a scalar tensor output; an output object with a tensor ``.loss`` (Hugging Face); a
     dict with ``"loss"``; a tuple whose first item is a scalar (``(loss, logits, ...)``, Hugging
-    Face's with ``return_dict=False``). Else, with a target (of a dict batch, the first of
-    ``TARGET_KEYS``): cross-entropy for integer targets (class indices, logits in the last
+    Face's with ``return_dict=False``); where the forward was given the target, the one scalar
+    its output holds (nanoGPT's ``(logits, loss)``). Else, with a target (of a dict batch, the
+    first of ``TARGET_KEYS``): cross-entropy for integer targets (class indices, logits in the last
     dimension), mean squared error for floating targets. With no target at all (synthetic data)
     the mean square of the output stands in, for measuring speed only.
     """
