@@ -67,7 +67,7 @@ def _default_loss(output: Any, target: Any, fed: bool = False) -> tuple[Any, str
         first = output[0]  # Hugging Face's tuples (return_dict=False) put the loss first
         if isinstance(first, torch.Tensor) and first.dim() == 0 and len(output) > 1:
             loss, rule = first, "the scalar first in the model's output, (loss, ...)"
-    scalars = _scalar_items(output)
+    scalars = [] if isinstance(loss, torch.Tensor) else _scalar_items(output)
     if loss is None and fed and len(scalars) == 1:  # nanoGPT's (logits, loss)
         where, loss = scalars[0]
         rule = f"the model's own loss, the scalar {where} of its output (its forward was given "
@@ -81,18 +81,13 @@ def _default_loss(output: Any, target: Any, fed: bool = False) -> tuple[Any, str
             "or an object with a .loss, or pass --loss"
         )
     loss, rule = _target_loss(logits, target)
-    if left := _scalars_beside(output, logits):
+    # a scalar beside the scores: an auxiliary loss (a mixture's load balancing) left out
+    if left := [where for where, value in scalars if value is not logits]:
         rule += (
             f"; the output's scalar {', '.join(left)} is left out (an auxiliary loss? add it with "
             "--loss or autotune_loss)"
         )
     return loss, rule
-
-
-def _scalars_beside(output: Any, used: Any) -> list[str]:
-    """Where a tuple, list or dict output holds, beside ``used``, a scalar tensor of its own:
-    an auxiliary loss (a mixture's load balancing) that a loss from the target leaves out."""
-    return [where for where, value in _scalar_items(output) if value is not used]
 
 
 def _scalar_items(output: Any) -> list[tuple[str, Any]]:
