@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import error_line
-from autotune.runner.loss import DefaultLoss, call_loss
+from autotune.runner.loss import call_loss
 
 RELATIVE_TOLERANCE = 1e-3
 """How far the pair's loss may lie from the mean of the duplicated pairs' and count as equal:
@@ -53,11 +53,10 @@ def _loss(
     default ones do)."""
     import torch
 
-    from autotune.runner.training import split_batch, target_parameter  # imports torch
+    from autotune.runner.training import split_batch, target_into  # imports torch
 
     torch.manual_seed(seed)
-    into = target_parameter(model) if isinstance(loss_fn, DefaultLoss) else None
-    args, kwargs, target = split_batch(batch, accepts, into)
+    args, kwargs, target = split_batch(batch, accepts, target_into(model, loss_fn))
     loss = call_loss(loss_fn, model(*args, **kwargs), target, kwargs)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ValueError("the loss is not a scalar tensor")

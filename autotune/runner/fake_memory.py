@@ -27,7 +27,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
-from autotune.runner.loss import DefaultLoss, call_loss
+from autotune.runner.loss import call_loss
 from autotune.runner.optimizer import chosen_optimizer, device_default, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -133,6 +133,7 @@ def _fake_batch(
 
 
 def _shapes(batch: Any) -> list[tuple[int, ...]]:
+    """The shapes of ``batch``'s tensors, in ``map_tensors``' order."""
     from autotune.runner.training import map_tensors  # imports torch
 
     shapes: list[tuple[int, ...]] = []
@@ -161,11 +162,7 @@ VARYING_SAMPLES = 8
 def _widens(batch: Any, samples: int) -> bool:
     """Whether every tensor of ``batch`` holds its ``samples`` along its first dimension, so
     that a larger micro-batch is the same batch widened."""
-    from autotune.runner.training import map_tensors  # imports torch
-
-    tensors: list[Any] = []
-    map_tensors(batch, tensors.append)
-    return all(t.dim() > 0 and t.shape[0] == samples for t in tensors)
+    return all(shape[:1] == (samples,) for shape in _shapes(batch))
 
 
 def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
@@ -626,7 +623,7 @@ def _trace(
         forward_keywords,
         prepare_model,
         split_batch,
-        target_parameter,
+        target_into,
     )
 
     put_on_path(spec)
@@ -651,7 +648,7 @@ def _trace(
     in_blocks = sum(_bytes(b.parameters()) for b in blocks)
     dtype = _AMP_DTYPES.get(amp)
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
-    into = target_parameter(model) if isinstance(loss_fn, DefaultLoss) else None
+    into = target_into(model, loss_fn)
     with mode:
         wrapped, _, _, _ = prepare_model(model, config, device)
         params = wrapped.parameters()

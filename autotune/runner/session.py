@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from autotune.config import TrainConfig
 from autotune.runner.lazy_modules import materialize_from_data
 from autotune.runner.lightning import trained_as
-from autotune.runner.loss import DefaultLoss, default_loss
+from autotune.runner.loss import default_loss
 from autotune.runner.memory import child_pids
 from autotune.runner.optimizer import chosen_optimizer, with_implementation
 from autotune.runner.training import (
@@ -35,7 +35,7 @@ from autotune.runner.training import (
     TrainStep,
     forward_keywords,
     prepare_model,
-    target_parameter,
+    target_into,
 )
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -243,7 +243,7 @@ def prepare(
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)
     loader, sampler = make_loader(config, dataset, rank, seed, collate)
     loss = loss or default_loss
-    into = target_parameter(model) if isinstance(loss, DefaultLoss) else None  # no loss given
+    into = target_into(model, loss)
     runner = TrainStep(wrapped, opt, loss, config, device, hooks, accepts, into)
     return Training(
         config,

@@ -36,7 +36,7 @@ from autotune.errors import (
     TUPLE_SPLIT,
 )
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
-from autotune.runner.loss import TARGET_PARAMETERS, call_loss, first_tensor
+from autotune.runner.loss import TARGET_PARAMETERS, DefaultLoss, call_loss, first_tensor
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZER_STEP = "in the optimizer's step"
@@ -66,10 +66,14 @@ def _applies(value: Any) -> bool:
     return callable(getattr(value, "apply", None)) and hasattr(value, "stores")
 
 
+def _dataclass_instance(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
 def _holds_tensors(value: Any) -> bool:
     """Whether ``map_tensors`` goes into ``value`` beyond dicts, lists and tuples: a dataclass
     instance or a batch that maps its own tensors (``_applies``)."""
-    return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or _applies(value)
+    return _dataclass_instance(value) or _applies(value)
 
 
 def input_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -333,7 +337,7 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
     if _applies(batch):
         return copy.copy(batch).apply(lambda t: map_tensors(t, fn))
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+    if _dataclass_instance(batch):
         copied = copy.copy(batch)
         for item in dataclasses.fields(batch):
             # object.__setattr__: a frozen dataclass's copy takes its mapped fields too
@@ -412,6 +416,12 @@ def target_parameter(model: nn.Module) -> tuple[str, int] | None:
             if p.name == name and keyword and p.default is not p.empty and position > 0:
                 return name, position
     return None
+
+
+def target_into(model: nn.Module, loss_fn: Any) -> tuple[str, int] | None:
+    """``target_parameter`` where ``loss_fn`` is the default loss; None with a user's loss,
+    which takes the output as the forward makes it without the target."""
+    return target_parameter(model) if isinstance(loss_fn, DefaultLoss) else None
 
 
 def split_batch(
