@@ -5,7 +5,12 @@ side in one ``nn.ModuleList``/``nn.Sequential`` (a kind is a class, or for a pla
 ``nn.Sequential`` the classes it holds in order), every stack's kind, so an encoder's layers and a
 decoder's are both found (torch's ``nn.Transformer``: two classes). Left out are a kind whose every
 instance lies inside a layer of another stack (a mixture of experts' experts, eight to a layer; a
-block's own sub-modules) and a stage that holds layers (ResNet's ``nn.Sequential`` of blocks). A
+block's own sub-modules), unless a ``Sequential`` runs it in turn (the blocks of timm's stage
+classes), and a stage that holds layers (ResNet's ``nn.Sequential`` of blocks). A unit (at most
+one weight matrix, with its norm and activation: torchvision's ``Conv2dNormActivation``, stacked
+three to a MobileNet's inverted residual) is a part of the layers, not a layer, where the model
+has other stacks; where units are its only stacks and lie inside repeated modules (GoogLeNet's
+inception branches), those modules are found by the fallback below. A
 layer held as a ``ModuleList`` of its parts (x-transformers' ``[norm, attention, residual]``) has
 no forward to wrap: its parts stand side by side with the other layers', and a kind holding under
 ``MINOR_SHARE`` of the heaviest stacked kind's parameters (those norms) is a part, not a layer (a
@@ -100,6 +105,8 @@ def _found_blocks(model: nn.Module) -> list[nn.Module]:
     repeated = [kind for kind, n in counts.items() if n >= 2]
     nested = _nested_kinds(candidates, counts)
     repeated = [kind for kind in repeated if kind not in nested] or repeated
+    units = _unit_kinds(candidates)
+    repeated = [kind for kind in repeated if kind not in units] or repeated
     if not repeated:
         return []
 
@@ -119,19 +126,42 @@ def _stacked_kinds(model: nn.Module, counts: Counter[object]) -> set[object]:
     a stack (ResNet's ``nn.Sequential`` of blocks); empty when the model has no stack."""
     stacked: set[object] = set()
     parts: set[object] = set()  # kinds stacked as the parts of layers held as lists
+    members: set[int] = set()  # the modules found side by side with others of their kind
+    in_sequence: set[object] = set()  # kinds stacked in a Sequential, which runs them in turn
     for parent in model.modules():
         if isinstance(parent, _CONTAINERS):
             found = [(c, nested) for c, nested in _parts(parent) if any(c.children())]
             siblings = Counter(_kind(c) for c, _ in found)
             stacked.update(kind for kind, n in siblings.items() if n >= 2)
+            members.update(id(c) for c, _ in found if siblings[_kind(c)] >= 2)
+            if isinstance(parent, nn.Sequential):
+                in_sequence.update(_kind(c) for c, _ in found if siblings[_kind(c)] >= 2)
             parts.update(_kind(c) for c, nested in found if nested and siblings[_kind(c)] >= 2)
     layers = [m for m in model.modules() if m is not model and _kind(m) in stacked]
+    # a layer's convolution-norm-activation units (MobileNet's inverted residual holds three in
+    # a Sequential) are its parts: no stack of their own, nor do they make it a stage
+    units = _unit_kinds(layers)
+    if stacked - units:
+        stacked -= units
+    elif _enclosed(model, members, counts, units):
+        return set()  # units stacked only inside repeated modules (GoogLeNet's): those are found
+    # a kind found only inside another's layers is a part of them (a mixture's experts, held in
+    # a ModuleList), unless a Sequential runs it in turn: the layers of a stage class (timm's
+    # ConvNeXtStage holds its blocks in one), which are the layers, not the stages
     inner = _nested_kinds([m for m in layers if not isinstance(m, _CONTAINERS)], counts)
-    stacked -= inner
+    stacked -= inner - in_sequence
+    # a stage: it holds a stack's layers, or a layer of a stacked class (a Sequential is of a
+    # stacked kind by the classes it holds, so one outside a stack makes no stage)
     outer = {
         _kind(m)
         for m in layers
-        if _kind(m) in stacked and any(i is not m and _kind(i) in stacked for i in m.modules())
+        if _kind(m) in stacked
+        and any(
+            i is not m
+            and _kind(i) in stacked
+            and (id(i) in members or not isinstance(i, _CONTAINERS))
+            for i in m.modules()
+        )
     }
     stacked -= outer
     weights = Counter[object]()
@@ -143,6 +173,43 @@ def _stacked_kinds(model: nn.Module, counts: Counter[object]) -> set[object]:
     # its attention and feed-forward) are no layers; a small stack of its own (a vision tower
     # beside a language model's decoder) still is
     return {k for k in stacked if k not in parts or weights[k] >= MINOR_SHARE * heaviest}
+
+
+def _enclosed(
+    model: nn.Module, members: set[int], counts: Counter[object], units: set[object]
+) -> bool:
+    """Whether every module of ``members`` lies inside a module of a repeated kind (``counts``)
+    that is neither a container nor one of ``units``."""
+    inside: set[int] = set()
+    for module in model.modules():
+        kind = _kind(module)
+        if module is model or isinstance(module, _CONTAINERS) or kind in units:
+            continue
+        if counts[kind] >= 2:
+            inside.update(id(m) for m in module.modules() if m is not module)
+    return members <= inside
+
+
+def _unit_kinds(modules: list[nn.Module]) -> set[object]:
+    """The kinds every instance of which among ``modules`` is a unit: at most one weight matrix
+    (a convolution's, a linear layer's) with what normalises and activates it (torchvision's
+    ``Conv2dNormActivation``, timm's ``ConvNormAct`` and ``BatchNormAct2d``, GoogLeNet's
+    ``BasicConv2d``, ConvNeXt's downsampling ``[norm, conv]``), the parts a layer is built of,
+    never a layer itself where a model has layers."""
+    verdicts: dict[object, bool] = {}
+    for module in modules:
+        kind = _kind(module)
+        verdicts[kind] = verdicts.get(kind, True) and sum(map(_has_matrix, module.modules())) <= 1
+    return {kind for kind, unit in verdicts.items() if unit}
+
+
+def _has_matrix(module: nn.Module) -> bool:
+    """Whether ``module`` itself holds a weight matrix (a norm's or an activation's vectors are
+    none; a lazy layer's weight, shapeless until its first forward, counts)."""
+    return any(
+        isinstance(p, nn.parameter.UninitializedParameter) or p.dim() >= 2
+        for p in module.parameters(recurse=False)
+    )
 
 
 def _parts(parent: nn.Module, nested: bool = False) -> Iterator[tuple[nn.Module, bool]]:

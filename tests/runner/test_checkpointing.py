@@ -14,6 +14,7 @@ from autotune.runner.checkpointing import (
     checkpoints_itself,
     find_repeated_blocks,
 )
+from tests.fixtures.conv_units import ConvNeXt, GoogLeNet, MobileNet
 from workloads.convnet import BasicBlock, resnet_tiny
 from workloads.gpt import Block, gpt_tiny
 
@@ -98,6 +99,40 @@ def test_a_stage_of_blocks_is_not_a_block_nor_a_module_inside_one() -> None:
     model = nn.Sequential(nn.Conv2d(3, 8, 3), stage(), stage(), stage())
     blocks = find_repeated_blocks(model)
     assert len(blocks) == 6 and all(isinstance(b, BasicBlock) for b in blocks)
+
+
+def test_a_layer_built_of_units_is_the_block_not_its_units() -> None:
+    """MobileNet's inverted residuals hold convolution-norm-activation units stacked in a
+    Sequential: the units were taken for the blocks and the layers for stages holding them
+    (torchvision's MobileNets, EfficientNets, Faster R-CNN's backbone). One layer's two units
+    are a Sequential of the same classes as SSD's extra layers: no stage either."""
+    model = MobileNet()
+    blocks = find_repeated_blocks(model)
+    assert blocks == [*model.features[1:5], *model.extras]
+
+
+def test_a_stage_classs_blocks_are_the_blocks() -> None:
+    """timm's stage classes hold their blocks in a Sequential: the blocks, every one inside a
+    stage, were taken for a stage's parts (as a mixture's experts are), and the four stages of
+    a ConvNeXt for its blocks."""
+    model = ConvNeXt()
+    blocks = find_repeated_blocks(model)
+    assert blocks == [*model.stages[0].blocks, *model.stages[1].blocks]
+    assert block_classes(blocks) == "Block"
+
+
+def test_units_stacked_only_inside_repeated_modules_leave_those_modules_the_blocks() -> None:
+    model = GoogLeNet()  # the units side by side are an inception branch's
+    blocks = find_repeated_blocks(model)
+    assert blocks == [model.inception3a, model.inception3b, model.inception4a]
+    checkpointed = GoogLeNet()
+    checkpointed.load_state_dict(model.state_dict())
+    apply_checkpointing(checkpointed, 3)
+    x = torch.randn(2, 3, 8, 8)
+    model(x).sum().backward()
+    checkpointed(x).sum().backward()
+    for a, b in zip(model.parameters(), checkpointed.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
 
 
 class _Counting(nn.Module):
