@@ -25,10 +25,12 @@ class DefaultLoss:
     Order: a scalar tensor output; an output object with a tensor ``.loss`` (Hugging Face); a
     dict with ``"loss"``; a tuple whose first item is a scalar (``(loss, logits, ...)``, Hugging
     Face's with ``return_dict=False``); where the forward was given the target, the one scalar
-    its output holds (nanoGPT's ``(logits, loss)``). Else, with a target (of a dict batch, the
+    its output holds (nanoGPT's ``(logits, loss)``); a dict of losses alone, summed
+    (``_losses_dict``: torchvision's detection models). Else, with a target (of a dict batch, the
     first of ``TARGET_KEYS``): cross-entropy for integer targets (class indices, logits in the last
-    dimension), mean squared error for floating targets. With no target at all (synthetic data)
-    the mean square of the output stands in, for measuring speed only.
+    dimension), mean squared error for floating targets. With no target at all (synthetic data),
+    or one no rule takes (a list of dicts), the mean square of the output stands in, for
+    measuring speed only, and the rule says so.
     """
 
     def __init__(self) -> None:
@@ -72,6 +74,9 @@ def _default_loss(output: Any, target: Any, fed: bool = False) -> tuple[Any, str
         where, loss = scalars[0]
         rule = f"the model's own loss, the scalar {where} of its output (its forward was given "
         rule += "the target)"
+    if loss is None and _losses_dict(output, scalars, fed):  # torchvision's detection models
+        loss = sum(value for _, value in scalars)
+        rule = f"the sum of the model's own losses, {', '.join(w for w, _ in scalars)}"
     if isinstance(loss, torch.Tensor):
         return loss, rule
     logits = first_tensor(output)
@@ -88,6 +93,17 @@ def _default_loss(output: Any, target: Any, fed: bool = False) -> tuple[Any, str
             "--loss or autotune_loss)"
         )
     return loss, rule
+
+
+def _losses_dict(output: Any, scalars: list[tuple[str, Any]], fed: bool) -> bool:
+    """Whether ``output`` is a dict of two or more losses and nothing else (``scalars``: its
+    scalar items), to be summed as torchvision's reference training sums a detection model's
+    ``loss_classifier``, ``loss_box_reg``, ...: every value a scalar, and either the forward was
+    given the target (RetinaNet's ``classification`` and ``bbox_regression``) or every key
+    names a loss."""
+    if not isinstance(output, dict) or len(scalars) < 2 or len(scalars) != len(output):
+        return False
+    return fed or all("loss" in str(key).lower() for key in output)
 
 
 def _scalar_items(output: Any) -> list[tuple[str, Any]]:
@@ -125,7 +141,17 @@ def _target_loss(logits: Any, target: Any) -> tuple[Any, str]:
         if compared.shape != logits.shape:
             rule += f" (the output's {list(logits.shape)} as their {list(target.shape)})"
         return F.mse_loss(compared.float(), target.float()), rule
-    return logits.float().square().mean(), "the output's mean square (no target: speed only)"
+    if target is None:
+        return logits.float().square().mean(), "the output's mean square (no target: speed only)"
+    if isinstance(target, Mapping):
+        keys = ", ".join(map(repr, TARGET_KEYS))
+        why = f"the batch holds none of {keys}"
+    else:
+        why = f"the target, a {type(target).__name__}, is no tensor a default rule takes"
+    return (
+        logits.float().square().mean(),
+        f"the output's mean square (speed only: {why}; pass --loss)",
+    )
 
 
 default_loss = DefaultLoss()

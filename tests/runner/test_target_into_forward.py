@@ -71,3 +71,32 @@ def test_a_wrapped_model_is_given_the_target_through_its_wrapper() -> None:
     result = run_trial("tests.fixtures.nano_gpt:Adapted", {"global_batch_size": 8}, **FEW)
     assert result.status == "ok", result.message
     assert result.loss_rule.startswith("the model's own loss, the scalar item 1")
+
+
+def test_a_dict_of_losses_alone_is_summed() -> None:
+    # torchvision's detection models return {"loss_classifier": ..., "loss_box_reg": ...}: the
+    # first of them, squared, stood in ("the output's mean square (no target: speed only)")
+    a, b = torch.tensor(0.5, requires_grad=True), torch.tensor(2.0, requires_grad=True)
+    loss_fn = DefaultLoss()
+    named = {"loss_classifier": a, "loss_box_reg": b}
+    assert float(loss_fn(named, None)) == 2.5
+    assert loss_fn.rule == "the sum of the model's own losses, 'loss_classifier', 'loss_box_reg'"
+    unnamed = {"classification": a, "bbox_regression": b}  # RetinaNet's: given the targets
+    assert float(loss_fn(unnamed, [{"labels": torch.tensor([1])}], fed=True)) == 2.5
+    # not given them, keys that name no loss are no losses of the model's own
+    assert float(loss_fn(unnamed, None)) == 0.25
+    assert loss_fn.rule.startswith("the output's mean square (no target: speed only); the ")
+    assert "scalar 'bbox_regression' is left out" in loss_fn.rule
+    loss_fn(torch.ones(2, 3), [{"labels": torch.tensor([1])}])
+    assert loss_fn.rule == (
+        "the output's mean square (speed only: the target, a list, is no tensor a default rule "
+        "takes; pass --loss)"
+    )
+
+
+def test_a_torchvision_style_detector_trains_on_the_sum_of_its_losses() -> None:
+    result = run_trial("tests.fixtures.detection:Detector", {"global_batch_size": 8}, **FEW)
+    assert result.status == "ok", result.message
+    assert result.loss_rule == (
+        "the sum of the model's own losses, 'classification', 'bbox_regression'"
+    )
