@@ -11,7 +11,9 @@ For samples ``a`` and ``b``, a loss of each sample alone, reduced by mean or by 
 eval mode (dropout off, a batch norm's running statistics: batch norms are told apart by their
 class) without gradients, each from the same random seed; a loss that still differs between two
 runs of one batch (a VAE's sampled latent) cannot be told this way: the check says so, as it
-says why for any it could not tell.
+says why for any it could not tell. Nor can a model whose output in eval mode is not what it
+trains on (torchvision's detection models return their losses in training and their detections
+in eval mode), told by one forward in training mode first (the default loss's rule for each).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import error_line
-from autotune.runner.loss import call_loss
+from autotune.runner.loss import LEFT_OUT, DefaultLoss, call_loss
 
 RELATIVE_TOLERANCE = 1e-3
 """How far the pair's loss may lie from the mean of the duplicated pairs' and count as equal:
@@ -63,6 +65,30 @@ def _loss(
     if loss.dtype != torch.float64:
         rounded.append(loss.dtype)
     return float(loss.detach().double())
+
+
+def _training_rule(
+    model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any], accepts: frozenset[str] | None
+) -> str | None:
+    """Which of the default loss's rules takes the loss in training mode (None for a loss of
+    the user's): a model whose output in eval mode is another (torchvision's detection models
+    return their losses in training, their detections in eval mode) is not checked on it. The
+    forward's updates of the model's buffers (batch norms' running statistics) are undone."""
+    if not isinstance(loss_fn, DefaultLoss):
+        return None
+    buffers = [(buffer, buffer.clone()) for buffer in model.buffers()]
+    model.train()
+    try:
+        _loss(model, batch, loss_fn, accepts, [])
+    finally:
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
+    return _rule(loss_fn)
+
+
+def _rule(loss_fn: Any) -> str:
+    """The default loss's last rule, without what it adds after it (a scalar left out)."""
+    return str(loss_fn.rule).split(LEFT_OUT)[0]
 
 
 def _close(x: float, y: float, tolerance: float, *scale: float) -> bool:
@@ -132,13 +158,19 @@ def _couples(
     training = model.training
     try:
         materialize(model, collate([a, b]))
-        model.eval()
         with torch.no_grad():
+            trained_on = _training_rule(model, collate([a, b]), loss_fn, accepts)
+            model.eval()
             start = time.perf_counter()
             pair = _loss(model, collate([a, b]), loss_fn, accepts, rounded, seed=0)
             took = time.perf_counter() - start
             if budget_s is not None and took > budget_s:
                 return f"a forward of two samples took {took:.1f} s here, over {budget_s:g} s"
+            if trained_on is not None and _rule(loss_fn) != trained_on:
+                return (
+                    "its output in eval mode is not what it trains on (in training: "
+                    f"{trained_on}; in eval mode: {_rule(loss_fn)})"
+                )
             again = _loss(model, collate([a, b]), loss_fn, accepts, rounded, seed=1)
             first, second = (
                 _loss(model, collate([s, s]), loss_fn, accepts, rounded) for s in (a, b)

@@ -17,6 +17,10 @@ TARGET_PARAMETERS = TARGET_KEYS[:-1]
 ``forward(x, timesteps, y=None)``)."""
 
 
+LEFT_OUT = "; the output's scalar"
+"""How a rule goes on where it leaves out a scalar the output holds (``DefaultLoss.rule``)."""
+
+
 class DefaultLoss:
     """The loss when the user gives none: the model's own loss when its output carries one;
     otherwise a loss from the target. ``rule`` says which it took at its last call, for the
@@ -89,7 +93,7 @@ def _default_loss(output: Any, target: Any, fed: bool = False) -> tuple[Any, str
     # a scalar beside the scores: an auxiliary loss (a mixture's load balancing) left out
     if left := [where for where, value in scalars if value is not logits]:
         rule += (
-            f"; the output's scalar {', '.join(left)} is left out (an auxiliary loss? add it with "
+            f"{LEFT_OUT} {', '.join(left)} is left out (an auxiliary loss? add it with "
             "--loss or autotune_loss)"
         )
     return loss, rule

@@ -30,6 +30,9 @@ def _couples(reference: str) -> bool | str:
         ("tests.fixtures.norms:Normed", False),  # batch norms are told by their class
         ("tests.fixtures.graphs:Classifier", False),  # one graph a sample, however batched
         ("tests.fixtures.contrastive:Sampled", "draws at random"),  # cannot be told: why
+        # its losses in training, its detections in eval mode (torchvision's detection models):
+        # the detections' mean square differed, and the losses were said to couple
+        ("tests.fixtures.detection:Detector", "its output in eval mode is not what it trains on"),
     ],
 )
 def test_a_loss_that_couples_its_samples_is_told_apart(reference: str, couples: bool | str) -> None:
@@ -37,11 +40,19 @@ def test_a_loss_that_couples_its_samples_is_told_apart(reference: str, couples: 
     assert told is couples if isinstance(couples, bool) else couples in str(told)
 
 
-def test_the_check_leaves_the_model_as_it_found_it() -> None:
-    workload = build_workload(WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers"))
+@pytest.mark.parametrize(
+    ("reference", "shape"),
+    [("tests.fixtures.contrastive:TwoTowers", None), ("tests.fixtures.norms:Normed", (3, 8, 8))],
+)
+def test_the_check_leaves_the_model_as_it_found_it(
+    reference: str, shape: tuple[int, ...] | None
+) -> None:
+    # a training-mode forward tells which loss it trains on: a batch norm's statistics move
+    workload = build_workload(WorkloadSpec(model=reference, input_shape=shape))
     before = {k: v.clone() for k, v in workload.model.state_dict().items()}
     samples = first_samples(workload.dataset, 2)
-    assert loss_couples_samples(workload.model, samples, default_collate, workload.loss)
+    collate = workload.collate or default_collate
+    assert loss_couples_samples(workload.model, samples, collate, workload.loss) is not None
     assert workload.model.training
     assert all(torch.equal(before[k], v) for k, v in workload.model.state_dict().items())
 
