@@ -137,9 +137,8 @@ def _target_loss(logits: Any, target: Any) -> tuple[Any, str]:
         if not target.is_floating_point():
             rule = f"cross-entropy against the integer targets{against}, class scores in dimension"
             if class_dimension(tuple(logits.shape), tuple(target.shape)) == 1:
-                return F.cross_entropy(logits.float(), target), f"{rule} 1"  # (N, C, d1, ...)
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
-            return loss, f"{rule} -1 (the last)"
+                return _cross_entropy(logits, target, 1), f"{rule} 1"  # (N, C, d1, ...)
+            return _cross_entropy(logits, target, -1), f"{rule} -1 (the last)"
         compared = regression_output(logits, target)
         rule = f"mean squared error against the floating targets{against}"
         if compared.shape != logits.shape:
@@ -156,6 +155,27 @@ def _target_loss(logits: Any, target: Any) -> tuple[Any, str]:
         logits.float().square().mean(),
         f"the output's mean square (speed only: {why}; pass --loss)",
     )
+
+
+def _cross_entropy(logits: Any, target: Any, classes: int) -> Any:
+    """The default cross-entropy, class scores in dimension ``classes`` (1 or -1); a target
+    outside the classes (an ignored label: VOC's 255) is a one-line error that says how to give
+    the loss that ignores it (torch's ignores -100 alone)."""
+    import torch.nn.functional as F
+
+    try:
+        if classes == 1:
+            return F.cross_entropy(logits.float(), target)
+        return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten())
+    except IndexError as error:  # the CPU kernel's words; CUDA's asserts on the device
+        if "out of bounds" not in str(error):
+            raise
+        count = logits.shape[classes]
+        raise WorkloadError(
+            f"cross-entropy over the output's {count} classes met a target outside 0-{count - 1} "
+            f"({error}): a label to ignore (VOC's 255)? the default loss ignores -100 alone; "
+            "pass --loss, e.g. F.cross_entropy(output, target, ignore_index=255)"
+        ) from error
 
 
 default_loss = DefaultLoss()

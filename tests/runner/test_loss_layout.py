@@ -102,3 +102,14 @@ def test_a_scalar_beside_the_scores_is_said_to_be_left_out() -> None:
     assert "the output's scalar 'aux_loss' is left out" in default_loss.rule
     default_loss((scores, torch.randn(8, 3)), target)  # hidden states beside: nothing to say
     assert "left out" not in default_loss.rule
+
+
+def test_a_target_outside_the_classes_says_how_to_ignore_it() -> None:
+    # a segmentation mask with VOC's border label, 255: "IndexError: Target 255 is out of
+    # bounds." was all a trial said
+    scores, mask = torch.randn(2, 21, 4, 4), torch.randint(0, 21, (2, 4, 4))
+    mask[:, 0] = 255
+    with pytest.raises(WorkloadError, match=r"21 classes met a target outside 0-20 .*--loss"):
+        default_loss(scores, mask)
+    with pytest.raises(WorkloadError, match="ignore_index=255"):
+        default_loss(torch.randn(2, 5, 3), torch.full((2, 5), 7))  # class scores last
