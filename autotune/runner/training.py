@@ -34,6 +34,7 @@ from autotune.errors import (
     NO_TARGET,
     NOT_TENSORS,
     TUPLE_SPLIT,
+    WHOLE_DICT,
 )
 from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
 from autotune.runner.loss import TARGET_PARAMETERS, DefaultLoss, call_loss, first_tensor
@@ -90,6 +91,19 @@ def input_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
                 "samples"
             )
     return None
+
+
+def dict_hint(batch: Any, args: tuple[Any, ...], accepts: frozenset[str] | None) -> str | None:
+    """Why a forward given a dict batch whole (``split_batch``: it takes none of its keys by
+    name) may have failed, with the fix; None where the batch went otherwise."""
+    if not (isinstance(batch, Mapping) and args and args[0] is batch) or accepts is WHOLE_BATCH:
+        return None
+    keys = ", ".join(map(repr, batch))
+    return (
+        f"{WHOLE_DICT} as its first argument, a dict of {keys}, none of them a parameter's name: "
+        "name its parameters after the keys, or give a collate function that makes the inputs "
+        "it takes"
+    )
 
 
 def cuda_hint(error: BaseException, device: torch.device) -> str | None:
@@ -439,14 +453,17 @@ def split_batch(
     forward takes (``forward_keywords``); a dict's other keys (a dataset's ``labels`` beside a
     forward that takes ``input_ids``) stay out of the call, as Hugging Face's Trainer leaves
     out the columns a model does not take, and in the target. Where the forward takes none of
-    its keys, every key is passed, so that the error names them.
+    its keys (research code's ``forward(self, batch)``), the batch goes whole as its first
+    argument (``dict_hint`` says so if the forward then fails).
     """
     if accepts is WHOLE_BATCH:
         return (batch,), {}, None
     if isinstance(batch, Mapping):
         every = batch if type(batch) is dict else dict(batch)  # kwargs: a dict
         taken = every if accepts is None else {k: v for k, v in every.items() if k in accepts}
-        return (), (taken or every), batch
+        if not taken:
+            return (batch,), {}, batch
+        return (), taken, batch
     if isinstance(batch, (list, tuple)):
         if len(batch) == 1:
             return (batch[0],), {}, None
@@ -556,7 +573,7 @@ class TrainStep:
             data_wait += time.perf_counter() - fetch_start
             moved = move_to(batch, self.device, self.non_blocking, self.config.channels_last)
             args, kwargs, target = split_batch(moved, self.accepts, self.target_into)
-            if isinstance(moved, Mapping) and self.accepts is not WHOLE_BATCH:
+            if isinstance(moved, Mapping) and kwargs:
                 self.left_out.update(moved.keys() - kwargs.keys())
             calls_before = self.hooks.calls
             if self.keep_grads:  # each micro-step is a new replay of the graphs
@@ -567,7 +584,8 @@ class TrainStep:
                         output = self.model(*args, **kwargs)
                     except Exception as error:
                         hint = (
-                            input_hint(args, kwargs)
+                            dict_hint(moved, args, self.accepts)
+                            or input_hint(args, kwargs)
                             or cuda_hint(error, self.device)
                             or tuple_hint(error, moved)
                             or double_hint(error, self.model, (args, kwargs))

@@ -100,3 +100,21 @@ def test_a_torchvision_style_detector_trains_on_the_sum_of_its_losses() -> None:
     assert result.loss_rule == (
         "the sum of the model's own losses, 'classification', 'bbox_regression'"
     )
+
+
+def test_a_forward_that_takes_the_batch_dict_whole_is_given_it() -> None:
+    # forward(self, batch) on dict samples: every trial failed with "got an unexpected keyword
+    # argument 'features'", and its note blamed the samples' string ids
+    result = run_trial("tests.fixtures.batch_forward:Model", {"global_batch_size": 8}, **FEW)
+    assert result.status == "ok", result.message
+    assert result.loss_rule == "the model's scalar output"
+    failed = run_trial(
+        "tests.fixtures.batch_forward:Tensors",
+        {"global_batch_size": 8},
+        data="tests.fixtures.batch_forward:Rows",
+        **FEW,
+    )
+    assert failed.status == "error"
+    assert "(the batch went whole to the forward as its first argument, a dict of 'features', " in (
+        failed.message or ""
+    )
