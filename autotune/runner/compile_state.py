@@ -4,12 +4,16 @@
 pinned by tests/runner/test_compile_state.py). Where a release moves or renames it, the count is
 None: a trial then takes only its first warm-up step for compilation (a later recompile would be
 judged as a slow step) and its diagnostics say the count is unknown, not zero. ``reset`` is the
-public ``torch.compiler.reset``.
+public ``torch.compiler.reset``. ``compiled_module`` reads the module ``torch.compile`` wraps
+(``torch._dynamo.eval_frame.OptimizedModule._orig_mod``, private: pinned by the same tests);
+where a release moves the class, its fallback reads ``_orig_mod`` of any module holding one.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
+from typing import Any
 
 
 def compiled_graphs() -> int | None:
@@ -36,3 +40,31 @@ def reset() -> None:
         import torch
 
         torch.compiler.reset()
+
+
+_UNWRAPPED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def compiled_module(model: Any) -> Any | None:
+    """The module ``torch.compile`` wrapped where ``model`` is what it returned (a factory that
+    returns ``torch.compile(Net())``), remembered for ``was_compiled``; None where ``model`` is
+    not compiled so. Dynamo is not imported for it: a model compiled has imported it already."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        original = model._orig_mod if isinstance(model, OptimizedModule) else None
+    except ImportError:  # the fallback the module docstring describes
+        import torch.nn as nn
+
+        original = getattr(model, "_orig_mod", None) if isinstance(model, nn.Module) else None
+        original = original if isinstance(original, nn.Module) else None
+    if original is not None:
+        _UNWRAPPED.add(original)
+    return original
+
+
+def was_compiled(module: Any) -> bool:
+    """Whether ``module`` came out of ``compiled_module``: its factory compiled it."""
+    return module in _UNWRAPPED

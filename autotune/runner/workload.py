@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import WorkloadError, error_line
+from autotune.runner.compile_state import compiled_module
 from autotune.runner.loss import default_loss
 from autotune.runner.optimizer import MODEL_ARGUMENTS, takes_model
 
@@ -337,6 +338,8 @@ def load_model(reference: str) -> tuple[Any, Any]:
         raise WorkloadError(
             f"--model {reference!r} returned a {type(model).__name__}, expected a torch.nn.Module"
         )
+    # compiled by its factory: the module it wraps, so that the config's compile decides
+    model = compiled_module(model) or model
     return module, trained_as(model)
 
 

@@ -38,6 +38,7 @@ from autotune.search.probe import (
     idle_blocks,
     optimizer_flags,
     own_checkpointing,
+    own_compile,
     parameters_dtype,
     repeated_blocks,
     restrict_space,
@@ -272,6 +273,7 @@ def run_search(
             **({"batches": f"made by {collate}"} if collate else {}),
             **_coupling_lines(coupled),
             **({"checkpointing": own} if (own := own_checkpointing(workload.model)) else {}),
+            **({"compile": compiled} if (compiled := own_compile(workload.model)) else {}),
             **_oversubscribed(settings, device, devices, count),
             budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",

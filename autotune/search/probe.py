@@ -19,6 +19,7 @@ from autotune.config import TrainConfig, make_config
 from autotune.errors import WorkloadError, error_line
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
+from autotune.runner.compile_state import was_compiled
 from autotune.runner.launch import run_trial
 from autotune.runner.optimizer import accepted_implementations, chosen_optimizer
 from autotune.runner.outcome import collate_hint
@@ -278,6 +279,19 @@ def own_checkpointing(model_reference: str) -> str | None:
     return (
         "the model turns on its own (gradient_checkpointing): every trial turns it off, so "
         "that checkpoint_segments decides (0: off); the recommended value is the one to keep"
+    )
+
+
+def own_compile(model_reference: str) -> str | None:
+    """The search's line where the model's factory returns it compiled (``torch.compile``):
+    trials take the module it wraps (``workload.load_model``); None where it is not compiled,
+    or cannot be built."""
+    built = meta_model(model_reference)
+    if built is None or not was_compiled(built[1]):
+        return None
+    return (
+        "the model's factory compiles it (torch.compile): every trial takes the module it wraps, "
+        "so that compile decides (off: eager); the recommended value is the one to keep"
     )
 
 
