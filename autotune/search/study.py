@@ -77,7 +77,7 @@ def ask_fixed(study: Any, params: dict[str, Any]) -> Any:
     could pass over it: a move was left waiting in a shared study that no driver would run
     (1 in 4 runs of two drivers on PostgreSQL). Optuna's storage API (``study._storage``,
     ``study._study_id``, the trial cache ``ask`` clears) is the one way in;
-    ``tests/search/test_study.py`` pins it."""
+    ``tests/search/test_settings_and_storage.py`` pins it."""
     import optuna
     from optuna.trial import TrialState, create_trial
 
@@ -100,13 +100,24 @@ def make_sampler(seed: int | None) -> Any:
 def requeue_abandoned(study: Any, now: float | None = None) -> int:
     """Fail the trials a killed driver left running, and queue their parameters again; the
     trials other drivers of the study are running now are theirs (``now``: the time they are
-    judged at)."""
+    judged at). How many it queued: a trial another driver resuming at once failed first is
+    that driver's to queue (read afresh through ``study._storage``, as ``ask_fixed`` writes)."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     left = [t for t in running if abandoned(t, now)]  # not another live driver's
+    requeued = 0
     for trial in left:
-        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        # another driver resuming the study may have failed it since it was read as running,
+        # and queued it again itself: then it is not queued twice
+        if study._storage.get_trial(trial._trial_id).state.is_finished():
+            continue
+        try:
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        except UpdateFinishedTrialError:  # failed by the other between that look and this
+            continue
         if trial.params:
             study.enqueue_trial(trial.params, skip_if_exists=False)
-    return len(left)
+        requeued += 1
+    return requeued

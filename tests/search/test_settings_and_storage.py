@@ -89,6 +89,28 @@ def test_trials_left_running_are_failed_and_requeued(tmp_path: Path) -> None:
     )
 
 
+def test_two_drivers_resuming_at_once_requeue_an_abandoned_trial_once(tmp_path: Path) -> None:
+    # Two drivers resuming one PostgreSQL study both read a killed driver's trial as running;
+    # the second's tell failed with "Trial#2 has already finished and can not be updated" (seen
+    # in a fresh-clone CI run), or, told a moment later, queued the trial a second time.
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first, _, _ = open_study(url, "s", {"model": "a"}, new_study=False)
+    trial = first.ask()
+    trial.suggest_categorical("amp", ["off", "bf16"])
+    second, _, _ = open_study(url, "s", {"model": "a"}, new_study=False)
+    later = time.time() + UNOWNED_S + 1
+    stale = second.get_trials(deepcopy=False)  # what the second read before the first's tell
+    assert requeue_abandoned(first, now=later) == 1
+    second.get_trials = lambda *args, **kwargs: stale  # type: ignore[method-assign]
+    assert requeue_abandoned(second, now=later) == 0  # it looks again before it tells
+    # the first's tell between that look and the second's: the storage refuses the second's
+    second._storage.get_trial = lambda trial_id: stale[0]  # type: ignore[method-assign]
+    assert requeue_abandoned(second, now=later) == 0
+    waiting = first._storage.get_all_trials(first._study_id, deepcopy=False)
+    fail, wait = optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING
+    assert [t.state for t in waiting] == [fail, wait]  # failed and queued once
+
+
 def test_a_requeued_trial_is_proposed_before_the_climbs_next_move(tmp_path: Path) -> None:
     # Climb moves bypass Optuna's queue (``ask_fixed``); a trial a killed driver left running,
     # queued again on resume, was taken only by the sampler's ``ask``, so a resumed search whose
