@@ -103,8 +103,11 @@ def fsdp_mixed_precision_refusal(model_reference: str) -> str | None:
     """Why FSDP's bf16 parameters cannot train the model, told from a build on the meta device:
     a parametrization holding floating-point buffers (``spectral_norm``'s power-iteration
     vectors), which FSDP does not cast and which then meet its bf16 weight in one op ("addmv
-    input tensors must have the same dtype"). None when none does, or the model cannot be built
-    there (its trials will tell)."""
+    input tensors must have the same dtype"); or a module keeping its weight or bias as a
+    floating-point buffer (a frozen batch norm: torchvision's ``FrozenBatchNorm2d``, Hugging Face
+    DETR's), whose float32 output then meets the next layer's bf16 weight ("Input type
+    (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the same"). None when none
+    does, or the model cannot be built there (its trials will tell)."""
     from torch.nn.utils import parametrize
 
     built = meta_model(model_reference)
@@ -118,13 +121,28 @@ def fsdp_mixed_precision_refusal(model_reference: str) -> str | None:
             b.is_floating_point() for p in module.parametrizations.values() for b in p.buffers()
         )
     ]
-    if not holding:
-        return None
-    return (
-        f"FSDP casts parameters to bf16 but not buffers, and a parametrization in "
-        f"{_shown(holding)} computes with floating-point buffers of its own (spectral_norm's "
-        "power iteration): its first step fails on mixed dtypes"
-    )
+    frozen = [
+        name or "the model"
+        for name, module in built[1].named_modules()
+        if any(
+            b.is_floating_point()
+            for key, b in module.named_buffers(recurse=False)
+            if key in ("weight", "bias")
+        )
+    ]
+    if holding:
+        return (
+            f"FSDP casts parameters to bf16 but not buffers, and a parametrization in "
+            f"{_shown(holding)} computes with floating-point buffers of its own (spectral_norm's "
+            "power iteration): its first step fails on mixed dtypes"
+        )
+    if frozen:
+        return (
+            f"FSDP casts parameters to bf16 but not buffers, and {_shown(frozen)} keep their "
+            "weight or bias as floating-point buffers (a frozen batch norm): their float32 "
+            "output meets the next layer's bf16 weight, and the first step fails"
+        )
+    return None
 
 
 def autocast_ignored(model_reference: str) -> str | None:

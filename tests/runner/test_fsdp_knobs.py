@@ -214,30 +214,44 @@ def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None
         run_trial(model, config)
 
 
-def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out() -> None:
-    # What ``refusals.fsdp_mixed_precision_refusal`` foresees, pinned on this torch: a GAN
-    # discriminator under spectral_norm failed its first step with FSDP's bf16 parameters
-    # ("addmv input tensors must have the same dtype"): FSDP casts no buffer, and the power
-    # iteration's are float32. Should FSDP cast them, this fails and the refusal should go.
+@pytest.mark.parametrize(
+    ("model", "data", "named"),
+    [
+        ("tests.fixtures.normed:Discriminator", None,
+         "embed, blocks.0.linear, blocks.1.linear and 2 more"),
+        ("tests.fixtures.normed:FrozenBackbone", "tests.fixtures.normed:autotune_dataset",
+         "layers.0.1, layers.1.1, layers.2.1 keep their"),
+    ],
+)  # fmt: skip
+def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
+    model: str, data: str | None, named: str
+) -> None:
+    # What ``refusals.fsdp_mixed_precision_refusal`` foresees, pinned on this torch: FSDP casts
+    # no buffer. A GAN discriminator under spectral_norm failed its first step ("addmv input
+    # tensors must have the same dtype": the power iteration's vectors are float32); so did a
+    # backbone of frozen batch norms (torchvision's FrozenBatchNorm2d, DETR's: their float32
+    # output met the next layer's bf16 weight, "Input type (torch.FloatTensor) and weight type
+    # (CPUBFloat16Type) should be the same" in a convolution). Should FSDP cast buffers, this
+    # fails and the refusal should go.
     from autotune.api import run_trial
     from autotune.runner.launch import run_trial as launch
     from autotune.search.refusals import fsdp_mixed_precision_refusal
 
-    model = "tests.fixtures.normed:Discriminator"
     config = TrainConfig(
         global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
         fsdp_mixed_precision="bf16",
     )  # fmt: skip
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
-    result = launch(config, WorkloadSpec(model=model), options)
-    assert result.status == "error" and "must have the same dtype" in result.message
+    result = launch(config, WorkloadSpec(model=model, data=data), options)
+    assert result.status == "error" and "same dtype" in result.message, result.message
     refusal = fsdp_mixed_precision_refusal(model)
-    assert refusal is not None and "embed, blocks.0.linear, blocks.1.linear and 2 more" in refusal
+    assert refusal is not None and named in refusal
     with pytest.raises(ConfigError, match=re.escape(f"fsdp_mixed_precision=bf16: {refusal}")):
-        run_trial(model, config)
+        run_trial(model, config, data=data)
     assert run_trial(model, config.model_copy(update={"amp": "bf16",
-        "fsdp_mixed_precision": "off"}), warmup_steps=1, measured_steps=2,
+        "fsdp_mixed_precision": "off"}), data=data, warmup_steps=1, measured_steps=2,
         target_interval=0).status == "ok"  # fmt: skip
+    assert fsdp_mixed_precision_refusal("tests.fixtures.models:Small") is None
 
 
 def test_fsdp_shards_layers_held_as_lists_of_their_parts() -> None:
