@@ -51,7 +51,13 @@ WHOLE_DICT = "the batch went whole to the forward"
 """How the note begins that a forward carries where it failed on a dict batch given whole as
 its first argument (it takes none of the batch's keys by name): the rank's reason ends with it
 in brackets, as ``NOT_TENSORS``'s does."""
-RANK_HINTS = (NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS, NO_TARGET, WHOLE_DICT)
+DIVERGED = "the model's parameters are not finite"
+"""How the note begins that a forward failing after an update that made parameters NaN or inf
+carries (a model that checks its own values, DETR's box format, raised on them): the rank's
+reason ends with it in brackets, as ``NOT_TENSORS``'s does."""
+RANK_HINTS = (
+    DIVERGED, NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS, NO_TARGET, WHOLE_DICT
+)  # fmt: skip
 """The notes a rank's reason ends with, in brackets, and a search that stops on it repeats."""
 NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")
 """What torch says when CUDA is asked of a machine without it (a CPU build; no driver; no GPU)."""

@@ -28,6 +28,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
 from autotune.errors import (
+    DIVERGED,
     DOUBLE_INPUTS,
     NO_CUDA_ERRORS,
     NO_CUDA_HERE,
@@ -89,6 +90,21 @@ def input_hint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
                 f"{NOT_TENSORS} {kind} as {name}, not a tensor: a collate function (--collate "
                 "module:attr, or autotune_collate in the model's module) makes tensors of the "
                 "samples"
+            )
+    return None
+
+
+def diverged_hint(model: nn.Module) -> str | None:
+    """Why a forward may have failed after an update: a parameter (this rank's shard of one,
+    under FSDP) not finite, which a model checking its own values raises on (DETR's boxes:
+    "boxes1 must be in [x0, y0, x1, y1] (corner) format, but got tensor([[nan, ..."); None where
+    every one is finite. Read only once the forward has failed."""
+    for name, parameter in model.named_parameters():
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        if local.is_floating_point() and not bool(torch.isfinite(local.detach()).all()):
+            return (
+                f"{DIVERGED} ({name}): an update before this step diverged, as this "
+                "configuration's numerics may (compressed gradients, 16-bit arithmetic)"
             )
     return None
 
@@ -199,6 +215,12 @@ class HookCounter:
         return counted
 
 
+POWERSGD_EPSILON = 1e-8
+"""Added to each column PowerSGD normalises, as torch's documentation suggests where a gradient
+matrix may hold a column of zeros (at 0, torch's default, such a column divides by zero: DETR's
+parameters were NaN after the first compressed step, and its next forward raised on them)."""
+
+
 def _comm_hook(config: TrainConfig) -> tuple[Any, Callable[..., Any]]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
@@ -211,6 +233,7 @@ def _comm_hook(config: TrainConfig) -> tuple[Any, Callable[..., Any]]:
         process_group=None,
         matrix_approximation_rank=config.powersgd_rank,
         start_powerSGD_iter=config.powersgd_start_iter,
+        orthogonalization_epsilon=POWERSGD_EPSILON,
     )
     return state, powersgd.powerSGD_hook
 
@@ -584,7 +607,8 @@ class TrainStep:
                         output = self.model(*args, **kwargs)
                     except Exception as error:
                         hint = (
-                            dict_hint(moved, args, self.accepts)
+                            diverged_hint(self.model)
+                            or dict_hint(moved, args, self.accepts)
                             or input_hint(args, kwargs)
                             or cuda_hint(error, self.device)
                             or tuple_hint(error, moved)

@@ -50,3 +50,21 @@ def test_ddp_on_gloo_trains_a_model_whose_lookups_have_sparse_gradients() -> Non
     )
     assert result.status == "ok", result.message
     assert result.samples_per_s and result.optimizer == "SGD"
+
+
+def test_powersgd_keeps_a_layer_with_a_zero_gradient_finite() -> None:
+    # DETR under PowerSGD: a gradient matrix of zeros made a column PowerSGD divided by its
+    # norm, 0 (torch's orthogonalization_epsilon defaults to 0): the parameters were NaN after
+    # the first compressed step
+    from autotune.api import run_trial
+
+    config = {
+        "global_batch_size": 8, "parallel": "ddp", "world_size": 2, "device": "cpu",
+        "comm_hook": "powersgd", "powersgd_rank": 1, "powersgd_start_iter": 2,
+    }  # fmt: skip
+    result = run_trial(
+        "tests.fixtures.zero_gradient:Masked", config, input_shape=(32,),
+        warmup_steps=2, measured_steps=3, target_interval=0,
+    )  # fmt: skip
+    assert result.status == "ok", result.message
+    assert result.loss_finite, result.message
