@@ -68,3 +68,18 @@ def test_powersgd_keeps_a_layer_with_a_zero_gradient_finite() -> None:
     )  # fmt: skip
     assert result.status == "ok", result.message
     assert result.loss_finite, result.message
+
+
+def test_a_forward_failing_on_parameters_left_nan_says_so() -> None:
+    import torch
+
+    from autotune.errors import DIVERGED, rank_hint
+    from autotune.runner.training import diverged_hint
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    assert diverged_hint(model) is None
+    with torch.no_grad():
+        model[1].weight[0, 0] = float("nan")
+    hint = diverged_hint(model) or ""
+    assert hint.startswith(f"{DIVERGED} (1.weight): an update before this step diverged")
+    assert rank_hint(f"rank 0: measured step 2: ValueError: boxes ({hint})") == hint
