@@ -55,8 +55,13 @@ DIVERGED = "the model's parameters are not finite"
 """How the note begins that a forward failing after an update that made parameters NaN or inf
 carries (a model that checks its own values, DETR's box format, raised on them): the rank's
 reason ends with it in brackets, as ``NOT_TENSORS``'s does."""
+FSDP_CASTS = "FSDP casts its parameters to bf16"
+"""How the note begins that a forward failing on mixed dtypes carries under FSDP's bf16
+parameters (a float32 tensor the model makes itself met a bf16 weight): the rank's reason ends
+with it in brackets, as ``NOT_TENSORS``'s does."""
 RANK_HINTS = (
-    DIVERGED, NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS, NO_TARGET, WHOLE_DICT
+    DIVERGED, NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS, NO_TARGET, WHOLE_DICT,
+    FSDP_CASTS,
 )  # fmt: skip
 """The notes a rank's reason ends with, in brackets, and a search that stops on it repeats."""
 NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")

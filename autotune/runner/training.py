@@ -30,6 +30,7 @@ from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
 from autotune.errors import (
     DIVERGED,
     DOUBLE_INPUTS,
+    FSDP_CASTS,
     NO_CUDA_ERRORS,
     NO_CUDA_HERE,
     NO_TARGET,
@@ -162,6 +163,23 @@ def double_hint(error: BaseException, model: nn.Module, inputs: Any) -> str | No
         f"{DOUBLE_INPUTS}, as numpy arrays and pandas give them, and the model's parameters "
         "are not float64: make the samples float32 in the dataset (x.astype(np.float32), "
         "torch.as_tensor(x, dtype=torch.float32)) or in a collate function (--collate)"
+    )
+
+
+MIXED_DTYPES = ("same dtype", "should be the same", "expected scalar type", "Expected mat_a")
+"""What torch says where one op meets two floating dtypes (a linear's, a convolution's, a fused
+kernel's words)."""
+
+
+def fsdp_dtype_hint(error: BaseException, config: TrainConfig) -> str | None:
+    """Why a forward under FSDP's bf16 parameters failed on mixed dtypes, with the fix; None
+    otherwise."""
+    if config.fsdp_mixed_precision == "off" or not any(m in str(error) for m in MIXED_DTYPES):
+        return None
+    return (
+        f"{FSDP_CASTS} and the forward's floating inputs, nothing the model makes itself: a "
+        "float32 tensor it makes (x.float() / 255, a float32 buffer, a frozen norm) met a bf16 "
+        "weight; amp=bf16 casts per op instead"
     )
 
 
@@ -613,6 +631,7 @@ class TrainStep:
                             or cuda_hint(error, self.device)
                             or tuple_hint(error, moved)
                             or double_hint(error, self.model, (args, kwargs))
+                            or fsdp_dtype_hint(error, self.config)
                         )
                         if hint:
                             error.add_note(hint)

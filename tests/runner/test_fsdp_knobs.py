@@ -254,6 +254,25 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
     assert fsdp_mixed_precision_refusal("tests.fixtures.models:Small") is None
 
 
+def test_a_float32_tensor_the_model_makes_under_fsdps_bf16_parameters_is_named() -> None:
+    # An image model normalising its uint8 input itself (x.float() / 255 - mean) failed with
+    # torch's "Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the
+    # same" alone: FSDP casts the forward's inputs, not what the model makes of them
+    from autotune.errors import FSDP_CASTS
+    from autotune.runner.launch import run_trial as launch
+
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
+        fsdp_mixed_precision="bf16",
+    )  # fmt: skip
+    spec = WorkloadSpec(
+        model="tests.fixtures.normed:Standardised", data="tests.fixtures.normed:autotune_dataset"
+    )
+    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    result = launch(config, spec, options)
+    assert result.status == "error" and f"({FSDP_CASTS} and the forward's" in result.message
+
+
 def test_fsdp_shards_layers_held_as_lists_of_their_parts() -> None:
     from autotune.api import run_trial
 
