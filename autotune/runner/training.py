@@ -183,17 +183,25 @@ def fsdp_dtype_hint(error: BaseException, config: TrainConfig) -> str | None:
     )
 
 
-def target_hint(error: BaseException, target: Any) -> str | None:
-    """Why a loss failed on ``None`` where the batch gave it no target, with the fix; None
+def target_hint(error: BaseException, target: Any, forward: bool = False) -> str | None:
+    """Why a loss failed on ``None`` where the batch gave it no target, or (``forward``) why a
+    forward that asks for targets in training failed on a batch without them (torchvision's
+    detection models: "targets should not be none when in training mode"), with the fix; None
     otherwise."""
-    if target is not None or not isinstance(error, (TypeError, AttributeError)):
+    if target is not None:
         return None
-    if "None" not in str(error):
+    text = str(error)
+    if forward:
+        if not any(word in text.lower() for word in ("target", "label")):
+            return None
+        given = "the forward was given none"
+    elif isinstance(error, (TypeError, AttributeError)) and "None" in text:
+        given = "the loss was given None as its target"
+    else:
         return None
     return (
-        f"{NO_TARGET}, a lone tensor or synthetic samples of --input-shape, so the loss was "
-        "given None as its target: give samples of (input, target) by --data module:attr or "
-        "autotune_dataset beside the model"
+        f"{NO_TARGET}, a lone tensor or synthetic samples of --input-shape, so {given}: give "
+        "samples of (input, target) by --data module:attr or autotune_dataset beside the model"
     )
 
 
@@ -632,6 +640,7 @@ class TrainStep:
                             or tuple_hint(error, moved)
                             or double_hint(error, self.model, (args, kwargs))
                             or fsdp_dtype_hint(error, self.config)
+                            or target_hint(error, target, forward=True)
                         )
                         if hint:
                             error.add_note(hint)

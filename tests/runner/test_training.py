@@ -213,6 +213,12 @@ def test_a_loss_given_no_target_says_where_targets_come_from() -> None:
     assert rank_hint(f"rank 0: warm-up step 1: TypeError: {raised.value} ({hint})") == hint
     assert target_hint(TypeError("not NoneType"), torch.zeros(8)) is None  # a target: not it
     assert target_hint(RuntimeError("None"), None) is None
+    # a forward that asks for its targets in training (torchvision's detection models)
+    asks = AssertionError("targets should not be none when in training mode")
+    said = target_hint(asks, None, forward=True) or ""
+    assert "so the forward was given none: give samples of (input, target)" in said
+    assert target_hint(asks, [{"boxes": torch.zeros(1, 4)}], forward=True) is None
+    assert target_hint(RuntimeError("mat1 and mat2 shapes"), None, forward=True) is None
 
 
 def test_a_loss_that_is_not_a_scalar_is_refused_naming_its_shape() -> None:
