@@ -92,9 +92,11 @@ def shortened_keeping_hint(message: str, limit: int = 200) -> str:
 
 def error_line(error: BaseException, limit: int = 300) -> str:
     """``error`` in one line, its type first (``RuntimeError: stack expects ...``): the first
-    line of its message, at most ``limit`` characters in all."""
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:limit]
+    line of its message, and the next where the first ends by announcing it (transformers'
+    "... You can install it with pip:" before the command), at most ``limit`` characters."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = " ".join(lines[:2] if len(lines) > 1 and lines[0].endswith(":") else lines[:1])
+    return f"{type(error).__name__}: {text}"[:limit]
 
 
 def describe_validation_error(

@@ -197,3 +197,21 @@ def test_plan_flags(devices: str, memory: str, extra: list[str]) -> None:
     if code == 2:
         lines = err.getvalue().strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in err.getvalue()
+
+
+def test_an_error_announcing_its_next_line_keeps_it() -> None:
+    # transformers' missing-package error put the command on its second line, and the trial's
+    # reason ended at "You can install it with pip:"
+    from autotune.errors import error_line
+
+    missing = ImportError(
+        "HungarianMatcher requires the scipy library but it was not found in your environment. "
+        "You can install it with pip:\n`pip install scipy`. Please note that you may need to "
+        "restart your runtime after installation.\n"
+    )
+    assert error_line(missing).endswith(
+        "You can install it with pip: `pip install scipy`. Please note that you may need to "
+        "restart your runtime after installation."
+    )
+    assert error_line(RuntimeError("first\nsecond")) == "RuntimeError: first"
+    assert error_line(ValueError("")) == "ValueError: "
