@@ -172,9 +172,17 @@ kernel's words)."""
 
 
 def fsdp_dtype_hint(error: BaseException, config: TrainConfig) -> str | None:
-    """Why a forward under FSDP's bf16 parameters failed on mixed dtypes, with the fix; None
-    otherwise."""
-    if config.fsdp_mixed_precision == "off" or not any(m in str(error) for m in MIXED_DTYPES):
+    """Why a forward under FSDP's bf16 parameters failed on mixed dtypes, or on an op without a
+    bf16 kernel on this device (YOLOS's matcher: '"cdist" not implemented for 'BFloat16'' on a
+    CPU), with the fix; None otherwise."""
+    if config.fsdp_mixed_precision == "off":
+        return None
+    if "not implemented for 'BFloat16'" in str(error):
+        return (
+            f"{FSDP_CASTS}, so the model computes in bf16 throughout, and one of its ops has no "
+            "bf16 kernel on this device; amp=bf16 keeps such ops in float32"
+        )
+    if not any(m in str(error) for m in MIXED_DTYPES):
         return None
     return (
         f"{FSDP_CASTS} and the forward's floating inputs, nothing the model makes itself: a "

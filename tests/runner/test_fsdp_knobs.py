@@ -282,3 +282,22 @@ def test_fsdp_shards_layers_held_as_lists_of_their_parts() -> None:
         warmup_steps=1, measured_steps=2, target_interval=0,
     )  # fmt: skip
     assert result.status == "ok", result.message
+
+
+def test_an_op_without_a_bf16_kernel_under_fsdps_bf16_parameters_is_named() -> None:
+    # YOLOS's Hungarian matcher under FSDP's bf16 parameters on a CPU: '"cdist" not implemented
+    # for 'BFloat16'' alone (autocast keeps cdist in float32, and trained it)
+    from autotune.errors import FSDP_CASTS
+    from autotune.runner.training import fsdp_dtype_hint
+
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
+        fsdp_mixed_precision="bf16",
+    )  # fmt: skip
+    missing = NotImplementedError('"cdist" not implemented for ' + "'BFloat16'")
+    assert (fsdp_dtype_hint(missing, config) or "").startswith(
+        f"{FSDP_CASTS}, so the model computes in bf16 throughout"
+    )
+    off = config.model_copy(update={"fsdp_mixed_precision": "off"})
+    assert fsdp_dtype_hint(missing, off) is None
+    assert fsdp_dtype_hint(RuntimeError("shapes cannot be multiplied"), config) is None
