@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from autotune.errors import error_line
@@ -46,19 +47,17 @@ def _loss(
     model: Any,
     batch: Any,
     loss_fn: Callable[[Any, Any], Any],
-    accepts: frozenset[str] | None,
+    split: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any], Any]],
     rounded: list[Any],
     seed: int = 0,
 ) -> float:
-    """The loss of ``batch``, drawn from ``seed``; its dtype added to ``rounded`` where it is
-    not float64 (a loss that upcasts float64 logits to float32, as torch's and Hugging Face's
-    default ones do)."""
+    """The loss of ``batch``, split by ``split`` (``training.split_batch`` for the model),
+    drawn from ``seed``; its dtype added to ``rounded`` where it is not float64 (a loss that
+    upcasts float64 logits to float32, as torch's and Hugging Face's default ones do)."""
     import torch
 
-    from autotune.runner.training import split_batch, target_into  # imports torch
-
     torch.manual_seed(seed)
-    args, kwargs, target = split_batch(batch, accepts, target_into(model, loss_fn))
+    args, kwargs, target = split(batch)
     loss = call_loss(loss_fn, model(*args, **kwargs), target, kwargs)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ValueError("the loss is not a scalar tensor")
@@ -68,7 +67,10 @@ def _loss(
 
 
 def _training_rule(
-    model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any], accepts: frozenset[str] | None
+    model: Any,
+    batch: Any,
+    loss_fn: Callable[[Any, Any], Any],
+    split: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any], Any]],
 ) -> str | None:
     """Which of the default loss's rules takes the loss in training mode (None for a loss of
     the user's): a model whose output in eval mode is another (torchvision's detection models
@@ -79,7 +81,7 @@ def _training_rule(
     buffers = [(buffer, buffer.clone()) for buffer in model.buffers()]
     model.train()
     try:
-        _loss(model, batch, loss_fn, accepts, [])
+        _loss(model, batch, loss_fn, split, [])
     finally:
         for buffer, saved in buffers:
             buffer.copy_(saved)
@@ -149,20 +151,27 @@ def _couples(
     import torch
 
     from autotune.runner.lazy_modules import materialize  # imports torch
-    from autotune.runner.training import forward_keywords  # imports torch
+    from autotune.runner.training import (  # imports torch
+        forward_keywords,
+        split_batch,
+        target_into,
+    )
 
     a, b = samples[:2]
-    accepts = forward_keywords(model)
+    # how every forward below takes its batch, read once from the model's forward
+    split = partial(
+        split_batch, accepts=forward_keywords(model), target_into=target_into(model, loss_fn)
+    )
     low = any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters())
     rounded: list[Any] = []
     training = model.training
     try:
         materialize(model, collate([a, b]))
         with torch.no_grad():
-            trained_on = _training_rule(model, collate([a, b]), loss_fn, accepts)
+            trained_on = _training_rule(model, collate([a, b]), loss_fn, split)
             model.eval()
             start = time.perf_counter()
-            pair = _loss(model, collate([a, b]), loss_fn, accepts, rounded, seed=0)
+            pair = _loss(model, collate([a, b]), loss_fn, split, rounded, seed=0)
             took = time.perf_counter() - start
             if budget_s is not None and took > budget_s:
                 return f"a forward of two samples took {took:.1f} s here, over {budget_s:g} s"
@@ -171,10 +180,8 @@ def _couples(
                     "its output in eval mode is not what it trains on (in training: "
                     f"{trained_on}; in eval mode: {_rule(loss_fn)})"
                 )
-            again = _loss(model, collate([a, b]), loss_fn, accepts, rounded, seed=1)
-            first, second = (
-                _loss(model, collate([s, s]), loss_fn, accepts, rounded) for s in (a, b)
-            )
+            again = _loss(model, collate([a, b]), loss_fn, split, rounded, seed=1)
+            first, second = (_loss(model, collate([s, s]), loss_fn, split, rounded) for s in (a, b))
     finally:
         model.train(training)
     if low or any(dtype in (torch.float16, torch.bfloat16) for dtype in rounded):
