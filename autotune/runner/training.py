@@ -209,7 +209,8 @@ def target_hint(error: BaseException, target: Any, forward: bool = False) -> str
         return None
     return (
         f"{NO_TARGET}, a lone tensor or synthetic samples of --input-shape, so {given}: give "
-        "samples of (input, target) by --data module:attr or autotune_dataset beside the model"
+        "samples of (input, target) by --data module:attr or autotune_dataset beside the model "
+        "(an autoencoder's: (x, x))"
     )
 
 
