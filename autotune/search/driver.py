@@ -46,7 +46,7 @@ from autotune.search.probe import (
 )
 from autotune.search.progress import Reporter
 from autotune.search.recipe import BatchNorm, Coupling
-from autotune.search.refusals import model_refusals
+from autotune.search.refusals import fsdp_bf16_refusals, model_refusals
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace, load_space
 from autotune.search.storage import NO_STUDY_YET, open_storage
@@ -132,6 +132,22 @@ def _executor_lines(executor: Executor) -> dict[str, str]:
     notes, shipped = getattr(executor, "notes", []), getattr(executor, "shipped", None)
     lines = {"ray": "; ".join(notes)} if notes else {}
     return lines | ({"shipped": f"{shipped} to every Ray node"} if shipped else {})
+
+
+def _asks_fsdp_bf16(space: SearchSpace, devices: int) -> bool:
+    """Whether ``space`` offers FSDP's bf16 parameters on ``devices``: only then does the probe
+    try a forward held as they hold the model (``refusals.fsdp_bf16_refusals``)."""
+    params = space.params
+    return (
+        devices >= 2
+        and "fsdp" in (params["parallel"].choices if "parallel" in params else ())
+        and any(
+            value != "off"
+            for value in (
+                params["fsdp_mixed_precision"].choices if "fsdp_mixed_precision" in params else ()
+            )
+        )
+    )
 
 
 def _oversubscribed(
@@ -255,7 +271,8 @@ def run_search(
         image_batches=images,
         optimizer_flags=flags,
         block_class=blocks[1] if blocks else "",
-        refusals=model_refusals(workload.model),
+        refusals=model_refusals(workload.model)
+        + (fsdp_bf16_refusals(workload) if _asks_fsdp_bf16(space, devices) else ()),
         idle_blocks=idle_blocks(workload) if blocks else 0,
     )
     executor = _executor(settings, space, platform, devices, workload)

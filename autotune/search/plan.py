@@ -36,7 +36,7 @@ from autotune.search.probe import (
     idle_reason,
     repeated_blocks,
 )
-from autotune.search.refusals import check_refusals, model_refusals
+from autotune.search.refusals import check_refusals, fsdp_bf16_refusals, model_refusals
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
@@ -334,10 +334,13 @@ def _refused(
     """``configs`` without the values the model rules out (``refusals.model_refusals``, as the
     search's probe drops them), ``left_out`` with a line for each knob saying why; for a
     configuration given alone, a one-line error instead."""
+    refusals = model_refusals(workload.model)
+    if any(c.parallel == "fsdp" and c.fsdp_mixed_precision != "off" for c in configs):
+        refusals += fsdp_bf16_refusals(workload)
     if one:
-        check_refusals(configs[0], workload.model)
+        check_refusals(configs[0], workload.model, refusals)
     dropped: dict[tuple[str, str], list[str]] = {}
-    for refusal in model_refusals(workload.model):
+    for refusal in refusals:
         kept = [
             c
             for c in configs

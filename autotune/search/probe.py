@@ -390,16 +390,13 @@ the search's own CPU before any trial (GPT-2 small at 1,024 tokens: 5 s each on 
 docs/benchmarks.md), and a longer one leaves the loss unchecked."""
 
 
-def loss_coupling(workload: WorkloadSpec) -> bool | str:
-    """Whether the workload's loss of a micro-batch couples its samples
-    (``runner.coupling.loss_couples_samples``), from the model built for real here and the
-    dataset's first two samples; where that cannot be told, why, in a few words: a model over
-    ``COUPLING_BUILD_BYTES`` or a forward counted over ``COUPLING_FORWARD_FLOPS``, one that does
-    not build or run here, a loss that draws at random, a forward over ``COUPLING_FORWARD_S``."""
+def built_for_real(workload: WorkloadSpec) -> tuple[Any, Any, list[Any], Any] | str:
+    """(model, loss, the dataset's first two samples, collate), the model and its loss built
+    for real here for a check that runs it on the search's own CPU; where that is not done, why,
+    in a few words: a model over ``COUPLING_BUILD_BYTES`` or a forward counted over
+    ``COUPLING_FORWARD_FLOPS``, one that does not build here, fewer than two samples."""
     from torch.nn.parameter import is_lazy
     from torch.utils.data import default_collate
-
-    from autotune.runner.coupling import loss_couples_samples  # imports torch
 
     built = meta_model(workload.model)
     if built is None:
@@ -427,6 +424,21 @@ def loss_coupling(workload: WorkloadSpec) -> bool | str:
         loss, _ = load_loss(workload, module)
     except Exception as error:  # the trials will say
         return f"the model or its loss did not load here: {error_line(error)}"
+    return model, loss, samples, collate
+
+
+def loss_coupling(workload: WorkloadSpec) -> bool | str:
+    """Whether the workload's loss of a micro-batch couples its samples
+    (``runner.coupling.loss_couples_samples``), from the model built for real here and the
+    dataset's first two samples (``built_for_real``); where that cannot be told, why, in a few
+    words: what ``built_for_real`` says, a loss that draws at random, a forward over
+    ``COUPLING_FORWARD_S``."""
+    from autotune.runner.coupling import loss_couples_samples  # imports torch
+
+    built = built_for_real(workload)
+    if isinstance(built, str):
+        return built
+    model, loss, samples, collate = built
     return loss_couples_samples(
         model,
         samples,

@@ -2,7 +2,8 @@
 
 A knob's value that no trial of the model could run (FSDP over sparse gradients, a TorchScript
 module or one unit of two dtypes; FSDP's bf16 parameters beside a parametrization's float32
-buffers; a compiled TorchScript model; PowerSGD and fused optimizers for complex parameters),
+buffers, or where a forward so held fails, run for real since the meta device cannot show it;
+a compiled TorchScript model; PowerSGD and fused optimizers for complex parameters),
 or would run for nothing (autocast over float64 parameters), is a ``Refusal``: the search's
 probe drops it (``probe.restrict_space``), ``plan`` leaves it out, and a configuration given
 alone asking for one is refused in one line (``check_refusals``). Each refusal that stands for
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 from typing import get_args
 
 from autotune.config import Compile, TrainConfig
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, error_line
 from autotune.records import Value
-from autotune.search.probe import meta_model, parameters_dtype
+from autotune.runner.workload import WorkloadSpec
+from autotune.search.probe import built_for_real, meta_model, parameters_dtype
 
 
 def fsdp_refusal(model_reference: str) -> str | None:
@@ -145,6 +147,61 @@ def fsdp_mixed_precision_refusal(model_reference: str) -> str | None:
     return None
 
 
+def fsdp_bf16_failure(workload: WorkloadSpec) -> tuple[str, bool] | None:
+    """Why a forward held as FSDP's bf16 parameters hold the model fails, from one such forward
+    of the dataset's first two samples through the model built for real on this CPU
+    (``runner.bf16_forward``): (the error's line, whether it is a kernel this CPU lacks for
+    bf16 rather than two dtypes meeting in one op). None where it runs, fails otherwise (the
+    trials will say), or the model is not built here (``probe.built_for_real``)."""
+    from autotune.runner.bf16_forward import bf16_forward_error  # imports torch
+    from autotune.runner.training import MIXED_DTYPES  # imports torch
+
+    built = built_for_real(workload)
+    if isinstance(built, str):
+        return None
+    model, loss, samples, collate = built
+    try:
+        error = bf16_forward_error(model, collate(samples), loss)
+    except Exception:  # the samples do not batch: the search says so before any trial
+        return None
+    if error is None:
+        return None
+    text = str(error)
+    if "not implemented for 'BFloat16'" in text:
+        return error_line(error), True
+    if any(words in text for words in MIXED_DTYPES):
+        return error_line(error), False
+    return None
+
+
+@functools.cache
+def fsdp_bf16_refusals(workload: WorkloadSpec) -> tuple[Refusal, ...]:
+    """FSDP's bf16 parameters, ruled out where a forward held as they hold the model fails
+    (``fsdp_bf16_failure``): everywhere for two dtypes meeting in one op, on a CPU alone for a
+    kernel this CPU lacks. None where the build on the meta device rules them out already
+    (``fsdp_mixed_precision_refusal``: ``model_refusals`` says so)."""
+    if fsdp_mixed_precision_refusal(workload.model):
+        return ()
+    failure = fsdp_bf16_failure(workload)
+    if failure is None:
+        return ()
+    line, kernel = failure
+    reason = (
+        "a forward of two samples held as FSDP's bf16 parameters hold the model (its "
+        f"parameters and each unit's inputs cast, no buffer) failed here: {line}"
+    )
+    return tuple(
+        Refusal(
+            "fsdp_mixed_precision",
+            value,
+            reason,
+            "use amp=bf16 (autocast casts per op)",
+            device="cpu" if kernel else None,
+        )
+        for value in ("bf16", "bf16-reduce-fp32")
+    )
+
+
 def autocast_ignored(model_reference: str) -> str | None:
     """Why AMP would change nothing for the model: every floating parameter float64, which
     autocast leaves alone (a physics-informed network trained in double precision: amp=bf16
@@ -248,10 +305,12 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
     return tuple(refusals)
 
 
-def check_refusals(config: TrainConfig, model_reference: str) -> None:
+def check_refusals(
+    config: TrainConfig, model_reference: str, refusals: tuple[Refusal, ...] | None = None
+) -> None:
     """A configuration given alone (a trial, a plan of one): one line, before anything runs,
-    where it asks for a value the model rules out (``model_refusals``)."""
-    for refusal in model_refusals(model_reference):
+    where it asks for a value the model rules out (``refusals``, else ``model_refusals``)."""
+    for refusal in model_refusals(model_reference) if refusals is None else refusals:
         if getattr(config, refusal.knob) == refusal.value and refusal.holds(config.device):
             raise ConfigError(
                 f"{refusal.knob}={refusal.value}: {refusal.reason}; {refusal.instead}"

@@ -254,6 +254,54 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
     assert fsdp_mixed_precision_refusal("tests.fixtures.models:Small") is None
 
 
+@pytest.mark.parametrize(
+    ("model", "says", "device"),
+    [
+        ("Codebook", "expected m1 and m2 to have the same dtype", None),
+        ("Positional", None, None),
+        ("Distances", '"cdist" not implemented for', "cpu"),
+    ],
+)  # fmt: skip
+def test_a_forward_held_as_fsdps_bf16_parameters_hold_it_foresees_their_trial(
+    model: str, says: str | None, device: str | None
+) -> None:
+    # Meta kernels take mixed dtypes (mm, linear, conv2d), so only a real forward shows a VQ
+    # codebook's float32 buffer meeting a bf16 feature: ``refusals.fsdp_bf16_refusals`` runs
+    # one, its parameters and each unit's inputs cast as FSDP casts them, and its verdict is
+    # the trial's. A float32 buffer added before the blocks trains (FSDP casts a block's
+    # inputs); an op without a bf16 kernel fails on this CPU only.
+    from autotune.runner.launch import run_trial as launch
+    from autotune.search.refusals import fsdp_bf16_refusals
+
+    spec = WorkloadSpec(model=f"tests.fixtures.bf16_units:{model}")
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
+        fsdp_mixed_precision="bf16",
+    )  # fmt: skip
+    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    result = launch(config, spec, options)
+    refusals = fsdp_bf16_refusals(spec)
+    if says is None:
+        assert result.status == "ok", result.message
+        assert refusals == ()
+        return
+    assert result.status == "error" and says in result.message, result.message
+    assert [(r.knob, r.value, r.device) for r in refusals] == [
+        ("fsdp_mixed_precision", "bf16", device),
+        ("fsdp_mixed_precision", "bf16-reduce-fp32", device),
+    ]
+    assert says in refusals[0].reason and "failed here" in refusals[0].reason
+
+
+def test_the_bf16_forward_is_not_tried_where_the_build_rules_fsdps_bf16_out() -> None:
+    from autotune.search.refusals import fsdp_bf16_refusals
+
+    spec = WorkloadSpec(
+        model="tests.fixtures.normed:FrozenBackbone", data="tests.fixtures.normed:autotune_dataset"
+    )
+    assert fsdp_bf16_refusals(spec) == ()  # model_refusals says why
+
+
 def test_a_float32_tensor_the_model_makes_under_fsdps_bf16_parameters_is_named() -> None:
     # An image model normalising its uint8 input itself (x.float() / 255 - mean) failed with
     # torch's "Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the

@@ -284,6 +284,34 @@ def test_fsdp_is_left_out_for_a_model_whose_lookups_have_sparse_gradients(
     assert f"parallel=fsdp: {reason}; use ddp or single" in err and "Traceback" not in err
 
 
+def test_fsdps_bf16_parameters_are_left_out_where_a_forward_so_held_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A VQ codebook kept as a float32 buffer meets the bf16 features in a matrix product: the
+    # meta device cannot show it, a forward of two samples built here does
+    space = tmp_path / "space.yaml"
+    space.write_text("parallel: [fsdp]\nworld_size: [2]\nfsdp_mixed_precision: [off, bf16]\n")
+    argv = ["plan", "--model", "tests.fixtures.bf16_units:Codebook", "--devices", "2",
+            "--device-memory", "8GiB", "--space", str(space)]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {r["config"]["fsdp_mixed_precision"] for r in plan["configurations"]} == {"off"}
+    [line] = plan["left_out"]
+    assert line.startswith("fsdp_mixed_precision bf16: a forward of two samples held as FSDP's")
+    assert "expected m1 and m2 to have the same dtype" in line
+    config = tmp_path / "c.yaml"
+    save_config(
+        TrainConfig(
+            global_batch_size=32, parallel="fsdp", world_size=2, fsdp_mixed_precision="bf16"
+        ),
+        config,
+    )
+    assert main([*argv, "--config", str(config)]) == 2  # alone: a one-line error
+    err = capsys.readouterr().err
+    assert "fsdp_mixed_precision=bf16: a forward of two samples" in err
+    assert "use amp=bf16" in err and "Traceback" not in err
+
+
 def test_a_plan_of_samples_the_dataloader_cannot_batch_is_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

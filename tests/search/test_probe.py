@@ -315,3 +315,16 @@ def test_checkpointing_that_would_reach_blocks_keeping_nothing_for_backward_is_l
             "gradient flowing through them): checkpointing them saves nothing"),
         (8, "the model has 4 repeated blocks"),
     ]  # fmt: skip
+
+
+def test_the_bf16_forward_is_tried_only_where_the_space_offers_fsdps_bf16_parameters() -> None:
+    # it builds the model for real and runs a forward: not for a space that cannot use it
+    from autotune.search.driver import _asks_fsdp_bf16
+
+    default = load_space("default")
+    assert _asks_fsdp_bf16(default, 2)
+    assert not _asks_fsdp_bf16(default, 1)
+    assert not _asks_fsdp_bf16(default.without("parallel", "fsdp"), 2)
+    for value in ("bf16", "bf16-reduce-fp32"):
+        default = default.without("fsdp_mixed_precision", value)
+    assert not _asks_fsdp_bf16(default, 2)
