@@ -17,8 +17,9 @@ TARGET_PARAMETERS = TARGET_KEYS[:-1]
 ``forward(x, timesteps, y=None)``)."""
 
 
-LEFT_OUT = "; the output's scalar"
-"""How a rule goes on where it leaves out a scalar the output holds (``DefaultLoss.rule``)."""
+LEFT_OUT = "; the output's "
+"""How a rule goes on where it leaves out a scalar the output holds, or scores shaped as those
+it takes (``DefaultLoss.rule``)."""
 
 
 class DefaultLoss:
@@ -93,10 +94,32 @@ def _default_loss(output: Any, target: Any, fed: bool = False) -> tuple[Any, str
     # a scalar beside the scores: an auxiliary loss (a mixture's load balancing) left out
     if left := [where for where, value in scalars if value is not logits]:
         rule += (
-            f"{LEFT_OUT} {', '.join(left)} is left out (an auxiliary loss? add it with "
+            f"{LEFT_OUT}scalar {', '.join(left)} is left out (an auxiliary loss? add it with "
             "--loss or autotune_loss)"
         )
+    # scores of the same shape beside them: an auxiliary classifier's (Inception's, a
+    # segmentation model's "aux"), whose loss torchvision's reference training adds
+    if target is not None and (alike := _alike(output, logits)):
+        rule += (
+            f"{LEFT_OUT}{', '.join(alike)}, shaped as these scores, "
+            f"{'is' if len(alike) == 1 else 'are'} left out (an auxiliary head's? add its "
+            "loss with --loss or autotune_loss)"
+        )
     return loss, rule
+
+
+def _alike(output: Any, logits: Any) -> list[str]:
+    """Where ``output`` (a dict, list or tuple) holds other tensors of ``logits``'s shape."""
+    import torch
+
+    return [
+        where
+        for where, value in _items(output)
+        if isinstance(value, torch.Tensor)
+        and value is not logits
+        and value.dim() > 0
+        and value.shape == logits.shape
+    ]
 
 
 def _losses_dict(output: Any, scalars: list[tuple[str, Any]], fed: bool) -> bool:
@@ -110,17 +133,23 @@ def _losses_dict(output: Any, scalars: list[tuple[str, Any]], fed: bool) -> bool
     return fed or all("loss" in str(key).lower() for key in output)
 
 
+def _items(output: Any) -> list[tuple[str, Any]]:
+    """(where, value) of each item a dict, list or tuple output holds (a named tuple's by its
+    field: Inception's ``aux_logits``)."""
+    if isinstance(output, dict):
+        return [(repr(key), value) for key, value in output.items()]
+    if isinstance(output, tuple) and hasattr(output, "_fields"):
+        return [(repr(field), value) for field, value in zip(output._fields, output, strict=True)]
+    if isinstance(output, (tuple, list)):
+        return [(f"item {i}", value) for i, value in enumerate(output)]
+    return []
+
+
 def _scalar_items(output: Any) -> list[tuple[str, Any]]:
     """(where, tensor) of each scalar tensor a tuple, list or dict output holds."""
     import torch
 
-    if isinstance(output, dict):
-        items = [(repr(key), value) for key, value in output.items()]
-    elif isinstance(output, (tuple, list)):
-        items = [(f"item {i}", value) for i, value in enumerate(output)]
-    else:
-        return []
-    return [(w, v) for w, v in items if isinstance(v, torch.Tensor) and v.dim() == 0]
+    return [(w, v) for w, v in _items(output) if isinstance(v, torch.Tensor) and v.dim() == 0]
 
 
 def _target_loss(logits: Any, target: Any) -> tuple[Any, str]:

@@ -105,6 +105,27 @@ def test_a_scalar_beside_the_scores_is_said_to_be_left_out() -> None:
     assert "left out" not in default_loss.rule
 
 
+def test_scores_of_an_auxiliary_head_are_said_to_be_left_out() -> None:
+    # torchvision's segmentation models in training return {"out", "aux"}, GoogLeNet and
+    # Inception a named tuple of logits and aux_logits: torchvision's reference training adds
+    # the auxiliary heads' losses, the default loss takes the first scores alone
+    from collections import namedtuple
+
+    masks, target = torch.randn(2, 5, 8, 8), torch.randint(0, 5, (2, 8, 8))
+    loss = default_loss({"out": masks, "aux": torch.randn(2, 5, 8, 8)}, target)
+    assert float(loss) == pytest.approx(float(F.cross_entropy(masks, target)))
+    assert default_loss.rule.endswith(
+        "; the output's 'aux', shaped as these scores, is left out (an auxiliary head's? add "
+        "its loss with --loss or autotune_loss)"
+    )
+    Outputs = namedtuple("Outputs", ["logits", "aux_logits"])
+    scores, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
+    default_loss(Outputs(scores, torch.randn(4, 3)), labels)
+    assert "the output's 'aux_logits', shaped as these scores, is left out" in default_loss.rule
+    default_loss(Outputs(scores, torch.randn(4, 3)), None)  # speed only: nothing to add
+    assert "left out" not in default_loss.rule
+
+
 def test_a_target_outside_the_classes_says_how_to_ignore_it() -> None:
     # a segmentation mask with VOC's border label, 255: "IndexError: Target 255 is out of
     # bounds." was all a trial said
