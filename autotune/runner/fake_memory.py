@@ -165,13 +165,18 @@ def _widens(batch: Any, samples: int) -> bool:
     return all(shape[:1] == (samples,) for shape in _shapes(batch))
 
 
-def _fake_model(spec: WorkloadSpec, mode: Any) -> tuple[Any, Any]:
+def _fake_model(spec: WorkloadSpec, mode: Any, routing: Any) -> tuple[Any, Any]:
+    """(module, model) built under the fake ``mode``, or on the meta device where that cannot
+    be done, and made fake. Built under ``routing`` too, so that the small tensors made from
+    constants (a queue's pointer, a "initialised" flag, position ids: buffers the forward may
+    read) keep their values (``fake_shadows``)."""
     import torch
 
+    from autotune.runner.fake_shadows import FakeDeepcopies  # imports torch
     from autotune.runner.lazy_modules import has_lazy_parameters  # imports torch
 
     try:
-        with mode:
+        with mode, routing, FakeDeepcopies():
             module, model = load_model(spec.model)
         if has_lazy_parameters(model):
             # A lazy module's parameter is a real tensor until its first forward, which cannot
@@ -631,7 +636,8 @@ def _trace(
     # unknown symbol instead of failing the trace; branching on one still fails (TraceError).
     # Static shapes: every size stays a plain int, as without it.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
-    module, model = _fake_model(spec, mode)
+    routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
+    module, model = _fake_model(spec, mode, routing)
     dataset, _ = load_dataset(spec, module, model)
     loss_fn, _ = load_loss(spec, module)
     factory, _ = load_optimizer(spec, module)
@@ -659,7 +665,6 @@ def _trace(
         optimizer = with_implementation(optimizer, implementation)
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)
-        routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
         for fake, values in observed:
             routing.observe(fake, values)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()

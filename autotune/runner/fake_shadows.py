@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -192,3 +193,20 @@ def _on_cpu(kwargs: dict[str, Any]) -> dict[str, Any]:
     if "device" in kwargs and kwargs["device"] is not None:
         return {**kwargs, "device": torch.device("cpu")}
     return kwargs
+
+
+class FakeDeepcopies(TorchFunctionMode):
+    """``copy.deepcopy`` of a fake tensor as a clone of it, under ``UniformRouting`` keeping its
+    shadow. torch's ``Tensor.__deepcopy__`` sets a new tensor's storage to a copy of the fake
+    one's, which is on the meta device, and fails ("Attempted to set the storage of a tensor on
+    device "meta" to a storage on different device "cpu""): a model that copies a module with
+    buffers as it is built (MoCo's and BYOL's momentum encoders, an EMA teacher) could only be
+    built on the meta device, where no value is kept. A parameter copies by ``clone`` already."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
+            tensor, memo = args
+            copied = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+            memo[id(tensor)] = copied
+            return copied
+        return func(*args, **(kwargs or {}))

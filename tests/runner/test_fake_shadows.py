@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from autotune.bench.traced_step import real_batch_peak
 from autotune.runner.fake_memory import TraceError, trace_step
@@ -42,6 +43,34 @@ def test_the_batchs_mask_merged_with_one_the_model_builds_is_read_as_sampled() -
     traced = trace_step(spec, 8)
     assert traced.sampled_selections == 1  # the batch's values sized it: said as assumed
     assert traced.total_bytes == real_batch_peak(spec, 8, optimizer="SGD")
+
+
+def test_a_pointer_buffer_of_a_model_that_copies_a_module_as_it_is_built_is_read() -> None:
+    # MoCo's momentum encoder is a deep copy of a module with a buffer, which failed under fake
+    # tensors: built on the meta device instead, its queue pointer had no value to read
+    spec = WorkloadSpec(model="tests.fixtures.shadowed:MomentumQueue")
+    for micro_batch in (8, 16):  # the second writes past the queue's end: a smaller slice
+        assert trace_step(spec, micro_batch).total_bytes == real_batch_peak(
+            spec, micro_batch, optimizer="SGD"
+        )
+
+
+def test_a_deep_copy_of_a_fake_tensor_is_a_fake_clone() -> None:
+    import copy
+
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from autotune.runner.fake_shadows import FakeDeepcopies
+
+    # torch's own copy fails ("Attempted to set the storage of a tensor on device "meta""), and
+    # is not run here: what it leaves behind corrupted the heap at this process's exit
+    with FakeTensorMode():
+        norm = nn.BatchNorm1d(4)
+        with FakeDeepcopies():
+            copied = copy.deepcopy(norm)
+    assert isinstance(copied.running_mean, FakeTensor)
+    assert copied.running_mean is not norm.running_mean
+    assert copied.weight.requires_grad and copied.weight is not norm.weight
 
 
 def test_the_private_mode_stack_escape_runs_real_ops_beneath_a_fake_mode() -> None:
