@@ -59,9 +59,13 @@ FSDP_CASTS = "FSDP casts its parameters to bf16"
 """How the note begins that a forward failing on mixed dtypes carries under FSDP's bf16
 parameters (a float32 tensor the model makes itself met a bf16 weight): the rank's reason ends
 with it in brackets, as ``NOT_TENSORS``'s does."""
+COMPILED_WRITE = "under torch.compile alone"
+"""How the note begins that a compiled step's backward carries where it failed on a tensor
+written in place after it was saved (a graph break between its use and the write): the rank's
+reason ends with it in brackets, as ``NOT_TENSORS``'s does."""
 RANK_HINTS = (
     DIVERGED, NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS, NO_TARGET, WHOLE_DICT,
-    FSDP_CASTS,
+    FSDP_CASTS, COMPILED_WRITE,
 )  # fmt: skip
 """The notes a rank's reason ends with, in brackets, and a search that stops on it repeats."""
 NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")

@@ -154,7 +154,7 @@ def fsdp_bf16_failure(workload: WorkloadSpec) -> tuple[str, bool] | None:
     bf16 rather than two dtypes meeting in one op). None where it runs, fails otherwise (the
     trials will say), or the model is not built here (``probe.built_for_real``)."""
     from autotune.runner.bf16_forward import bf16_forward_error  # imports torch
-    from autotune.runner.training import MIXED_DTYPES  # imports torch
+    from autotune.runner.hints import MIXED_DTYPES  # imports torch
 
     built = built_for_real(workload)
     if isinstance(built, str):

@@ -80,7 +80,8 @@ def test_a_graph_batch_and_a_dataclass_are_moved_through_what_they_hold() -> Non
     # they were: on a GPU the model would have met CPU tensors. Each is moved as a copy.
     import torch
 
-    from autotune.runner.training import input_hint, move_to
+    from autotune.runner.hints import input_hint
+    from autotune.runner.training import move_to
     from tests.fixtures.graph_objects import GraphBatch, Nodes
 
     meta = torch.device("meta")

@@ -132,3 +132,18 @@ def test_a_rank_that_compiled_before_says_so_beside_its_compile_time() -> None:
     ]
     assert all(r.status == "ok" and r.compile_s is not None for r in reports)
     assert reports[1].compiled_before
+
+
+def test_a_compiled_backward_failing_on_a_tensor_written_after_a_graph_break_says_why() -> None:
+    # MoCo under torch.compile: int(self.queue_ptr) breaks the graph before the queue is
+    # written, and the graph before the break keeps the queue itself for backward (not the
+    # clone the forward multiplied), which the write then changes; eager trains it
+    from autotune.errors import COMPILED_WRITE, rank_hint
+
+    spec = WorkloadSpec(model="tests.fixtures.shadowed:MomentumQueue")
+    config = {"global_batch_size": 8, "device": "cpu"}
+    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=400)
+    assert run_trial(make_config(config), spec, options).status == "ok"
+    result = run_trial(make_config({**config, "compile": "default"}), spec, options)
+    assert result.status == "error" and "modified by an inplace operation" in result.message
+    assert (rank_hint(result.message) or "").startswith(f"{COMPILED_WRITE}: a graph break")

@@ -74,7 +74,7 @@ def test_a_forward_failing_on_parameters_left_nan_says_so() -> None:
     import torch
 
     from autotune.errors import DIVERGED, rank_hint
-    from autotune.runner.training import diverged_hint
+    from autotune.runner.hints import diverged_hint
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     assert diverged_hint(model) is None

@@ -336,7 +336,7 @@ def test_an_op_without_a_bf16_kernel_under_fsdps_bf16_parameters_is_named() -> N
     # YOLOS's Hungarian matcher under FSDP's bf16 parameters on a CPU: '"cdist" not implemented
     # for 'BFloat16'' alone (autocast keeps cdist in float32, and trained it)
     from autotune.errors import FSDP_CASTS
-    from autotune.runner.training import fsdp_dtype_hint
+    from autotune.runner.hints import fsdp_dtype_hint
 
     config = TrainConfig(
         global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",

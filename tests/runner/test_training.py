@@ -11,18 +11,10 @@ import torch
 
 from autotune.config import TrainConfig, make_config
 from autotune.errors import rank_hint
+from autotune.runner.hints import double_hint, input_hint, target_hint, tuple_hint
 from autotune.runner.loss import default_loss
 from autotune.runner.session import prepare
-from autotune.runner.training import (
-    TrainStep,
-    check_loss,
-    double_hint,
-    input_hint,
-    prepare_model,
-    split_batch,
-    target_hint,
-    tuple_hint,
-)
+from autotune.runner.training import TrainStep, check_loss, prepare_model, split_batch
 from workloads.mlp import autotune_dataset, mlp_tiny
 
 

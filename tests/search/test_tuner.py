@@ -204,7 +204,7 @@ def test_a_search_whose_trials_all_fail_alike_stops_after_three(modes: list[str]
 def test_the_fix_the_ranks_named_is_said_whole_when_the_search_stops() -> None:
     # A forward making a CUDA tensor on a CPU machine: the stop cut the ranks' hint mid-word
     # ("... or register them as buffe...").
-    from autotune.runner.training import cuda_hint
+    from autotune.runner.hints import cuda_hint
 
     hint = cuda_hint(AssertionError("Torch not compiled with CUDA enabled"), torch.device("cpu"))
     assert hint is not None and hint.startswith("the model asks for CUDA, which this machine")
@@ -257,7 +257,7 @@ def test_a_baseline_failing_as_the_traced_step_did_ends_the_search_after_one_tri
 
 def test_a_search_stopped_by_a_batch_of_strings_says_a_collate_function_is_the_fix() -> None:
     from autotune.runner.fake_memory import MODEL_AT_FAULT, TraceError, trace_step
-    from autotune.runner.training import input_hint
+    from autotune.runner.hints import input_hint
 
     spec = WorkloadSpec(model="tests.fixtures.texts:Net")
     with pytest.raises(TraceError) as traced:
