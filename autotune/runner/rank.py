@@ -73,6 +73,34 @@ def classify_exception(error: BaseException) -> tuple[TrialStatus, str]:
     return "error", error_line(error, 500)
 
 
+def raised_at(error: BaseException) -> str | None:
+    """Where in code outside torch, autotune and Python's own library ``error`` was raised, or
+    last passed through ("lucid.py:21, in autotune_loss"; a library's file from its package
+    down: "transformers/models/gpt2/modeling_gpt2.py:..."): the line of the user's model, loss,
+    dataset or optimizer a trial's one-line reason names, since the rank's traceback is not
+    shown. None where no frame lies outside them."""
+    import traceback
+
+    import autotune
+
+    # torch's package, autotune's, and Python's library (where os lives)
+    ours = tuple(
+        os.path.dirname(path) + os.sep for path in (torch.__file__, autotune.__file__, os.__file__)
+    )
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        name = frame.filename
+        if name.startswith("<") or any(name.startswith(p) for p in ours[:2]):
+            continue
+        if "site-packages" + os.sep in name:  # under the library's directory, outside a venv
+            name = name.rsplit("site-packages" + os.sep, 1)[1]
+        elif name.startswith(ours[2]):
+            continue
+        elif name.startswith(os.getcwd() + os.sep):
+            name = os.path.relpath(name)
+        return f"{name}:{frame.lineno}, in {frame.name}"
+    return None
+
+
 def apply_memory_limit(limit: int | None) -> None:
     """Impose (or lift, with None) a CPU memory limit on this process: RLIMIT_DATA's soft limit.
 
@@ -157,7 +185,10 @@ def run_rank(
         where = [n for n in notes if n.startswith(OPTIMIZER_STEP)]
         hints = [f" ({n})" for n in notes if n.startswith(RANK_HINTS)]
         phase = progress.phase.removesuffix(AFTER_FASTER)  # how the pruning rule read it: not news
-        message = ": ".join([phase, *where[:1], message]) + "".join(hints[:1])
+        # autotune's own errors name what is wrong already
+        at = None if isinstance(error, (ConfigError, WorkloadError)) else raised_at(error)
+        message = ": ".join([phase, *where[:1], message]) + (f" (at {at})" if at else "")
+        message += "".join(hints[:1])
         return RankReport(status=status, message=message, **report)
 
 

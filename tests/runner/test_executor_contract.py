@@ -86,7 +86,11 @@ CASES = {
         "tests.fixtures.models:Raising",
         {},
         "error",
-        ("rank 0: warm-up step 1: ValueError: shape mismatch in layer 3",),
+        # where in the user's code: the rank's traceback is not shown
+        (
+            "rank 0: warm-up step 1: ValueError: shape mismatch in layer 3 "
+            "(at tests/fixtures/models.py:114, in forward)",
+        ),
     ),
     "invalid config": Case(
         "workloads.gpt:gpt_tiny",

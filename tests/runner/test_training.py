@@ -240,3 +240,19 @@ def test_a_ranks_reason_ends_with_the_hint_the_forward_left() -> None:
         "tensor: a collate function (--collate module:attr, or autotune_collate in the model's "
         "module) makes tensors of the samples)"
     )
+
+
+def test_a_ranks_reason_says_where_in_code_outside_torch_and_autotune_it_was_raised() -> None:
+    # a loss written for another model of the module ("iteration over a 0-d tensor", raised
+    # inside torch's Tensor.__iter__): the reason alone did not say which line
+    from autotune.runner.rank import raised_at
+
+    def autotune_loss(output: torch.Tensor, target: object) -> torch.Tensor:
+        recon, commit = output
+        return recon + commit
+
+    with pytest.raises(TypeError) as raised:
+        autotune_loss(torch.tensor(1.0), None)
+    line = autotune_loss.__code__.co_firstlineno + 1
+    assert raised_at(raised.value) == f"tests/runner/test_training.py:{line}, in autotune_loss"
+    assert raised_at(ValueError("never raised")) is None  # no frame
