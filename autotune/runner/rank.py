@@ -81,11 +81,10 @@ def raised_at(error: BaseException) -> str | None:
     shown. None where no frame lies outside them."""
     import traceback
 
-    import autotune
-
-    # torch's package, autotune's, and Python's library (where os lives)
+    # torch's package, autotune's (above this one), and Python's library (where os lives)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ours = tuple(
-        os.path.dirname(path) + os.sep for path in (torch.__file__, autotune.__file__, os.__file__)
+        os.path.dirname(path) + os.sep for path in (torch.__file__, package + os.sep, os.__file__)
     )
     for frame in reversed(traceback.extract_tb(error.__traceback__)):
         name = frame.filename
