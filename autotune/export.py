@@ -114,9 +114,31 @@ def notes_for(target: Exported, fmt: str) -> list[str]:
         and target.scalar_parameters
     ):
         notes.append(scalar_note(target.scalar_parameters))
+    if trainer and isinstance(target, Recommendation) and _norms_kept_whole(target):
+        notes.append(NORMS_NOTE)
     if isinstance(target, Recommendation) and target.optimizer:
         notes.append(optimizer_note(target))
     return notes
+
+
+NORMS_NOTE = (
+    "FSDP's bf16 parameters fail on batch norms (a bf16 weight beside float32 running "
+    "statistics): the trials kept the batch norms' parameters whole and in float32, "
+    "fully_shard(..., ignored_params=...), their gradients averaged over the ranks "
+    "(autotune.apply does the same); do so where this trainer shards the model"
+)
+"""What another trainer's FSDP2 with bf16 parameters meets on a model with batch norms."""
+
+
+def _norms_kept_whole(target: Recommendation) -> bool:
+    """Whether the recommendation is FSDP with bf16 parameters of a model with batch norms
+    (from a build on the meta device: an unbuildable one is not said)."""
+    config = target.config
+    if config.parallel != "fsdp" or config.fsdp_mixed_precision == "off" or not target.model:
+        return False
+    from autotune.search.probe import batch_norm  # imports torch: a build on the meta device
+
+    return batch_norm(target.model) is not None
 
 
 def scalar_note(names: list[str]) -> str:

@@ -402,3 +402,12 @@ def test_the_search_names_a_model_s_scalar_parameters() -> None:
     assert scalar_parameters("tests.fixtures.traced:Stack") == []
     pytest.importorskip("transformers")
     assert scalar_parameters("tests.fixtures.hf_zoo:clip") == ["logit_scale"]
+
+
+def test_fsdps_bf16_parameters_on_batch_norms_are_noted_for_another_trainer() -> None:
+    values = {"parallel": "fsdp", "world_size": 2, "fsdp_mixed_precision": "bf16"}
+    normed = _recommendation(values).model_copy(update={"model": "workloads.convnet:resnet_tiny"})
+    assert any("fail on batch norms" in n for n in notes_for(normed, "accelerate"))
+    assert not any("fail on batch norms" in n for n in notes_for(normed, "yaml"))
+    plain = normed.model_copy(update={"model": "workloads.mlp:mlp_tiny"})
+    assert not any("fail on batch norms" in n for n in notes_for(plain, "lightning"))

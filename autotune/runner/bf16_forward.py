@@ -7,9 +7,9 @@ codebook, kept up to date by its forward) or makes a float32 tensor (``x.float()
 meets a bf16 weight in one op, and its first step fails. The meta device cannot show it: its
 kernels take mixed dtypes (``mm``, ``linear`` and ``conv2d`` do), as fake tensors, built on them,
 do. So this runs one forward of a real batch through a model built for it alone, held as FSDP
-holds it: its parameters in bf16 (the 0-dim ones aside, which the trials keep out of
-``fully_shard``, whole), and the floating tensors given to it and to each repeated block (the
-units a trial shards) cast to bf16 as they enter.
+holds it: its parameters in bf16 (those the trials keep out of ``fully_shard`` aside, whole:
+``training.whole_parameters``, the 0-dim ones and the batch norms'), and the floating tensors
+given to it and to each repeated block (the units a trial shards) cast to bf16 as they enter.
 """
 
 from __future__ import annotations
@@ -19,15 +19,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.config import TrainConfig
 from autotune.runner.checkpointing import find_repeated_blocks
 from autotune.runner.lazy_modules import materialize
 from autotune.runner.training import (
     forward_keywords,
     map_tensors,
-    scalar_parameters,
     split_batch,
     target_into,
+    whole_parameters,
 )
+
+_BF16 = TrainConfig(
+    global_batch_size=2, parallel="fsdp", world_size=2, fsdp_mixed_precision="bf16", device="cpu"
+)
+"""What the forward emulates, for ``whole_parameters``."""
 
 
 def _to_bf16(value: Any) -> Any:
@@ -44,7 +50,7 @@ def bf16_forward_error(model: nn.Module, batch: Any, loss_fn: Any) -> BaseExcept
     with ``loss_fn`` gives it; None where it runs. The model is changed in place (its parameters
     cast, its buffers moved by the forward): give one built for this alone."""
     materialize(model, batch)
-    kept = set(scalar_parameters(model).values())
+    kept = set(whole_parameters(model, _BF16))
     for parameter in model.parameters():
         if parameter.is_floating_point() and parameter not in kept:
             parameter.data = parameter.data.to(torch.bfloat16)

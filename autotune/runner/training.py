@@ -138,23 +138,43 @@ def scalar_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.dim() == 0 and p.requires_grad}
 
 
-def average_scalar_gradients(model: nn.Module) -> list[nn.Parameter]:
-    """Keep the model's ``scalar_parameters`` out of ``fully_shard``, whole on every rank, with
-    their gradients averaged over the ranks as each backward accumulates them, as DDP does for
-    every parameter; return them (``fully_shard``'s ``ignored_params``). Averaging after each
-    micro-step of an accumulation is averaging the sum, so accumulation needs nothing more."""
-    import torch.distributed as dist
+BATCH_NORMS = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+    nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d,
+)  # fmt: skip
+"""torch's batch norms, whose kernels take bf16 inputs beside float32 parameters and running
+statistics, but not bf16 parameters beside float32 statistics ("expected scalar type BFloat16
+but found Float", on a CPU as FSDP's bf16 parameters gave them)."""
 
-    scalars = list(scalar_parameters(model).values())
+
+def whole_parameters(model: nn.Module, config: TrainConfig) -> list[nn.Parameter]:
+    """The parameters FSDP2 leaves whole on every rank (``fully_shard``'s ``ignored_params``):
+    the 0-dim ones (``scalar_parameters``), which it cannot shard, and under its bf16
+    parameters the batch norms', kept in float32 as autocast keeps them, since FSDP would cast
+    them and not the running statistics (FSDP1 kept batch norms out of its mixed precision for
+    the same reason)."""
+    whole = list(scalar_parameters(model).values())
+    if config.fsdp_mixed_precision != "off":
+        norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
+        whole += [p for m in norms for p in m.parameters() if p.dim() > 0]
+    return whole
+
+
+def average_gradients(parameters: list[nn.Parameter]) -> None:
+    """Average the trainable ``parameters``' gradients over the ranks as each backward
+    accumulates them, as DDP does for every parameter (those FSDP2 leaves whole:
+    ``whole_parameters``). Averaging after each micro-step of an accumulation is averaging the
+    sum, so accumulation needs nothing more."""
+    import torch.distributed as dist
 
     def average(param: torch.Tensor) -> None:
         assert param.grad is not None
         dist.all_reduce(param.grad)  # gloo has no AVG: sum, then divide
         param.grad.div_(dist.get_world_size())
 
-    for param in scalars:
-        param.register_post_accumulate_grad_hook(average)  # type: ignore[no-untyped-call]
-    return scalars
+    for param in parameters:
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(average)  # type: ignore[no-untyped-call]
 
 
 def wrap_model(
@@ -171,9 +191,11 @@ def wrap_model(
         # where they are: those move here.
         mesh = init_device_mesh(device.type, (config.world_size,))
         policy, offload = _mixed_precision(config), _offload(config, device)
-        ignored = set(average_scalar_gradients(model)) or None
-        for scalar in ignored or ():
-            scalar.data = scalar.data.to(device)
+        whole = whole_parameters(model, config)
+        average_gradients(whole)
+        ignored = set(whole) or None
+        for parameter in whole:
+            parameter.data = parameter.data.to(device)
         for block in find_repeated_blocks(model):
             fully_shard(
                 block,

@@ -20,7 +20,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.runner.request import TrialOptions
 from autotune.runner.session import leave_process_group
-from autotune.runner.training import HookCounter, wrap_model
+from autotune.runner.training import HookCounter, whole_parameters, wrap_model
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.traced import WideBlocks
 
@@ -57,7 +57,7 @@ UNSHARDED_LEFT = """
 import gc, sys, weakref
 import torch, torch.distributed as dist
 from autotune.config import TrainConfig
-from autotune.runner.training import HookCounter, wrap_model
+from autotune.runner.training import HookCounter, whole_parameters, wrap_model
 from tests.fixtures.traced import WideBlocks
 
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
@@ -291,6 +291,44 @@ def test_a_forward_held_as_fsdps_bf16_parameters_hold_it_foresees_their_trial(
         ("fsdp_mixed_precision", "bf16-reduce-fp32", device),
     ]
     assert says in refusals[0].reason and "failed here" in refusals[0].reason
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_fsdps_bf16_parameters_leave_batch_norms_whole_and_in_float32() -> None:
+    # FSDP cast a batch norm's weight to bf16 and not its running statistics, and the kernel
+    # refused them ("expected scalar type BFloat16 but found Float"): every convnet with batch
+    # norms failed its first step (ResNet, EfficientNet, SegFormer's head, the built-in
+    # convnet). Kept out of fully_shard in float32, they take the bf16 activations, as autocast
+    # gives them, and their gradients are averaged over the ranks.
+    from tests.fixtures.norms import Normed
+
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=1, device="cpu",
+        fsdp_mixed_precision="bf16",
+    )  # fmt: skip
+    model = wrap_model(Normed(), config, torch.device("cpu"), HookCounter())
+    norm = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert not isinstance(norm.weight, DTensor) and norm.weight.dtype == torch.float32
+    assert any(isinstance(p, DTensor) for p in model.parameters())  # the rest is sharded
+    model(torch.randn(4, 3, 8, 8)).float().square().backward()
+    assert norm.weight.grad is not None and norm.weight.grad.dtype == torch.float32
+    off = config.model_copy(update={"fsdp_mixed_precision": "off"})
+    assert not any(p is norm.weight for p in whole_parameters(Normed(), off))
+
+
+def test_a_convnet_with_batch_norms_trains_under_fsdps_bf16_parameters() -> None:
+    from autotune.runner.launch import run_trial as launch
+    from autotune.search.refusals import fsdp_bf16_refusals
+
+    spec = WorkloadSpec(model="workloads.convnet:resnet_tiny")
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
+        fsdp_mixed_precision="bf16", checkpoint_segments=2,
+    )  # fmt: skip
+    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    result = launch(config, spec, options)
+    assert result.status == "ok", result.message
+    assert fsdp_bf16_refusals(spec) == ()  # the probe's forward holds them so too
 
 
 def test_the_bf16_forward_is_not_tried_where_the_build_rules_fsdps_bf16_out() -> None:
