@@ -151,7 +151,7 @@ def test_an_error_in_the_optimizer_s_step_is_said_to_be_there() -> None:
     assert result.status == "error"
     assert result.message == (
         "rank 0: warm-up step 1: in the optimizer's step (_Refusing): RuntimeError: aten.add_."
-        "Tensor got mixed torch.Tensor and DTensor"
+        "Tensor got mixed torch.Tensor and DTensor (at tests/fixtures/optimizers.py:78, in step)"
     )
 
 
