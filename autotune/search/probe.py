@@ -361,12 +361,10 @@ def batch_norm(model_reference: str) -> BatchNorm | None:
     model without them, or one that cannot be built on the meta device."""
     import torch.nn as nn
 
+    from autotune.runner.training import BATCH_NORMS  # imports torch
+
     built = meta_model(model_reference)
-    kinds = (
-        nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
-        nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d,
-    )  # fmt: skip
-    norms = [m for m in built[1].modules() if isinstance(m, kinds)] if built else []
+    norms = [m for m in built[1].modules() if isinstance(m, BATCH_NORMS)] if built else []
     if not norms:
         return None
     return "synced" if all(isinstance(m, nn.SyncBatchNorm) for m in norms) else "local"
