@@ -288,3 +288,20 @@ def test_json_on_stdout_stays_json_when_the_model_prints(
     shown = capsys.readouterr()
     assert json.loads(shown.out)["configurations"]
     assert "building Chatty" in shown.err and "forward of (2, 8)" in shown.err
+
+
+def test_more_checkpointing_than_blocks_is_refused_before_a_rank_is_launched(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the rank said so after a launch ("rank 0: applying the configuration: ..."): a build on
+    # the meta device says it first
+    def launched(*_: object) -> None:
+        raise AssertionError("a rank was launched")
+
+    monkeypatch.setattr("autotune.api.launch", launched)
+    argv = ["trial", "--model", "tests.fixtures.models:Small", "--global-batch-size", "8"]
+    assert exit_code([*argv, "--checkpoint-segments", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("checkpoint_segments=3 exceeds the 2 repeated Sequential blocks of "
+                        "Small; use 0..2")  # fmt: skip
+    assert "rank 0" not in err

@@ -306,6 +306,18 @@ def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
     if segments == 0:
         return []
     blocks = find_repeated_blocks(model)
+    check_segments(model, segments, blocks)
+    chosen = checkpoint_order(blocks)[:segments]
+    for block in chosen:
+        _checkpoint_forward(block)
+    _without_cache(model)
+    return chosen
+
+
+def check_segments(model: nn.Module, segments: int, blocks: list[nn.Module]) -> None:
+    """A one-line ``ConfigError`` where ``segments`` asks for more of ``model``'s repeated
+    ``blocks`` than there are (on a rank, and before a trial is launched, from a build on the
+    meta device)."""
     if not blocks:
         scripted = (
             " (TorchScript modules are not checkpointed)"
@@ -322,11 +334,6 @@ def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
             f"{block_classes(blocks).replace(',', ', ')} blocks of {type(model).__name__}; use "
             f"0..{len(blocks)}"
         )
-    chosen = checkpoint_order(blocks)[:segments]
-    for block in chosen:
-        _checkpoint_forward(block)
-    _without_cache(model)
-    return chosen
 
 
 def checkpoint_order(blocks: list[nn.Module]) -> list[nn.Module]:
