@@ -232,12 +232,24 @@ def test_world_sizes_the_global_batch_cannot_split_are_said_not_dropped(
     assert "left out: world_size 64: global batch 32" in capsys.readouterr().out
 
 
-def _one_device(tmp_path: Path, space_text: str) -> list[str]:
-    """``plan`` of Stack on one 8 GiB device over a space of ``space_text``."""
+def _plan_argv(tmp_path: Path, space_text: str, model: str = MODEL, devices: int = 1) -> list[str]:
+    """``plan`` of ``model`` (Stack) on ``devices`` (one) 8 GiB devices over a space of
+    ``space_text``."""
     space = tmp_path / "space.yaml"
     space.write_text(space_text)
-    return ["plan", "--model", MODEL, "--devices", "1", "--device-memory", "8GiB", "--space",
-            str(space)]  # fmt: skip
+    return ["plan", "--model", model, "--devices", str(devices), "--device-memory", "8GiB",
+            "--space", str(space)]  # fmt: skip
+
+
+def _alone(
+    tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str], **values: Any
+) -> str:
+    """What ``plan`` with ``argv`` says of one configuration of ``values`` the model rules out
+    (a one-line error, exit 2): its stderr."""
+    config = tmp_path / "c.yaml"
+    save_config(TrainConfig(global_batch_size=32, **values), config)
+    assert main([*argv, "--config", str(config)]) == 2  # alone: a one-line error
+    return capsys.readouterr().err
 
 
 def test_checkpointing_more_blocks_than_the_model_repeats_is_left_out_not_fatal(
@@ -245,7 +257,7 @@ def test_checkpointing_more_blocks_than_the_model_repeats_is_left_out_not_fatal(
 ) -> None:
     # The default space checkpoints up to 12 blocks; Stack repeats 4. Those choices are left
     # out, said once, and the rest is planned (before, the first such trace failed the plan).
-    argv = _one_device(tmp_path, "parallel: [single]\ncheckpoint_segments: [0, 2, 8, 12]\n")
+    argv = _plan_argv(tmp_path, "parallel: [single]\ncheckpoint_segments: [0, 2, 8, 12]\n")
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "left out: checkpoint_segments 8, 12: the model has 4 repeated Sequential blocks" in out
@@ -256,10 +268,7 @@ def test_checkpointing_more_blocks_than_the_model_repeats_is_left_out_not_fatal(
     assert plan["left_out"] == [
         "checkpoint_segments 8, 12: the model has 4 repeated Sequential blocks"
     ]
-    config = tmp_path / "c.yaml"
-    save_config(TrainConfig(global_batch_size=32, checkpoint_segments=8), config)
-    assert main([*argv, "--config", str(config)]) == 2  # alone: a one-line error
-    err = capsys.readouterr().err
+    err = _alone(tmp_path, argv, capsys, checkpoint_segments=8)
     assert "checkpoint_segments=8: the model has 4 repeated Sequential blocks" in err
     assert "use 0..4" in err and "Traceback" not in err
 
@@ -268,19 +277,14 @@ def test_fsdp_is_left_out_for_a_model_whose_lookups_have_sparse_gradients(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # FSDP's reduce-scatter takes no sparse gradient: its trials failed in their first step.
-    space = tmp_path / "space.yaml"
-    space.write_text("parallel: [single, ddp, fsdp]\nworld_size: [1, 2]\n")
-    argv = ["plan", "--model", "tests.fixtures.sparse:Lookups", "--devices", "2",
-            "--device-memory", "8GiB", "--space", str(space)]  # fmt: skip
+    space = "parallel: [single, ddp, fsdp]\nworld_size: [1, 2]\n"
+    argv = _plan_argv(tmp_path, space, "tests.fixtures.sparse:Lookups", devices=2)
     assert main([*argv, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert {r["config"]["parallel"] for r in plan["configurations"]} == {"single", "ddp"}
     reason = "FSDP cannot shard sparse gradients (sparse=True in bag, table; DDP reduces them)"
     assert plan["left_out"] == [f"parallel fsdp: {reason}"]
-    config = tmp_path / "c.yaml"
-    save_config(TrainConfig(global_batch_size=32, parallel="fsdp", world_size=2), config)
-    assert main([*argv, "--config", str(config)]) == 2  # alone: a one-line error
-    err = capsys.readouterr().err
+    err = _alone(tmp_path, argv, capsys, parallel="fsdp", world_size=2)
     assert f"parallel=fsdp: {reason}; use ddp or single" in err and "Traceback" not in err
 
 
@@ -289,25 +293,15 @@ def test_fsdps_bf16_parameters_are_left_out_where_a_forward_so_held_fails(
 ) -> None:
     # A VQ codebook kept as a float32 buffer meets the bf16 features in a matrix product: the
     # meta device cannot show it, a forward of two samples built here does
-    space = tmp_path / "space.yaml"
-    space.write_text("parallel: [fsdp]\nworld_size: [2]\nfsdp_mixed_precision: [off, bf16]\n")
-    argv = ["plan", "--model", "tests.fixtures.bf16_units:Codebook", "--devices", "2",
-            "--device-memory", "8GiB", "--space", str(space)]  # fmt: skip
+    space = "parallel: [fsdp]\nworld_size: [2]\nfsdp_mixed_precision: [off, bf16]\n"
+    argv = _plan_argv(tmp_path, space, "tests.fixtures.bf16_units:Codebook", devices=2)
     assert main([*argv, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert {r["config"]["fsdp_mixed_precision"] for r in plan["configurations"]} == {"off"}
     [line] = plan["left_out"]
     assert line.startswith("fsdp_mixed_precision bf16: a forward of two samples held as FSDP's")
     assert "expected m1 and m2 to have the same dtype" in line
-    config = tmp_path / "c.yaml"
-    save_config(
-        TrainConfig(
-            global_batch_size=32, parallel="fsdp", world_size=2, fsdp_mixed_precision="bf16"
-        ),
-        config,
-    )
-    assert main([*argv, "--config", str(config)]) == 2  # alone: a one-line error
-    err = capsys.readouterr().err
+    err = _alone(tmp_path, argv, capsys, parallel="fsdp", world_size=2, fsdp_mixed_precision="bf16")
     assert "fsdp_mixed_precision=bf16: a forward of two samples" in err
     assert "use amp=bf16" in err and "Traceback" not in err
 
@@ -327,7 +321,7 @@ def test_a_plan_of_samples_the_dataloader_cannot_batch_is_one_line(
 def test_a_cpu_plan_says_its_workers_are_not_counted_before_a_trial(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = _one_device(tmp_path, "parallel: [single]\nnum_workers: [0, 2]\n")
+    argv = _plan_argv(tmp_path, "parallel: [single]\nnum_workers: [0, 2]\n")
     assert main([*argv, "--device", "cpu", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["calibration"].startswith("a rank of this workload measured here without its")
@@ -390,7 +384,7 @@ def test_a_spaces_all_choice_plans_checkpointing_every_block(
 ) -> None:
     # The default space checkpointed at most 12 blocks: a 32-layer model was never planned
     # with the full checkpointing a model that barely fits needs. Its 'all' is every block.
-    argv = _one_device(tmp_path, "parallel: [single]\ncheckpoint_segments: [0, 2, all]\n")
+    argv = _plan_argv(tmp_path, "parallel: [single]\ncheckpoint_segments: [0, 2, all]\n")
     argv += ["--global-batch-size", "4096"]  # activations, which checkpointing drops, dominate
     assert main([*argv, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
