@@ -137,16 +137,11 @@ def _executor_lines(executor: Executor) -> dict[str, str]:
 def _asks_fsdp_bf16(space: SearchSpace, devices: int) -> bool:
     """Whether ``space`` offers FSDP's bf16 parameters on ``devices``: only then does the probe
     try a forward held as they hold the model (``refusals.fsdp_bf16_refusals``)."""
-    params = space.params
+    choices = space.choices()
     return (
         devices >= 2
-        and "fsdp" in (params["parallel"].choices if "parallel" in params else ())
-        and any(
-            value != "off"
-            for value in (
-                params["fsdp_mixed_precision"].choices if "fsdp_mixed_precision" in params else ()
-            )
-        )
+        and "fsdp" in choices.get("parallel", ())
+        and any(value != "off" for value in choices.get("fsdp_mixed_precision", ()))
     )
 
 
