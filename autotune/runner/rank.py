@@ -81,18 +81,20 @@ def raised_at(error: BaseException) -> str | None:
     shown. None where no frame lies outside them."""
     import traceback
 
-    # torch's package, autotune's (above this one), and Python's library (where os lives)
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ours = tuple(
-        os.path.dirname(path) + os.sep for path in (torch.__file__, package + os.sep, os.__file__)
+    # torch's package and autotune's (above this one); Python's library (where os lives)
+    packages = tuple(
+        os.path.dirname(path) + os.sep
+        for path in (torch.__file__, os.path.dirname(os.path.abspath(__file__)))
     )
+    library = os.path.dirname(os.__file__) + os.sep
+    installed = "site-packages" + os.sep  # under the library's directory, outside a venv
     for frame in reversed(traceback.extract_tb(error.__traceback__)):
         name = frame.filename
-        if name.startswith("<") or any(name.startswith(p) for p in ours[:2]):
+        if name.startswith(("<", *packages)):
             continue
-        if "site-packages" + os.sep in name:  # under the library's directory, outside a venv
-            name = name.rsplit("site-packages" + os.sep, 1)[1]
-        elif name.startswith(ours[2]):
+        if installed in name:
+            name = name.rsplit(installed, 1)[1]
+        elif name.startswith(library):
             continue
         elif name.startswith(os.getcwd() + os.sep):
             name = os.path.relpath(name)
