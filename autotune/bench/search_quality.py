@@ -34,7 +34,7 @@ def benchmark_workload(
 
     device = platform.device_type
     spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
-    blocks = repeated_blocks(model)
+    blocks = repeated_blocks(spec)
     started = time.perf_counter()  # the probe's hook checks: once per machine, then cached
     space, _ = restrict_space(
         load_space(args.space), platform, args.devices_used, blocks[0] if blocks else None

@@ -23,6 +23,13 @@ finds GPT-2's ``GPT2Block`` in a ``ModuleList``, ResNet's ``BasicBlock`` across 
 ``nn.TransformerEncoderLayer`` and a mixture of experts' decoder layer, without the model being
 ``nn.Sequential``.
 
+A model with no stack (nor declared blocks) may apply one layer again and again, held once:
+ALBERT's shared layer group, a Perceiver's latent tower, a looped transformer. Its units are then
+that layer's calls (``looped_modules``), counted by a forward of two samples in eval mode
+(``count_calls``: on a rank, on the meta device before any trial, in the trace on fake
+tensors), and ``checkpoint_segments = k`` checkpoints its first k calls of each forward; the
+fallback below applies only where no such layer is found.
+
 ``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
 checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
 The rest run normally. k must not exceed the number of blocks found. Blocks with a parameter that
@@ -49,8 +56,9 @@ whose graph breaks (spectral normalisation's parametrization did) still updates 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -74,12 +82,18 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The model's repeated blocks in forward (registration) order, or [] if it has none. A
     TorchScript module is no block, nor is what it holds: its forward runs in TorchScript's
     interpreter, which neither checkpointing's patched forward nor FSDP's hooks reach."""
+    return _usable(model, _found_blocks(model)[0])
+
+
+def _usable(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     scripted = {id(m) for s in model.modules() if is_scripted(s) for m in s.modules()}
-    return [
-        block
-        for block in _found_blocks(model)
-        if id(block) not in scripted and not isinstance(block, _LISTS)
-    ]
+    return [b for b in blocks if id(b) not in scripted and not isinstance(b, _LISTS)]
+
+
+def may_loop(model: nn.Module) -> bool:
+    """Whether the model's checkpointing units depend on how often its forward calls its
+    modules (``checkpoint_units``): it has no stack of layers, nor blocks it declares."""
+    return not _found_blocks(model)[1]
 
 
 def is_scripted(module: nn.Module) -> bool:
@@ -87,10 +101,11 @@ def is_scripted(module: nn.Module) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
 
 
-def _found_blocks(model: nn.Module) -> list[nn.Module]:
+def _found_blocks(model: nn.Module) -> tuple[list[nn.Module], bool]:
+    """(blocks, whether they are declared or stacked rather than the fallback's)."""
     named = _declared_blocks(model)
     if named:
-        return named
+        return named, True
     candidates = [
         m
         for m in model.modules()
@@ -101,21 +116,21 @@ def _found_blocks(model: nn.Module) -> list[nn.Module]:
     counts = Counter(_kind(m) for m in candidates)
     stacks = _stacked_kinds(model, counts)
     if stacks:
-        return _instances(model, lambda module: _kind(module) in stacks)
+        return _instances(model, lambda module: _kind(module) in stacks), True
     repeated = [kind for kind, n in counts.items() if n >= 2]
     nested = _nested_kinds(candidates, counts)
     repeated = [kind for kind in repeated if kind not in nested] or repeated
     units = _unit_kinds(candidates)
     repeated = [kind for kind in repeated if kind not in units] or repeated
     if not repeated:
-        return []
+        return [], False
 
     def weight(kind: object) -> tuple[int, int]:
         params = sum(p.numel() for m in candidates if _kind(m) == kind for p in m.parameters())
         return counts[kind], params
 
     block_kind = max(repeated, key=weight)
-    return _instances(model, lambda module: _kind(module) == block_kind)
+    return _instances(model, lambda module: _kind(module) == block_kind), False
 
 
 def _stacked_kinds(model: nn.Module, counts: Counter[object]) -> set[object]:
@@ -295,29 +310,160 @@ def checkpoints_itself(model: nn.Module) -> bool:
     return bool(_own_flags(model))
 
 
-def apply_checkpointing(model: nn.Module, segments: int) -> list[nn.Module]:
-    """Checkpoint the first ``segments`` repeated blocks of ``model`` (``checkpoint_order``: those
-    that train first); return those blocks. Checkpointing the model turned on itself is turned
-    off first, so that ``segments`` is the one control and 0 is off: a model built with Hugging
-    Face's ``gradient_checkpointing_enable()`` measured as "off" recomputed every block, and
-    checkpointed again inside its own."""
+LOOPED = "looped "
+"""What ``Units.names`` puts before the class of a module the forward calls several times."""
+
+
+@dataclass(frozen=True)
+class Units:
+    """What ``checkpoint_segments`` counts in a model: its repeated blocks, or, in a model with
+    no stack of layers, the calls of the modules its forward runs several times (``loops``:
+    each with its calls per forward)."""
+
+    blocks: tuple[nn.Module, ...] = ()
+    loops: tuple[tuple[nn.Module, int], ...] = ()
+
+    @property
+    def count(self) -> int:
+        return sum(calls for _, calls in self.loops) if self.loops else len(self.blocks)
+
+    @property
+    def names(self) -> str:
+        """The blocks' classes (``block_classes``); a loop's with ``LOOPED`` before them."""
+        if self.loops:
+            return LOOPED + block_classes([module for module, _ in self.loops])
+        return block_classes(list(self.blocks))
+
+
+def count_calls(model: nn.Module, forward: Callable[[], object]) -> dict[int, int]:
+    """How often ``forward()``, one forward of ``model``, calls each of its modules (by ``id``),
+    run in eval mode and without gradients (no dropout drawn, no running statistic moved, as
+    ``lazy_modules.materialize`` runs one); {} where it fails (no loop is then found)."""
+    calls: Counter[int] = Counter()
+
+    def seen(module: nn.Module, _args: object) -> None:
+        calls[id(module)] += 1
+
+    handles = [m.register_forward_pre_hook(seen) for m in model.modules()]
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            forward()
+    except Exception:  # a forward that cannot run here: the structure alone decides
+        return {}
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(training)
+    return dict(calls)
+
+
+def looped_modules(model: nn.Module, calls: Mapping[int, int]) -> list[tuple[nn.Module, int]]:
+    """(module, calls per forward) of each module the forward runs several times (``calls``:
+    ``count_calls``'s): a layer applied again and again, as ALBERT's shared layer group, a
+    Perceiver's latent tower or a looped transformer's block. The outermost such modules with
+    children and a parameter that trains, holding at least ``MINOR_SHARE`` of the model's
+    parameters (an activation module or a norm reused everywhere is no layer), in registration
+    order."""
+    total = sum(p.numel() for p in model.parameters())
+    found: list[tuple[nn.Module, int]] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if module is model or id(module) in inside or isinstance(module, _CONTAINERS):
+            continue
+        params = list(module.parameters())
+        if (
+            calls.get(id(module), 0) >= 2
+            and any(module.children())
+            and any(p.requires_grad for p in params)
+            and sum(p.numel() for p in params) >= MINOR_SHARE * total
+            and not is_scripted(module)
+        ):
+            found.append((module, calls[id(module)]))
+            inside.update(id(m) for m in module.modules())
+    return found
+
+
+def checkpoint_units(model: nn.Module, calls: Mapping[int, int] | None = None) -> Units:
+    """What ``checkpoint_segments`` counts in ``model``: its declared or stacked blocks where it
+    has them, else the calls of the modules its forward loops over (``looped_modules``, from
+    ``calls``: ``count_calls``'s, None where no forward was counted), else the fallback's
+    blocks (the module docstring)."""
+    blocks, structured = _found_blocks(model)
+    if not structured and calls:
+        loops = looped_modules(model, calls)
+        if loops:
+            return Units(loops=tuple(loops))
+    return Units(blocks=tuple(_usable(model, blocks)))
+
+
+def apply_checkpointing(
+    model: nn.Module, segments: int, calls: Mapping[int, int] | None = None
+) -> list[nn.Module]:
+    """Checkpoint the first ``segments`` units of ``model`` (``checkpoint_units``; of repeated
+    blocks, ``checkpoint_order``'s first: those that train); return the modules checkpointed, a
+    looped one once for each of its calls checkpointed. Checkpointing the model turned on itself
+    is turned off first, so that ``segments`` is the one control and 0 is off: a model built
+    with Hugging Face's ``gradient_checkpointing_enable()`` measured as "off" recomputed every
+    block, and checkpointed again inside its own."""
     for module, flag in _own_flags(model):
         setattr(module, flag, False)
     if segments == 0:
         return []
-    blocks = find_repeated_blocks(model)
-    check_segments(model, segments, blocks)
-    chosen = checkpoint_order(blocks)[:segments]
-    for block in chosen:
-        _checkpoint_forward(block)
+    units = checkpoint_units(model, calls)
+    check_segments(model, segments, units)
+    if units.loops:
+        chosen = _checkpoint_calls(model, units.loops, segments)
+    else:
+        chosen = checkpoint_order(list(units.blocks))[:segments]
+        for block in chosen:
+            block.forward = _checkpointed(block)
     _without_cache(model)
     return chosen
 
 
-def check_segments(model: nn.Module, segments: int, blocks: list[nn.Module]) -> None:
-    """A one-line ``ConfigError`` where ``segments`` asks for more of ``model``'s repeated
-    ``blocks`` than there are (on a rank, and before a trial is launched, from a build on the
+def _checkpoint_calls(
+    model: nn.Module, loops: tuple[tuple[nn.Module, int], ...], segments: int
+) -> list[nn.Module]:
+    """Checkpoint the first ``segments`` calls the looped modules get in each forward of
+    ``model``, in the order the forward makes them: a count that each forward of the model
+    starts again (a forward pre-hook), and that a recomputation, which calls the module's own
+    forward, does not move."""
+    made = [0]
+
+    def new_forward(_model: nn.Module, _args: object) -> None:
+        made[0] = 0
+
+    def counted(own: Callable[..., Any], checkpointed: Callable[..., Any]) -> Callable[..., Any]:
+        def looped_forward(*args: Any, **kwargs: Any) -> Any:
+            made[0] += 1
+            return (checkpointed if made[0] <= segments else own)(*args, **kwargs)
+
+        return looped_forward
+
+    model.register_forward_pre_hook(new_forward)
+    for module, _ in loops:
+        module.forward = counted(module.forward, _checkpointed(module))
+    chosen: list[nn.Module] = []
+    for module, calls in loops:
+        chosen += [module] * min(calls, segments - len(chosen))
+    return chosen
+
+
+def check_segments(model: nn.Module, segments: int, units: Units) -> None:
+    """A one-line ``ConfigError`` where ``segments`` asks for more of ``model``'s checkpointing
+    ``units`` than there are (on a rank, and before a trial is launched, from a build on the
     meta device)."""
+    if units.loops:
+        if segments > units.count:
+            raise ConfigError(
+                f"checkpoint_segments={segments} exceeds the {units.count} calls of "
+                f"{type(model).__name__}'s {units.names.replace(',', ', ')} in a forward; use "
+                f"0..{units.count}"
+            )
+        return
+    blocks = list(units.blocks)
     if not blocks:
         scripted = (
             " (TorchScript modules are not checkpointed)"
@@ -355,7 +501,10 @@ def _without_cache(model: nn.Module) -> None:
             config.use_cache = False  # type: ignore[union-attr]
 
 
-def _checkpoint_forward(block: nn.Module) -> None:
+def _checkpointed(block: nn.Module) -> Callable[..., Any]:
+    """``block``'s forward, run as one non-reentrant checkpoint segment that keeps its training
+    state (``_same_buffers``). Set as an instance attribute, ``__call__`` (and with it every
+    hook, FSDP's included) still runs."""
     forward = block.forward
     # The block's training state among its buffers: those its state_dict saves (running
     # statistics, a power iteration's vectors), not constants it derives (masks, rotary tables)
@@ -370,8 +519,7 @@ def _checkpoint_forward(block: nn.Module) -> None:
         contexts = partial(_same_buffers, block, state)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
-    # An instance attribute: __call__ (and with it every hook, FSDP's included) still runs.
-    block.forward = checkpointed_forward
+    return checkpointed_forward
 
 
 def _same_buffers(

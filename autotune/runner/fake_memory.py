@@ -626,6 +626,7 @@ def _trace(
     from autotune.runner.training import (  # imports torch
         _AMP_DTYPES,
         forward_keywords,
+        loop_calls,
         prepare_model,
         split_batch,
         target_into,
@@ -656,7 +657,11 @@ def _trace(
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
     into = target_into(model, loss_fn)
     with mode:
-        wrapped, _, _, _ = prepare_model(model, config, device)
+        for fake, values in observed:
+            routing.observe(fake, values)
+        with routing:  # the layers a model without stacks loops over, as a rank counts them
+            calls = loop_calls(model, batch) if segments else None
+        wrapped, _, _, _ = prepare_model(model, config, device, calls)
         params = wrapped.parameters()
         # a LightningModule's own, on the fake model, where the user gave none
         optimizer = chosen_optimizer(factory, model, learning_rate)(params)
@@ -665,8 +670,6 @@ def _trace(
         optimizer = with_implementation(optimizer, implementation)
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)
-        for fake, values in observed:
-            routing.observe(fake, values)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
         attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]

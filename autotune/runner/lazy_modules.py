@@ -28,12 +28,17 @@ def has_lazy_parameters(model: Any) -> bool:
 def materialize_from_data(model: Any, dataset: Any, collate: Any = None) -> bool:
     """``materialize`` from a batch of the dataset's first ``MATERIALIZING_SAMPLES`` samples,
     made by ``collate`` (torch's ``default_collate`` when None); True when it ran."""
-    from torch.utils.data import default_collate
-
     if not has_lazy_parameters(model):
         return False
-    samples = first_samples(dataset, MATERIALIZING_SAMPLES)
-    return materialize(model, (collate or default_collate)(samples))
+    return materialize(model, first_batch(dataset, collate))
+
+
+def first_batch(dataset: Any, collate: Any = None) -> Any:
+    """A batch of the dataset's first ``MATERIALIZING_SAMPLES`` samples, made by ``collate``
+    (torch's ``default_collate`` when None)."""
+    from torch.utils.data import default_collate
+
+    return (collate or default_collate)(first_samples(dataset, MATERIALIZING_SAMPLES))
 
 
 def materialize(model: Any, batch: Any) -> bool:

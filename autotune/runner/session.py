@@ -24,7 +24,8 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from autotune.config import TrainConfig
-from autotune.runner.lazy_modules import materialize_from_data
+from autotune.runner.checkpointing import may_loop
+from autotune.runner.lazy_modules import first_batch, materialize_from_data
 from autotune.runner.lightning import trained_as
 from autotune.runner.loss import default_loss
 from autotune.runner.memory import child_pids
@@ -34,6 +35,7 @@ from autotune.runner.training import (
     StepStats,
     TrainStep,
     forward_keywords,
+    loop_calls,
     prepare_model,
     target_into,
 )
@@ -238,7 +240,9 @@ def prepare(
     rank = init_distributed(config, device)
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
     materialize_from_data(model, dataset, collate)  # lazy modules' shapes, before any wrapper
-    wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device)
+    # the layers a model without stacks loops over, by a forward of two samples
+    calls = loop_calls(model, first_batch(dataset, collate)) if may_loop(model) else None
+    wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device, calls)
     make_optimizer = chosen_optimizer(optimizer, model)
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)
     loader, sampler = make_loader(config, dataset, rank, seed, collate)

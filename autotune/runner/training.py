@@ -27,7 +27,13 @@ import torch.nn as nn
 from torch.nn.utils.rnn import PackedSequence
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
-from autotune.runner.checkpointing import apply_checkpointing, find_repeated_blocks
+from autotune.runner.checkpointing import (
+    apply_checkpointing,
+    checkpoint_units,
+    count_calls,
+    find_repeated_blocks,
+    may_loop,
+)
 from autotune.runner.loss import TARGET_PARAMETERS, DefaultLoss, call_loss, first_tensor
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -178,9 +184,17 @@ def average_gradients(parameters: list[nn.Parameter]) -> None:
 
 
 def wrap_model(
-    model: nn.Module, config: TrainConfig, device: torch.device, hooks: HookCounter
+    model: nn.Module,
+    config: TrainConfig,
+    device: torch.device,
+    hooks: HookCounter,
+    checkpointed: list[nn.Module] | None = None,
 ) -> nn.Module:
-    """Move ``model`` to ``device`` and wrap it for ``config.parallel`` (checkpointing done)."""
+    """Move ``model`` to ``device`` and wrap it for ``config.parallel`` (checkpointing done:
+    ``checkpointed``, its modules). FSDP shards each repeated block as a unit of its own, but
+    for one inside a checkpointed module (a looped layer's attention, a unit of the fallback's
+    blocks): its gathering hooks inside a recomputation saved other tensors than the forward
+    ("A different number of tensors was saved"), so it is sharded with what holds it."""
     if config.parallel == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -196,7 +210,10 @@ def wrap_model(
         ignored = set(whole) or None
         for parameter in whole:
             parameter.data = parameter.data.to(device)
+        regions = [m for c in checkpointed or () for m in c.modules() if m is not c]
         for block in find_repeated_blocks(model):
+            if any(block is m for m in regions):
+                continue
             fully_shard(
                 block,
                 mesh=mesh,
@@ -567,16 +584,30 @@ def _output_dtype(output: Any) -> torch.dtype | None:
     return tensor.dtype if isinstance(tensor, torch.Tensor) else None
 
 
+def loop_calls(model: nn.Module, batch: Any) -> dict[int, int] | None:
+    """How often one forward of ``batch`` calls each of ``model``'s modules
+    (``checkpointing.count_calls``), where its checkpointing units depend on it (a model with
+    no stack of layers: ``checkpointing.may_loop``); None where they do not."""
+    if not may_loop(model):
+        return None
+    args, kwargs, _ = split_batch(batch, forward_keywords(model))
+    return count_calls(model, lambda: model(*args, **kwargs))
+
+
 def prepare_model(
-    model: nn.Module, config: TrainConfig, device: torch.device
+    model: nn.Module,
+    config: TrainConfig,
+    device: torch.device,
+    calls: Mapping[int, int] | None = None,
 ) -> tuple[nn.Module, HookCounter, int, int]:
-    """Checkpoint, move and wrap ``model``; return (wrapped, hook counter, ckpt'd, repeated)."""
-    repeated = len(find_repeated_blocks(model))
-    checkpointed = apply_checkpointing(model, config.checkpoint_segments)
+    """Checkpoint, move and wrap ``model``; return (wrapped, hook counter, ckpt'd, repeated).
+    ``calls`` (``loop_calls``) finds the layers a model without stacks loops over."""
+    repeated = checkpoint_units(model, calls).count
+    checkpointed = apply_checkpointing(model, config.checkpoint_segments, calls)
     if config.channels_last:  # before the wrap: DDP and FSDP take the parameters as they are
         model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     hooks = HookCounter()
-    wrapped = wrap_model(model, config, device, hooks)
+    wrapped = wrap_model(model, config, device, hooks, checkpointed)
     if config.compile != "off":
         mode = None if config.compile == "default" else config.compile
         wrapped = torch.compile(wrapped, mode=mode)  # type: ignore[assignment]

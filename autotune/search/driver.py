@@ -222,7 +222,7 @@ def run_search(
     devices = _devices(settings, count, device)
     _check_split(settings.global_batch_size, devices, batch_source)
     budget = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
-    blocks = repeated_blocks(workload.model)
+    blocks = repeated_blocks(workload)
     # before the fingerprint: a study resumed with another space says so, not Optuna
     space, added = every_block(space, *(blocks or (None, "")))
     fingerprint = {

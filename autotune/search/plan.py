@@ -205,7 +205,7 @@ def make_plan(
     if config is not None:
         configs = [config]
     elif space is not None:
-        found = repeated_blocks(workload.model)
+        found = repeated_blocks(workload)
         space, line = every_block(space, *(found or (None, "")))
         added += [line] if line else []
         fixed = {"global_batch_size": global_batch_size, "device": device_type}
@@ -295,7 +295,7 @@ def _checkpointable(
     and lines saying which were left out; for a configuration given alone, a one-line error
     instead where it asks for more blocks than there are. A model that cannot be built on the
     meta device is left to the trace."""
-    found = repeated_blocks(workload.model)
+    found = repeated_blocks(workload)
     if found is None:
         return configs, []
     count, name = found

@@ -153,9 +153,11 @@ def every_block(
 
 def blocks_phrase(count: int, name: str = "") -> str:
     """The model's repeated blocks in a reason: "4 repeated Block blocks", "6 repeated
-    EncoderLayer, DecoderLayer blocks", "no repeated blocks" (``plan`` and the search's
-    exclusions say it alike)."""
+    EncoderLayer, DecoderLayer blocks", "6 calls of its looped AlbertLayerGroup", "no repeated
+    blocks" (``plan`` and the search's exclusions say it alike)."""
     names = name.replace(",", ", ")
+    if names.startswith("looped "):  # checkpointing.LOOPED: "6 calls of its looped ..."
+        return f"{count} calls of its {names}"
     return (
         f"{count} repeated {names + ' ' if names else ''}blocks" if count else "no repeated blocks"
     )
@@ -303,7 +305,6 @@ def idle_blocks(workload: WorkloadSpec) -> int:
     import torch
     from torch.utils.data import default_collate
 
-    from autotune.runner import checkpointing  # imports torch
     from autotune.runner.training import map_tensors  # imports torch
 
     built = meta_model(workload.model)
@@ -311,7 +312,10 @@ def idle_blocks(workload: WorkloadSpec) -> int:
     if built is None or not first:
         return 0
     model = built[1]
-    blocks = checkpointing.find_repeated_blocks(model)
+    units = checkpoint_units(workload)
+    if units is None or units.loops:  # a looped layer with a parameter that trains keeps
+        return 0
+    blocks = list(units.blocks)
     keeps: dict[int, bool] = {}
 
     def seen(block: Any, _inputs: Any, output: Any) -> None:
@@ -342,17 +346,38 @@ def idle_reason(idle: int, blocks: str) -> str:
     )
 
 
-def repeated_blocks(model_reference: str) -> tuple[int, str] | None:
-    """(number, class names) of the user's model's repeated blocks (the names comma-separated:
-    an encoder's and a decoder's layers are two classes); None if the model cannot be built on
-    the meta device."""
+def repeated_blocks(workload: WorkloadSpec) -> tuple[int, str] | None:
+    """(number, class names) of the user's model's checkpointing units (``checkpoint_units``:
+    the names comma-separated, an encoder's and a decoder's layers are two classes; a looped
+    layer's calls are its class's after ``checkpointing.LOOPED``); None if the model cannot be
+    built on the meta device."""
+    units = checkpoint_units(workload)
+    return None if units is None else (units.count, units.names)
+
+
+def checkpoint_units(workload: WorkloadSpec) -> Any:
+    """The checkpointing units (``checkpointing.Units``) of the model built on the meta device,
+    its calls counted by a forward of the dataset's first two samples there where the units
+    depend on them (a model with no stack of layers: ``checkpointing.may_loop``), as a rank
+    counts them; None if the model cannot be built on the meta device."""
+    from torch.utils.data import default_collate
+
     from autotune.runner import checkpointing  # imports torch
 
-    built = meta_model(model_reference)
+    built = meta_model(workload.model)
     if built is None:
         return None
-    blocks = checkpointing.find_repeated_blocks(built[1])
-    return len(blocks), checkpointing.block_classes(blocks)
+    model = built[1]
+    first = _first_samples(workload, 2) if checkpointing.may_loop(model) else None
+    calls = None
+    try:
+        if first:
+            collate = load_collate(workload, built[0])[0] or default_collate
+            args, kwargs = _meta_inputs(model, collate(list(first)))
+            calls = checkpointing.count_calls(model, lambda: model(*args, **kwargs))
+    except Exception:  # samples the meta device cannot take: the structure alone decides
+        calls = None
+    return checkpointing.checkpoint_units(model, calls)
 
 
 def batch_norm(model_reference: str) -> BatchNorm | None:

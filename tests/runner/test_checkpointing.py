@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 from typing import ClassVar
 
 import pytest
@@ -11,8 +12,12 @@ from autotune.runner.checkpointing import (
     apply_checkpointing,
     block_classes,
     checkpoint_order,
+    checkpoint_units,
     checkpoints_itself,
+    count_calls,
     find_repeated_blocks,
+    looped_modules,
+    may_loop,
 )
 from tests.fixtures.conv_units import ConvNeXt, GoogLeNet, MobileNet
 from workloads.convnet import BasicBlock, resnet_tiny
@@ -370,3 +375,90 @@ def test_torchs_own_checkpoint_still_updates_a_blocks_buffers_twice() -> None:
         block, torch.randn(2, 4, 6, 6, requires_grad=True), use_reentrant=False
     ).sum().backward()
     assert int(block.norm.num_batches_tracked) == 2
+
+
+def _looped(norm: bool = False) -> tuple[nn.Module, torch.Tensor, dict[int, int]]:
+    """A ``Looped`` model, a batch, and its calls as a rank counts them (two samples)."""
+    from tests.fixtures.looped import Looped, LoopedNorm
+
+    torch.manual_seed(0)
+    model = LoopedNorm() if norm else Looped()
+    batch = torch.randn(6, 8)
+    return model, batch, count_calls(model, lambda: model(batch[:2]))
+
+
+def test_a_layer_the_forward_loops_over_is_checkpointed_call_by_call() -> None:
+    """ALBERT's shared group, a Perceiver's tower: one module, no stack, called four times a
+    forward. Before, no block was found (checkpointing refused); now each of the first k calls
+    is a checkpoint segment, recomputed in backward, and the step trains as an unchecked one."""
+    from tests.fixtures.looped import REPEATS
+
+    model, batch, calls = _looped()
+    assert model.training  # counted in eval mode, and given back as it was
+    assert find_repeated_blocks(model) == [] and may_loop(model)
+    units = checkpoint_units(model, calls)
+    assert units.loops == ((model.tower, REPEATS),) and units.count == REPEATS
+    assert units.names == "looped Tower"
+    reference = copy.deepcopy(model)
+    assert apply_checkpointing(model, 3, calls) == [model.tower] * 3
+    ran = []
+    model.tower.ff.register_forward_pre_hook(lambda *_: ran.append(1))
+    for _ in range(2):  # each forward counts its calls again
+        ran.clear()
+        model(batch).square().mean().backward()
+        assert len(ran) == REPEATS + 3  # the forward's calls, and 3 recomputed
+    reference(batch).square().mean().backward()
+    reference(batch).square().mean().backward()
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert ours.grad is not None and torch.equal(ours.grad, theirs.grad)
+
+
+def test_a_looped_layers_batch_norm_moves_once_a_call() -> None:
+    model, batch, calls = _looped(norm=True)
+    reference = copy.deepcopy(model)
+    apply_checkpointing(model, 4, calls)
+    model(batch).sum().backward()
+    reference(batch).sum().backward()
+    assert torch.equal(model.tower.norm.running_mean, reference.tower.norm.running_mean)
+    assert model.tower.norm.num_batches_tracked.item() == 4
+
+
+def test_more_segments_than_a_looped_layers_calls_is_one_line() -> None:
+    model, _, calls = _looped()
+    with pytest.raises(ConfigError) as raised:
+        apply_checkpointing(model, 5, calls)
+    assert str(raised.value) == (
+        "checkpoint_segments=5 exceeds the 4 calls of Looped's looped Tower in a forward; use 0..4"
+    )
+
+
+def test_stacks_come_before_loops_and_small_or_failing_forwards_find_none() -> None:
+    stacked = gpt_tiny()
+    tokens = torch.randint(0, 64, (2, 8))
+    assert not may_loop(stacked)
+    calls = count_calls(stacked, lambda: stacked(tokens))
+    assert checkpoint_units(stacked, calls).blocks == tuple(stacked.blocks)
+
+    # a norm reused at every call holds too little to be a layer; a reused activation nothing
+    class Pre(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x)
+
+    class Reuses(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pre = Pre()
+            self.body = nn.Sequential(nn.Linear(4, 512), nn.Linear(512, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.pre(self.body(self.pre(x)))
+
+    reuses = Reuses()
+    assert looped_modules(reuses, count_calls(reuses, lambda: reuses(torch.randn(2, 4)))) == []
+    model, _, _ = _looped()
+    assert count_calls(model, lambda: model(torch.randn(2, 3))) == {}  # wrong width: fails
+    assert model.training and checkpoint_units(model, {}).count == 0

@@ -621,3 +621,21 @@ def test_a_warning_the_models_construction_gives_is_shown_once_for_all_traces() 
         trace_step(spec, 4)
         trace_step(spec, 8)  # builds the model again
     assert [str(w.message) for w in seen].count("Deprecated's argument is deprecated") == 1
+
+
+def test_a_looped_layers_checkpointed_calls_are_traced_at_a_real_steps_peak() -> None:
+    # One layer applied four times: the trace counts its calls as a rank does and checkpoints
+    # the same ones, so each k is a step of its own, and the peak a real step's.
+    import torch
+
+    from autotune.runner.checkpointing import apply_checkpointing, count_calls
+    from tests.fixtures.looped import Looped, autotune_dataset
+
+    spec = WorkloadSpec(model="tests.fixtures.looped:Looped")
+    peaks = [trace_step(spec, 512, checkpoint_segments=k).total_bytes for k in (0, 2, 4)]
+    assert peaks[0] > peaks[1] > peaks[2]
+    batch = torch.stack(autotune_dataset * 8)
+    for segments, traced in zip((0, 4), (peaks[0], peaks[2]), strict=True):
+        model = Looped()
+        apply_checkpointing(model, segments, count_calls(model, lambda m=model: m(batch[:2])))
+        assert traced == real_step_peak(model, batch)

@@ -387,3 +387,23 @@ def test_an_op_without_a_bf16_kernel_under_fsdps_bf16_parameters_is_named() -> N
     off = config.model_copy(update={"fsdp_mixed_precision": "off"})
     assert fsdp_dtype_hint(missing, off) is None
     assert fsdp_dtype_hint(RuntimeError("shapes cannot be multiplied"), config) is None
+
+
+def test_a_looped_layer_checkpointed_under_fsdp_trains() -> None:
+    # A Perceiver's self-attention, one of the fallback's blocks, lies inside its looped tower:
+    # sharded as a unit of its own inside the checkpointed calls, its gathering inside the
+    # recomputation failed every step ("A different number of tensors was saved during the
+    # original forward and recomputation"); it is now sharded with the tower's other parameters.
+    from autotune.api import run_trial
+
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu", checkpoint_segments=4
+    )
+    result = run_trial(
+        "tests.fixtures.looped:LatentTower", config, data="tests.fixtures.looped:autotune_dataset",
+        warmup_steps=1, measured_steps=2, target_interval=0,
+    )  # fmt: skip
+    assert result.status == "ok", result.message
+    for rank in result.ranks:
+        assert rank.diagnostics is not None
+        assert (rank.diagnostics.checkpointed_blocks, rank.diagnostics.repeated_blocks) == (4, 4)

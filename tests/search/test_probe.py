@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from autotune.api import run_trial
+from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.records import Exclusion, exclusion_lines
 from autotune.runner.platform import detect_platform
+from autotune.runner.workload import WorkloadSpec
 from autotune.search.probe import repeated_blocks, restrict_space
 from autotune.search.refusals import fsdp_refusal, model_refusals
 from autotune.search.space import load_space
@@ -171,8 +173,8 @@ def test_a_fused_optimizer_refuses_complex_parameters_in_this_torch() -> None:
 
 
 def test_repeated_blocks_are_counted_without_building_real_weights() -> None:
-    assert repeated_blocks("workloads.gpt:gpt2_124m") == (12, "Block")
-    assert repeated_blocks("tests.fixtures.models:NeedsArguments") is None
+    assert repeated_blocks(WorkloadSpec(model="workloads.gpt:gpt2_124m")) == (12, "Block")
+    assert repeated_blocks(WorkloadSpec(model="tests.fixtures.models:NeedsArguments")) is None
 
 
 def test_a_hook_check_runs_a_few_steps_not_the_adaptive_window(
@@ -328,3 +330,17 @@ def test_the_bf16_forward_is_tried_only_where_the_space_offers_fsdps_bf16_parame
     for value in ("bf16", "bf16-reduce-fp32"):
         default = default.without("fsdp_mixed_precision", value)
     assert not _asks_fsdp_bf16(default, 2)
+
+
+def test_a_looped_layers_calls_are_counted_before_any_trial() -> None:
+    # ALBERT's shared group, a Perceiver's tower: the meta device's forward counts the calls a
+    # rank checkpoints, so the space's 'all' and its limit are the calls, and a trial asking for
+    # more is one line before any rank is launched.
+    from autotune.search.probe import blocks_phrase
+
+    spec = WorkloadSpec(model="tests.fixtures.looped:Looped")
+    assert repeated_blocks(spec) == (4, "looped Tower")
+    assert blocks_phrase(4, "looped Tower") == "4 calls of its looped Tower"
+    config = TrainConfig(global_batch_size=8, device="cpu", checkpoint_segments=5)
+    with pytest.raises(ConfigError, match=r"^checkpoint_segments=5 exceeds the 4 calls of"):
+        run_trial("tests.fixtures.looped:Looped", config)
