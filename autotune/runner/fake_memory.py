@@ -585,15 +585,18 @@ def trace_step(
             # a deep copy of a fake parameter (nn.TransformerEncoder clones its layer) reads
             # its data pointer, which a fake tensor warns of: nothing is allocated either way
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            return _trace(
-                spec,
-                micro_batch_size,
-                amp,
-                checkpoint_segments,
-                learning_rate,
-                optimizer_impl,
-                device_type,
-            )
+            from autotune.runner.fake_routing import unchecked_distributions  # imports torch
+
+            with unchecked_distributions():  # the model's build too: a flow makes its base
+                return _trace(
+                    spec,
+                    micro_batch_size,
+                    amp,
+                    checkpoint_segments,
+                    learning_rate,
+                    optimizer_impl,
+                    device_type,
+                )
     except _data_dependent_error() as error:
         raise TraceError(DATA_DEPENDENT) from error
     except Exception as error:  # a private tool's failure is the caller's cue to fall back

@@ -52,6 +52,8 @@ traced at the uniform share).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -560,6 +562,25 @@ def _dim(func: Any, args: Any, kwargs: Any) -> int | None:
         return int(kwargs.get("dim", -1))
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     return None if dim is None else int(dim)
+
+
+@contextlib.contextmanager
+def unchecked_distributions() -> Iterator[None]:
+    """``torch.distributions`` without their argument checks, which the trace cannot make: a
+    distribution checks its parameters as it is made (``Normal(mu, sigma)``: sigma positive) and
+    each value it scores against its support (a flow's base density, ``log_prob(x)``), and
+    raises unless every element holds, a branch on values fake tensors lack (a VAE's posterior
+    and a normalizing flow's density stopped the trace). A real step checks, and fails where a
+    check does not hold (its trial says so). ``Distribution._validate_args``, the default, is
+    private: read to put it back, pinned by a test."""
+    from torch.distributions import Distribution
+
+    before = getattr(Distribution, "_validate_args", __debug__)
+    Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        Distribution.set_default_validate_args(before)
 
 
 class FormattedScalars(TorchFunctionMode):

@@ -240,8 +240,9 @@ def prepare(
     rank = init_distributed(config, device)
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
     materialize_from_data(model, dataset, collate)  # lazy modules' shapes, before any wrapper
-    # the layers a model without stacks loops over, by a forward of two samples
-    calls = loop_calls(model, first_batch(dataset, collate)) if may_loop(model) else None
+    # the layer a model without stacks loops over, by a forward of two samples
+    looping = config.checkpoint_segments > 0 and may_loop(model)
+    calls = loop_calls(model, first_batch(dataset, collate)) if looping else None
     wrapped, hooks, checkpointed, repeated = prepare_model(model, config, device, calls)
     make_optimizer = chosen_optimizer(optimizer, model)
     opt = with_implementation(make_optimizer(wrapped.parameters()), config.optimizer_impl)

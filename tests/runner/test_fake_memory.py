@@ -639,3 +639,23 @@ def test_a_looped_layers_checkpointed_calls_are_traced_at_a_real_steps_peak() ->
         model = Looped()
         apply_checkpointing(model, segments, count_calls(model, lambda m=model: m(batch[:2])))
         assert traced == real_step_peak(model, batch)
+
+
+@pytest.mark.parametrize("name", ["NormalVAE", "Flow"])
+def test_models_written_with_torch_distributions_are_traced_at_a_real_steps_peak(
+    name: str,
+) -> None:
+    # A distribution checks its arguments and raises unless every element holds: a branch on
+    # values, which stopped the trace ("a size or branch depends on tensor values"). The trace
+    # skips the checks (a real step makes them), and puts the default back.
+    import torch
+    from torch.distributions import Distribution
+
+    from tests.fixtures import distributions
+
+    validating = Distribution._validate_args  # private: ``fake_routing.unchecked_distributions``
+    traced = trace_step(WorkloadSpec(model=f"tests.fixtures.distributions:{name}"), 16)
+    assert Distribution._validate_args is validating
+    model = getattr(distributions, name)()
+    real = real_step_peak(model, torch.stack(distributions.autotune_dataset[:16]))
+    assert real - 4 <= traced.total_bytes <= real  # the real step's own loss squared: 4 bytes
