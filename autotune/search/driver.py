@@ -35,6 +35,7 @@ from autotune.search.probe import (
     data_source,
     every_block,
     feeds_images,
+    fsdp_block_classes,
     idle_blocks,
     optimizer_flags,
     own_checkpointing,
@@ -309,7 +310,7 @@ def run_search(
         recommendation = recommendation.model_copy(
             update={
                 "model": workload.model,
-                "block_class": blocks[1] if blocks else None,
+                "block_class": fsdp_block_classes(workload.model),
                 "scalar_parameters": scalar_parameters(workload.model),
                 "parameter_dtype": parameters_dtype(workload.model),
                 "global_batch_source": batch_source,

@@ -355,6 +355,19 @@ def repeated_blocks(workload: WorkloadSpec) -> tuple[int, str] | None:
     return None if units is None else (units.count, units.names)
 
 
+def fsdp_block_classes(model_reference: str) -> str | None:
+    """The class names of the blocks FSDP shards as units of their own (the model's repeated
+    blocks, not a looped layer's calls: what Accelerate's ``fsdp_transformer_layer_cls_to_wrap``
+    takes), comma-separated; None where there are none or the model cannot be built on the meta
+    device."""
+    from autotune.runner import checkpointing  # imports torch
+
+    built = meta_model(model_reference)
+    if built is None:
+        return None
+    return checkpointing.block_classes(checkpointing.find_repeated_blocks(built[1])) or None
+
+
 def checkpoint_units(workload: WorkloadSpec) -> Any:
     """The checkpointing units (``checkpointing.Units``) of the model built on the meta device,
     its calls counted by a forward of the dataset's first two samples there where the units

@@ -336,11 +336,15 @@ def test_a_looped_layers_calls_are_counted_before_any_trial() -> None:
     # ALBERT's shared group, a Perceiver's tower: the meta device's forward counts the calls a
     # rank checkpoints, so the space's 'all' and its limit are the calls, and a trial asking for
     # more is one line before any rank is launched.
-    from autotune.search.probe import blocks_phrase
+    from autotune.search.probe import blocks_phrase, fsdp_block_classes
 
     spec = WorkloadSpec(model="tests.fixtures.looped:Looped")
     assert repeated_blocks(spec) == (4, "looped Tower")
     assert blocks_phrase(4, "looped Tower") == "4 calls of its looped Tower"
+    # what the recommendation names for Accelerate's FSDP wrap is a class, never a loop's calls
+    assert fsdp_block_classes("tests.fixtures.looped:Looped") is None
+    assert fsdp_block_classes("tests.fixtures.looped:LatentTower") == "MultiheadAttention"
+    assert fsdp_block_classes("workloads.gpt:gpt2_124m") == "Block"
     config = TrainConfig(global_batch_size=8, device="cpu", checkpoint_segments=5)
     with pytest.raises(ConfigError, match=r"^checkpoint_segments=5 exceeds the 4 calls of"):
         run_trial("tests.fixtures.looped:Looped", config)
