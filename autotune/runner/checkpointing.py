@@ -362,7 +362,8 @@ def count_calls(model: nn.Module, forward: Callable[[], object]) -> dict[int, in
 def looped_modules(model: nn.Module, calls: Mapping[int, int]) -> list[tuple[nn.Module, int]]:
     """(module, calls per forward) of each module the forward runs several times (``calls``:
     ``count_calls``'s): a layer applied again and again, as ALBERT's shared layer group, a
-    Perceiver's latent tower or a looped transformer's block. The outermost such modules with
+    Perceiver's latent tower or a looped transformer's block, or a backbone shared by several
+    inputs (a Siamese network's, DINO's over crops of two sizes). The outermost such modules with
     children and a parameter that trains, holding at least ``MINOR_SHARE`` of the model's
     parameters (an activation module or a norm reused everywhere is no layer), in registration
     order."""
@@ -370,7 +371,7 @@ def looped_modules(model: nn.Module, calls: Mapping[int, int]) -> list[tuple[nn.
     found: list[tuple[nn.Module, int]] = []
     inside: set[int] = set()
     for module in model.modules():
-        if module is model or id(module) in inside or isinstance(module, _CONTAINERS):
+        if module is model or id(module) in inside or isinstance(module, _LISTS):
             continue
         params = list(module.parameters())
         if (

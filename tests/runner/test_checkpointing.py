@@ -462,3 +462,14 @@ def test_stacks_come_before_loops_and_small_or_failing_forwards_find_none() -> N
     model, _, _ = _looped()
     assert count_calls(model, lambda: model(torch.randn(2, 3))) == {}  # wrong width: fails
     assert model.training and checkpoint_units(model, {}).count == 0
+
+
+def test_a_backbone_shared_by_two_inputs_is_checkpointed_call_by_call() -> None:
+    # DINO runs its backbone once for each crop size, a Siamese network once for each input:
+    # a plain nn.Sequential, called twice, is the layer (before, "no repeated blocks")
+    from tests.fixtures.looped import SharedBackbone
+
+    model = SharedBackbone()
+    calls = count_calls(model, lambda: model(torch.randn(2, 8)))
+    assert checkpoint_units(model, calls).loops == ((model.backbone, 2),)
+    assert apply_checkpointing(model, 1, calls) == [model.backbone]
