@@ -344,7 +344,8 @@ def count_calls(model: nn.Module, forward: Callable[[], object]) -> dict[int, in
     def seen(module: nn.Module, _args: object) -> None:
         calls[id(module)] += 1
 
-    handles = [m.register_forward_pre_hook(seen) for m in model.modules()]
+    # a TorchScript module refuses hooks, and is never a loop (``looped_modules``)
+    handles = [m.register_forward_pre_hook(seen) for m in model.modules() if not is_scripted(m)]
     training = model.training
     model.eval()
     try:

@@ -473,3 +473,6 @@ def test_a_backbone_shared_by_two_inputs_is_checkpointed_call_by_call() -> None:
     calls = count_calls(model, lambda: model(torch.randn(2, 8)))
     assert checkpoint_units(model, calls).loops == ((model.backbone, 2),)
     assert apply_checkpointing(model, 1, calls) == [model.backbone]
+    # scripted whole, it takes no hook: nothing counted, no loop (the count itself raised)
+    scripted = torch.jit.script(SharedBackbone())
+    assert count_calls(scripted, lambda: scripted(torch.randn(2, 8))) == {}
