@@ -92,8 +92,15 @@ def _usable(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
 
 def may_loop(model: nn.Module) -> bool:
     """Whether the model's checkpointing units depend on how often its forward calls its
-    modules (``checkpoint_units``): it has no stack of layers, nor blocks it declares."""
-    return not _found_blocks(model)[1]
+    modules (``checkpoint_units``): it has no stack of layers, nor blocks it declares, and a
+    module with children that a forward could call again."""
+    if _found_blocks(model)[1]:
+        return False
+    scripted = {id(m) for s in model.modules() if is_scripted(s) for m in s.modules()}
+    return any(
+        m is not model and id(m) not in scripted and not isinstance(m, _LISTS) and any(m.children())
+        for m in model.modules()
+    )
 
 
 def is_scripted(module: nn.Module) -> bool:
@@ -405,8 +412,12 @@ def apply_checkpointing(
 ) -> list[nn.Module]:
     """Checkpoint the first ``segments`` units of ``model`` (``checkpoint_units``; of repeated
     blocks, ``checkpoint_order``'s first: those that train); return the modules checkpointed, a
-    looped one once for each of its calls checkpointed. Checkpointing the model turned on itself
-    is turned off first, so that ``segments`` is the one control and 0 is off: a model built
+    looped one once for each of its calls checkpointed. Without ``calls``
+    (``training.loop_calls``) no looped layer is found: a model whose only units would be one's
+    is told to give them; a model with fallback blocks has those checkpointed, where a trial,
+    which counts the calls, would have checkpointed a looped layer's first calls. Checkpointing
+    the model turned on itself is turned off first, so that ``segments`` is the one control and
+    0 is off: a model built
     with Hugging Face's ``gradient_checkpointing_enable()`` measured as "off" recomputed every
     block, and checkpointed again inside its own."""
     for module, flag in _own_flags(model):
@@ -414,6 +425,13 @@ def apply_checkpointing(
     if segments == 0:
         return []
     units = checkpoint_units(model, calls)
+    if calls is None and not units.blocks and may_loop(model):
+        raise ConfigError(
+            f"checkpoint_segments={segments}: {type(model).__name__} has no repeated blocks; "
+            "a layer its forward loops over is found from its calls: apply_checkpointing(model, "
+            f"{segments}, loop_calls(model, batch)) (autotune.runner.training.loop_calls, a "
+            "batch of your data)"
+        )
     check_segments(model, segments, units)
     if units.loops:
         chosen = _checkpoint_calls(model, units.loops, segments)

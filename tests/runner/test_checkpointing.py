@@ -430,6 +430,9 @@ def test_more_segments_than_a_looped_layers_calls_is_one_line() -> None:
     assert str(raised.value) == (
         "checkpoint_segments=5 exceeds the 4 calls of Looped's looped Tower in a forward; use 0..4"
     )
+    # called as the exports' notes call it, without the calls: told how to give them
+    with pytest.raises(ConfigError, match=r"loop_calls\(model, batch\)"):
+        apply_checkpointing(model, 2)
 
 
 def test_stacks_come_before_loops_and_small_or_failing_forwards_find_none() -> None:
