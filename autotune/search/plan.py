@@ -30,10 +30,12 @@ from autotune.search.memory_model import (
 )
 from autotune.search.probe import (
     blocks_phrase,
+    checkpoint_units,
     configures_optimizer,
     every_block,
     idle_blocks,
     idle_reason,
+    meta_model,
     repeated_blocks,
 )
 from autotune.search.refusals import check_refusals, fsdp_bf16_refusals, model_refusals
@@ -301,11 +303,12 @@ def _checkpointable(
     count, name = found
     kept = [c for c in configs if c.checkpoint_segments <= count]
     blocks = blocks_phrase(count, name)
-    if one and len(kept) < len(configs):
-        raise ConfigError(
-            f"checkpoint_segments={configs[0].checkpoint_segments}: the model has {blocks} to "
-            f"checkpoint; use 0..{count}"
-        )
+    built = meta_model(workload.model)  # found: it was built
+    if one and len(kept) < len(configs) and built is not None:
+        from autotune.runner.checkpointing import check_segments  # imports torch
+
+        # in a rank's words
+        check_segments(built[1], configs[0].checkpoint_segments, checkpoint_units(workload))
     lines = _dropped_segments(configs, kept, f"the model has {blocks}")
     idle = idle_blocks(workload) if not one else 0
     if idle:
