@@ -88,10 +88,11 @@ def trainer_settings(target: Exported, fmt: str) -> tuple[dict[str, Any], list[s
     config = _config(target)
     if fmt == "hf":
         return hugging_face(config)
+    looped = isinstance(target, Recommendation) and target.looped_layer
     if fmt == "lightning":
-        return lightning(config)
+        return lightning(config, looped)
     block_class = target.block_class if isinstance(target, Recommendation) else None
-    return accelerate(config, block_class or None)
+    return accelerate(config, block_class or None, looped)
 
 
 def optimizer_note(r: Recommendation) -> str:

@@ -162,6 +162,12 @@ class Recommendation(BaseModel):
     block_class: str | None = Field(
         None, description="Class names of the model's repeated blocks, comma-separated."
     )
+    looped_layer: bool = Field(
+        False,
+        description="checkpoint_segments counts the calls of a layer the model's forward loops "
+        "over (it has no stack of layers): applying it in code needs those calls "
+        "(autotune.runner.training.loop_calls).",
+    )
     scalar_parameters: list[str] = Field(
         default_factory=list,
         description="The model's 0-dim trainable parameters, which FSDP2's fully_shard refuses "

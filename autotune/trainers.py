@@ -234,7 +234,17 @@ def _lightning_strategy(config: TrainConfig) -> Any:
     return {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": init}
 
 
-def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
+def apply_call(config: TrainConfig, looped: bool = False) -> str:
+    """The call that checkpoints as the trials did: a looped layer's calls need a batch to be
+    counted (``training.loop_calls``)."""
+    calls = ", autotune.runner.training.loop_calls(model, batch)" if looped else ""
+    return (
+        "autotune.runner.checkpointing.apply_checkpointing("
+        f"model, {config.checkpoint_segments}{calls})"
+    )
+
+
+def lightning(config: TrainConfig, looped: bool = False) -> tuple[dict[str, Any], list[str]]:
     """``trainer`` arguments (LightningCLI form) and ``dataloader`` arguments, with notes."""
     precision = {"off": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}[config.amp]
     trainer: dict[str, Any] = {
@@ -269,8 +279,8 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
     if config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments}: Lightning has no Trainer flag "
-            "for activation checkpointing; closest: call autotune.runner.checkpointing."
-            f"apply_checkpointing(model, {config.checkpoint_segments}) in configure_model()"
+            f"for activation checkpointing; closest: call {apply_call(config, looped)} in "
+            "configure_model()"
         )
     if config.compile != "off":
         mode = "" if config.compile == "default" else f', mode="{config.compile}"'
@@ -283,7 +293,7 @@ def lightning(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
 
 
 def accelerate(
-    config: TrainConfig, block_class: str | None = None
+    config: TrainConfig, block_class: str | None = None, looped: bool = False
 ) -> tuple[dict[str, Any], list[str]]:
     """An ``accelerate launch --config_file`` configuration and the notes on it."""
     distributed = {"single": "NO", "dp": "NO", "ddp": "MULTI_GPU", "fsdp": "FSDP"}[config.parallel]
@@ -333,8 +343,8 @@ def accelerate(
         )
     if config.parallel != "fsdp" and config.checkpoint_segments:
         notes.append(
-            f"checkpoint_segments={config.checkpoint_segments} is applied in code: autotune."
-            f"runner.checkpointing.apply_checkpointing(model, {config.checkpoint_segments})"
+            f"checkpoint_segments={config.checkpoint_segments} is applied in code: "
+            f"{apply_call(config, looped)}"
         )
     ddp_kwargs = []
     if config.comm_hook != "none":

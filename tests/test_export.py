@@ -411,3 +411,16 @@ def test_fsdps_bf16_parameters_on_batch_norms_are_noted_for_another_trainer() ->
     assert not any("fail on batch norms" in n for n in notes_for(normed, "yaml"))
     plain = normed.model_copy(update={"model": "workloads.mlp:mlp_tiny"})
     assert not any("fail on batch norms" in n for n in notes_for(plain, "lightning"))
+
+
+def test_a_looped_layers_checkpointing_is_applied_in_code_with_its_calls() -> None:
+    # ALBERT's searched k counts its looped group's calls: apply_checkpointing(model, k) alone
+    # finds no block (or, beside fallback blocks, checkpoints those instead of the calls)
+    values = {"parallel": "ddp", "world_size": 2, "checkpoint_segments": 3}
+    looped = _recommendation(values).model_copy(update={"looped_layer": True})
+    for fmt in ("lightning", "accelerate"):
+        assert (
+            "apply_checkpointing(model, 3, autotune.runner.training.loop_calls(model, batch))"
+            in (render(looped, fmt))
+        )
+        assert "apply_checkpointing(model, 3)" in render(_recommendation(values), fmt)

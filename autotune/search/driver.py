@@ -37,6 +37,7 @@ from autotune.search.probe import (
     feeds_images,
     fsdp_block_classes,
     idle_blocks,
+    is_looped,
     optimizer_flags,
     own_checkpointing,
     own_compile,
@@ -311,6 +312,7 @@ def run_search(
             update={
                 "model": workload.model,
                 "block_class": fsdp_block_classes(workload.model),
+                "looped_layer": bool(blocks and is_looped(blocks[1])),
                 "scalar_parameters": scalar_parameters(workload.model),
                 "parameter_dtype": parameters_dtype(workload.model),
                 "global_batch_source": batch_source,

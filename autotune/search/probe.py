@@ -151,12 +151,17 @@ def every_block(
     return space, line
 
 
+def is_looped(names: str) -> bool:
+    """Whether ``repeated_blocks``'s names are a looped layer's (``checkpointing.LOOPED``)."""
+    return names.startswith("looped ")
+
+
 def blocks_phrase(count: int, name: str = "") -> str:
     """The model's repeated blocks in a reason: "4 repeated Block blocks", "6 repeated
     EncoderLayer, DecoderLayer blocks", "6 calls of its looped AlbertLayerGroup", "no repeated
     blocks" (``plan`` and the search's exclusions say it alike)."""
     names = name.replace(",", ", ")
-    if names.startswith("looped "):  # checkpointing.LOOPED: "6 calls of its looped ..."
+    if is_looped(names):  # "6 calls of its looped AlbertLayerGroup"
         return f"{count} calls of its {names}"
     return (
         f"{count} repeated {names + ' ' if names else ''}blocks" if count else "no repeated blocks"
