@@ -86,9 +86,9 @@ def render(
 def trainer_settings(target: Exported, fmt: str) -> tuple[dict[str, Any], list[str]]:
     """The settings for a trainer (hf, lightning, accelerate) and what it cannot express."""
     config = _config(target)
-    if fmt == "hf":
-        return hugging_face(config)
     looped = isinstance(target, Recommendation) and target.looped_layer
+    if fmt == "hf":
+        return hugging_face(config, looped)
     if fmt == "lightning":
         return lightning(config, looped)
     block_class = target.block_class if isinstance(target, Recommendation) else None

@@ -131,7 +131,7 @@ def _checkpoint_note(config: TrainConfig, where: str) -> str | None:
     )
 
 
-def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
+def hugging_face(config: TrainConfig, looped: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Keyword arguments for ``transformers.TrainingArguments`` and the notes on them."""
     kwargs: dict[str, Any] = {
         "per_device_train_batch_size": config.micro_batch_size,
@@ -193,6 +193,13 @@ def hugging_face(config: TrainConfig) -> tuple[dict[str, Any], list[str]]:
     note = _checkpoint_note(config, "gradient_checkpointing")
     if note:
         notes.append(note)
+    if looped and config.checkpoint_segments:
+        notes.append(
+            "the model loops over one layer (its checkpointing measured call by call); where "
+            "its class refuses gradient_checkpointing (ALBERT's: 'does not support activation "
+            f"checkpointing'), set it false and call {apply_call(config, looped)} before the "
+            "Trainer"
+        )
     notes += _in_code_notes(config, matmul=False)  # tf32 above says the matmul precision
     return kwargs, notes
 

@@ -418,9 +418,11 @@ def test_a_looped_layers_checkpointing_is_applied_in_code_with_its_calls() -> No
     # finds no block (or, beside fallback blocks, checkpoints those instead of the calls)
     values = {"parallel": "ddp", "world_size": 2, "checkpoint_segments": 3}
     looped = _recommendation(values).model_copy(update={"looped_layer": True})
-    for fmt in ("lightning", "accelerate"):
+    for fmt in ("lightning", "accelerate", "hf"):
         assert (
             "apply_checkpointing(model, 3, autotune.runner.training.loop_calls(model, batch))"
             in (render(looped, fmt))
         )
-        assert "apply_checkpointing(model, 3)" in render(_recommendation(values), fmt)
+        plain = render(_recommendation(values), fmt)
+        assert "apply_checkpointing(model, 3)" in plain or fmt == "hf"
+        assert "loop_calls" not in plain
