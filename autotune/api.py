@@ -24,7 +24,7 @@ from autotune.runner.workload import (
 from autotune.search.driver import resolve_global_batch, run_search
 from autotune.search.log import memory_used
 from autotune.search.plan import Plan, make_plan
-from autotune.search.probe import check_batches, check_optimizer, checkpoint_units, meta_model
+from autotune.search.probe import check_batches, check_optimizer, check_segments
 from autotune.search.progress import LineReporter, Reporter
 from autotune.search.refusals import check_refusals
 from autotune.search.settings import make_settings
@@ -156,21 +156,9 @@ def run_trial(
         config = {**config, "global_batch_size": declared_global_batch_size(workload.model)}
     chosen = as_config(config)
     check_refusals(chosen, workload.model)
-    _check_segments(chosen, workload)
+    if chosen.checkpoint_segments:  # more than the model has: one line, before any launch
+        check_segments(workload, chosen.checkpoint_segments)
     return launch(chosen, workload, as_options(options, option_overrides))
-
-
-def _check_segments(config: TrainConfig, workload: WorkloadSpec) -> None:
-    """A one-line error before any rank is launched where ``config`` checkpoints more blocks
-    than the model repeats (or calls a looped layer), from a build on the meta device (a model
-    that cannot be built there is left to its rank, which says the same)."""
-    if config.checkpoint_segments == 0:
-        return
-    from autotune.runner.checkpointing import check_segments  # imports torch
-
-    built, units = meta_model(workload.model), checkpoint_units(workload)
-    if built is not None and units is not None:
-        check_segments(built[1], config.checkpoint_segments, units)
 
 
 def declared_global_batch_size(model: str) -> int:

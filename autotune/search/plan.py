@@ -30,12 +30,11 @@ from autotune.search.memory_model import (
 )
 from autotune.search.probe import (
     blocks_phrase,
-    checkpoint_units,
+    check_segments,
     configures_optimizer,
     every_block,
     idle_blocks,
     idle_reason,
-    meta_model,
     repeated_blocks,
 )
 from autotune.search.refusals import check_refusals, fsdp_bf16_refusals, model_refusals
@@ -303,12 +302,8 @@ def _checkpointable(
     count, name = found
     kept = [c for c in configs if c.checkpoint_segments <= count]
     blocks = blocks_phrase(count, name)
-    built = meta_model(workload.model)  # found: it was built
-    if one and len(kept) < len(configs) and built is not None:
-        from autotune.runner.checkpointing import check_segments  # imports torch
-
-        # in a rank's words
-        check_segments(built[1], configs[0].checkpoint_segments, checkpoint_units(workload))
+    if one and len(kept) < len(configs):
+        check_segments(workload, configs[0].checkpoint_segments)  # in a rank's words
     lines = _dropped_segments(configs, kept, f"the model has {blocks}")
     idle = idle_blocks(workload) if not one else 0
     if idle:

@@ -373,6 +373,17 @@ def fsdp_block_classes(model_reference: str) -> str | None:
     return checkpointing.block_classes(checkpointing.find_repeated_blocks(built[1])) or None
 
 
+def check_segments(workload: WorkloadSpec, segments: int) -> None:
+    """``checkpointing.check_segments`` on the model built on the meta device, its units
+    counted as a rank counts them (``checkpoint_units``): the one-line error a rank would raise,
+    before any is launched; nothing where the model cannot be built there."""
+    from autotune.runner import checkpointing  # imports torch
+
+    built, units = meta_model(workload.model), checkpoint_units(workload)
+    if built is not None and units is not None:
+        checkpointing.check_segments(built[1], segments, units)
+
+
 def checkpoint_units(workload: WorkloadSpec) -> Any:
     """The checkpointing units (``checkpointing.Units``) of the model built on the meta device,
     its calls counted by a forward of the dataset's first two samples there where the units
