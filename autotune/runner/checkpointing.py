@@ -86,6 +86,7 @@ def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def _usable(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """``blocks`` without lists (no forward to wrap) and TorchScript modules or their parts."""
     scripted = {id(m) for s in model.modules() if is_scripted(s) for m in s.modules()}
     return [b for b in blocks if id(b) not in scripted and not isinstance(b, _LISTS)]
 
@@ -96,11 +97,8 @@ def may_loop(model: nn.Module) -> bool:
     module with children that a forward could call again."""
     if _found_blocks(model)[1]:
         return False
-    scripted = {id(m) for s in model.modules() if is_scripted(s) for m in s.modules()}
-    return any(
-        m is not model and id(m) not in scripted and not isinstance(m, _LISTS) and any(m.children())
-        for m in model.modules()
-    )
+    parents = [m for m in model.modules() if m is not model and any(m.children())]
+    return bool(_usable(model, parents))
 
 
 def is_scripted(module: nn.Module) -> bool:
