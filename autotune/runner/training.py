@@ -362,10 +362,27 @@ def target_parameter(model: nn.Module) -> tuple[str, int] | None:
     return None
 
 
+def required_parameter(model: nn.Module) -> tuple[str, int] | None:
+    """(name, position) of the forward's first required positional parameter after its first
+    (a discriminator's ``forward(x, y)`` that returns its loss): a tuple batch whose inputs
+    leave it free fills it with its last item, as the user's ``model(*batch)`` does, where
+    calling without it could only fail; None where the forward has none."""
+    if getattr(model, "takes_whole_batch", False):
+        return None
+    parameters = _forward_parameters(model) or []
+    for position, p in enumerate(parameters):
+        if position > 0 and p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty:
+            return p.name, position
+    return None
+
+
 def target_into(model: nn.Module, loss_fn: Any) -> tuple[str, int] | None:
-    """``target_parameter`` where ``loss_fn`` is the default loss; None with a user's loss,
-    which takes the output as the forward makes it without the target."""
-    return target_parameter(model) if isinstance(loss_fn, DefaultLoss) else None
+    """Where a tuple batch's target goes in the forward too: ``target_parameter`` where
+    ``loss_fn`` is the default loss (a user's loss takes the output as the forward makes it
+    without the target), else a parameter the forward cannot run without
+    (``required_parameter``)."""
+    named = target_parameter(model) if isinstance(loss_fn, DefaultLoss) else None
+    return named or required_parameter(model)
 
 
 def split_batch(

@@ -8,9 +8,9 @@ import torch
 from autotune.api import run_trial
 from autotune.runner.fake_memory import trace_step
 from autotune.runner.loss import DefaultLoss
-from autotune.runner.training import split_batch, target_parameter
+from autotune.runner.training import required_parameter, split_batch, target_into, target_parameter
 from autotune.runner.workload import WorkloadSpec
-from tests.fixtures.nano_gpt import GPT, Adapted, Tokens
+from tests.fixtures.nano_gpt import GPT, Adapted, Scored, Tokens
 
 MODEL = "tests.fixtures.nano_gpt:GPT"
 FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
@@ -27,6 +27,8 @@ def test_a_tuple_batchs_target_goes_to_the_forwards_optional_target_parameter() 
             return x + y
 
     assert target_parameter(Required()) is None
+    assert required_parameter(Required()) == ("y", 1)  # model(x, y) is the only call
+    assert required_parameter(GPT()) is None and required_parameter(Adapted()) is None
 
     class Conditioned(torch.nn.Module):  # guided diffusion's class labels: an input
         def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> None:
@@ -62,6 +64,19 @@ def test_a_nanogpt_style_model_trains_and_is_traced_as_written() -> None:
     assert result.status == "ok", result.message
     assert result.loss_rule.startswith("the model's own loss, the scalar item 1")
     traced = trace_step(WorkloadSpec(model=MODEL), 8)  # the trace fell back before
+    assert traced.total_bytes > traced.parameters_bytes
+
+
+def test_a_forward_that_cannot_run_without_the_target_is_given_it() -> None:
+    # a discriminator's forward(x, y) returning its loss was called as model(x): every trial
+    # failed its first step ("missing 1 required positional argument: 'y'")
+    assert target_into(Scored(), DefaultLoss()) == ("y", 1)
+    assert target_into(Scored(), torch.nn.functional.mse_loss) == ("y", 1)  # a user's loss too
+    assert target_into(GPT(), torch.nn.functional.mse_loss) is None
+    result = run_trial("tests.fixtures.nano_gpt:Scored", {"global_batch_size": 8}, **FEW)
+    assert result.status == "ok", result.message
+    assert result.loss_rule == "the model's scalar output"
+    traced = trace_step(WorkloadSpec(model="tests.fixtures.nano_gpt:Scored"), 8)
     assert traced.total_bytes > traced.parameters_bytes
 
 
