@@ -363,17 +363,19 @@ def target_parameter(model: nn.Module) -> tuple[str, int] | None:
 
 
 def required_parameter(model: nn.Module) -> tuple[str, int] | None:
-    """(name, position) of the forward's first required positional parameter after its first
-    (a discriminator's ``forward(x, y)`` that returns its loss): a tuple batch whose inputs
-    leave it free fills it with its last item, as the user's ``model(*batch)`` does, where
-    calling without it could only fail; None where the forward has none."""
+    """(name, position) of the forward's last required positional parameter after its first
+    (a discriminator's ``forward(x, y)``, a triplet network's ``forward(anchor, positive,
+    negative)``): a tuple batch whose inputs leave it free fills it with its last item, as the
+    user's ``model(*batch)`` does, where calling without it could only fail; None where the
+    forward has none."""
     if getattr(model, "takes_whole_batch", False):
         return None
-    parameters = _forward_parameters(model) or []
-    for position, p in enumerate(parameters):
-        if position > 0 and p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty:
-            return p.name, position
-    return None
+    required = [
+        (p.name, position)
+        for position, p in enumerate(_forward_parameters(model) or [])
+        if position > 0 and p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty
+    ]
+    return required[-1] if required else None
 
 
 def target_into(model: nn.Module, loss_fn: Any) -> tuple[str, int] | None:

@@ -30,6 +30,17 @@ def test_a_tuple_batchs_target_goes_to_the_forwards_optional_target_parameter() 
     assert required_parameter(Required()) == ("y", 1)  # model(x, y) is the only call
     assert required_parameter(GPT()) is None and required_parameter(Adapted()) is None
 
+    class Triplet(torch.nn.Module):  # (anchor, positive, negative) samples, model(*batch)
+        def forward(self, a: torch.Tensor, p: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+            return (a - p).square().sum() - (a - n).square().sum()
+
+    into = required_parameter(Triplet())
+    assert into == ("n", 2)
+    a, p, n = torch.ones(2), torch.zeros(2), torch.full((2,), 3.0)
+    args, kwargs, target = split_batch((a, p, n), None, into)
+    assert args[0] is a and args[1] is p and kwargs["n"] is n and target is n
+    assert Triplet()(*args, **kwargs) == -6
+
     class Conditioned(torch.nn.Module):  # guided diffusion's class labels: an input
         def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> None:
             pass
