@@ -396,14 +396,14 @@ def split_batch(
 
     A tensor is the input; a dict (any mapping: a ``BatchEncoding``) is passed as keyword
     arguments (and given to a user loss as the target); a tuple/list is (inputs..., target),
-    or (input,) alone, and ``target_into`` (``target_parameter``: where the loss is the
-    default) passes the target to the forward's parameter for it too, as a training loop calls
-    ``model(x, y)``, where the inputs leave that parameter free. ``accepts``: the keywords the
-    forward takes (``forward_keywords``); a dict's other keys (a dataset's ``labels`` beside a
-    forward that takes ``input_ids``) stay out of the call, as Hugging Face's Trainer leaves
-    out the columns a model does not take, and in the target. Where the forward takes none of
-    its keys (research code's ``forward(self, batch)``), the batch goes whole as its first
-    argument (``dict_hint`` says so if the forward then fails).
+    or (input,) alone, and ``target_into`` (``target_parameter`` where the loss is the
+    default, else ``required_parameter``) passes the target to the forward's parameter for it
+    too, as a training loop calls ``model(x, y)``, where the inputs leave that parameter free.
+    ``accepts``: the keywords the forward takes (``forward_keywords``); a dict's other keys (a
+    dataset's ``labels`` beside a forward that takes ``input_ids``) stay out of the call, as
+    Hugging Face's Trainer leaves out the columns a model does not take, and in the target.
+    Where the forward takes none of its keys (research code's ``forward(self, batch)``), the
+    batch goes whole as its first argument (``dict_hint`` says so if the forward then fails).
     """
     if accepts is WHOLE_BATCH:
         return (batch,), {}, None
