@@ -70,6 +70,7 @@ class LightningStep(nn.Module):
             )
         self.module: Any = module  # registered as a submodule all the same
         self.batch_idx = 0
+        _keep_the_index_out_of_compile()
         # said once here (the module docstring), not at every step of every trial and trace
         warnings.filterwarnings("ignore", message=r"You are trying to `self\.log\(\)`")
 
@@ -84,12 +85,12 @@ class LightningStep(nn.Module):
             )
         return loss
 
-    @torch.compiler.disable  # type: ignore[untyped-decorator]
     def _next_index(self) -> int:
-        # outside a compiled forward: a module's int attribute read in it is a constant that
-        # compile guards on, and a new one every step compiled the step again (164 ms a step
-        # of a small classifier under compile, 1.4 ms with the index fixed); returned from
-        # here it is an input of what follows, which compile makes dynamic after one
+        # outside a compiled forward (``_keep_the_index_out_of_compile``): a module's int
+        # attribute read in it is a constant that compile guards on, and a new one every step
+        # compiled the step again (164 ms a step of a small classifier under compile, 1.4 ms
+        # with the index fixed); returned from here it is an input of what follows, which
+        # compile makes dynamic after one
         self.batch_idx += 1
         return self.batch_idx - 1
 
@@ -103,6 +104,19 @@ class LightningStep(nn.Module):
         """The optimizer of the module's ``configure_optimizers`` (over the module's own
         parameters, which ``parameters``, those of the model as wrapped, are)."""
         return only_optimizer(self.module.configure_optimizers())
+
+
+def _keep_the_index_out_of_compile() -> None:
+    """``torch.compiler.disable`` on ``LightningStep._next_index``, once, when the first step is
+    made: as a decorator it imported ``torch._dynamo`` (1.6 s on a 2-core CPU) into every process
+    that imported this module, a driver checking a plain model included."""
+    global _INDEX_OUT_OF_COMPILE
+    if not _INDEX_OUT_OF_COMPILE:
+        LightningStep._next_index = torch.compiler.disable(LightningStep._next_index)  # type: ignore[method-assign,no-untyped-call]
+        _INDEX_OUT_OF_COMPILE = True
+
+
+_INDEX_OUT_OF_COMPILE = False
 
 
 def only_optimizer(configured: Any) -> torch.optim.Optimizer:

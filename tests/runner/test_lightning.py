@@ -3,6 +3,9 @@ its configure_optimizers' optimizer, not its forward with the default loss and A
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -155,6 +158,13 @@ def test_a_compiled_step_is_not_compiled_again_for_each_batch_index() -> None:
         compiled(batch)
     assert step.batch_idx == 8
     assert counters["frames"]["ok"] == frames  # nothing compiled again
+
+
+def test_importing_the_step_leaves_the_compiler_unimported() -> None:
+    # every driver imports this module to check a model; torch._dynamo took 1.6 s of that
+    code = "import sys, autotune.runner.lightning; print('torch._dynamo' in sys.modules)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "False"
 
 
 def test_the_data_comes_from_a_data_module_or_the_modules_own_loader() -> None:
