@@ -180,13 +180,19 @@ def make_executor(
         _assert_no_rank_actor_left()
 
 
+RAY_BY_DEFAULT = ("ok", "rank abort")
+"""The Ray cases of the default run (a trial that ends well, a gang killed when a rank aborts);
+the rest are ``slow``."""
+
+
 def _pairs() -> list[Any]:
     """Every case with every executor, but the replay of an outcome no landscape records (not
     generated, rather than skipped: only GPU tests skip on a CPU machine)."""
     pairs = []
     for name, case in CASES.items():
         pairs.append(pytest.param(name, "local", id=f"{name}-local"))
-        pairs.append(pytest.param(name, "ray", id=f"{name}-ray", marks=pytest.mark.slow))
+        marks = () if name in RAY_BY_DEFAULT else (pytest.mark.slow,)
+        pairs.append(pytest.param(name, "ray", id=f"{name}-ray", marks=marks))
         if case.recorded is not None:
             pairs.append(pytest.param(name, "replay", id=f"{name}-replay"))
     return pairs

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.runner.platform import detect_platform
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def test_an_address_or_cpu_count_an_existing_ray_instance_overrides_is_reported() -> None:
@@ -58,6 +58,7 @@ def test_a_gang_is_not_reused_after_cuda_graphs(device: str, compile: str, reuse
     assert reusable(request) is reused
 
 
+@pytest.mark.slow
 def test_a_rank_actor_runs_every_call_on_one_thread_and_answers_its_phase_meanwhile() -> None:
     """Trials that alternated between two threads of one actor measured ~10% apart by thread
     alone; the phase must still be readable while a trial runs (a hung trial reports it)."""

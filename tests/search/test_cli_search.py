@@ -51,7 +51,6 @@ def test_bad_search_input_is_one_line(
     assert not (tmp_path / "s.db").exists()  # bad input leaves no empty study database
 
 
-@pytest.mark.slow
 def test_killed_search_resumes_without_losing_or_rerunning_trials(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
