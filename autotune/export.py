@@ -52,6 +52,7 @@ def _header(r: Recommendation) -> str:
         + f", {r.memory_used_bytes / 2**30:.2f} GiB peak on {r.platform.device_name}\n"
         + (f"# numerics changed: {', '.join(r.numerics_changes)}\n" if r.numerics_changes else "")
         + "".join(f"# memory caveat: {caveat}\n" for caveat in r.memory_caveats)
+        + "".join(f"# throughput caveat: {caveat}\n" for caveat in r.throughput_caveats)
         + (f"# {optimizer_note(r)}\n" if r.optimizer else "")
         + caveat
     )

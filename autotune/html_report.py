@@ -214,6 +214,7 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
         *(("standard recipe", line, "") for line in recipe_lines(r)),
         ("numerics", numerics_line(r).removeprefix("numerics").lstrip(": "), ""),
         *(("memory caveat", caveat, "") for caveat in r.memory_caveats),
+        *(("throughput caveat", caveat, "") for caveat in r.throughput_caveats),
     ]
     if r.simpler_choice:
         summary.insert(3, ("chosen for changing less", r.simpler_choice, ""))

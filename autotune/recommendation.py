@@ -152,6 +152,11 @@ class Recommendation(BaseModel):
         description="What the measured peak does not cover on this device (memory that keeps "
         "growing after a trial's steps), each a sentence.",
     )
+    throughput_caveats: list[str] = Field(
+        default_factory=list,
+        description="What makes its samples/s depend on how it was measured (a step time that "
+        "rose or fell steadily over a run's steps), each a sentence.",
+    )
     runner_up: RunnerUp | None = Field(
         None, description="The race's next-fastest finalist (None: no other finished the race)."
     )

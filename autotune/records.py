@@ -86,6 +86,11 @@ class TrialRecord(BaseModel):
     steady_samples_per_s: float | None = Field(
         None, description="Samples/s of the measured steps alone, without the epoch boundary."
     )
+    step_time_drift: float | None = Field(
+        None,
+        description="Its step time rose or fell steadily over its steps: the last third's "
+        "median over the first third's (None: level).",
+    )
     data_wait_share: float | None = Field(
         None, description="Share of the measured time spent waiting for data (slowest rank)."
     )

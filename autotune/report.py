@@ -5,7 +5,7 @@ from __future__ import annotations
 from autotune.errors import ConfigError
 from autotune.recommendation import ROUNDS_IN_REACH, Recommendation
 from autotune.records import TrialRecord, exclusion_lines
-from autotune.result import TrialResult
+from autotune.result import TrialResult, drift_words
 from autotune.runner.fake_memory import UNUSED_PARAMETERS
 from autotune.search.log import stored_records
 from autotune.search.memory_model import budget_scope
@@ -44,6 +44,14 @@ def format_trial(result: TrialResult) -> str:
             f"  step time     median {result.step_time_median_s * 1e3:.1f} ms, "
             f"p10-p90 {result.step_time_p10_s * 1e3:.1f}-{result.step_time_p90_s * 1e3:.1f} ms "
             f"(spread {result.step_time_spread:.0%}) over {result.measured_steps} steps",
+            *(
+                [
+                    f"  not steady    {drift_words(result.step_time_drift)}: the rate depends "
+                    "on how many steps ran; raise --warmup-steps until it holds level"
+                ]
+                if result.step_time_drift is not None
+                else []
+            ),
             f"  data wait     {result.data_wait_share:.1%} of measured time",
             f"  peak memory   {format_bytes(result.peak_memory_bytes or 0)} per rank "
             f"(largest of {len(result.ranks)}; {_memory_kind(result)})",
@@ -338,6 +346,7 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     lines.extend(recipe_lines(r))
     lines.append(numerics_line(r))
     lines.extend(f"memory caveat: {caveat}" for caveat in r.memory_caveats)
+    lines.extend(f"throughput caveat: {caveat}" for caveat in r.throughput_caveats)
     if r.simpler_choice:
         lines.append(f"chosen for changing less: {r.simpler_choice}")
     if (luck := selection_line(r)) is not None:

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.config import TrainConfig
-from autotune.stats import step_time_interval
+from autotune.stats import drift, step_time_interval
 
 TrialStatus = Literal["ok", "pruned", "oom", "crashed", "timed_out", "error", "invalid"]
 """pruned: stopped early because it was clearly slower than the incumbent; its partial
@@ -191,6 +191,11 @@ class TrialResult(BaseModel):
     step_time_spread: float | None = Field(
         None, description="(p90 - p10) / median of step time, over ranks' slowest steps."
     )
+    step_time_drift: float | None = Field(
+        None,
+        description="Step time not level over the measured steps: the last third's median over "
+        "the first third's, when they rise or fall steadily (None: level; ``stats.drift``).",
+    )
     data_wait_share: float | None = Field(
         None, description="Share of measured time spent waiting for data (slowest rank)."
     )
@@ -228,6 +233,21 @@ class TrialResult(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
+
+
+def drift_words(ratio: float) -> str:
+    """``step_time_drift`` in words: which way, how far, and what moves a step that way."""
+    if ratio > 1:
+        return (
+            f"step time rose {ratio:.1f}x over the measured steps (their last third against "
+            "their first): not steady yet (state carried from step to step, a cache filling, or "
+            "a machine that got busier)"
+        )
+    return (
+        f"step time fell to {ratio:.2f}x over the measured steps (their last third against "
+        "their first): still warming up (kernels chosen, caches filled, or a machine that got "
+        "quieter)"
+    )
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -284,6 +304,7 @@ def summarise_steps(config: TrainConfig, reports: list[RankReport]) -> dict[str,
         "step_time_p10_s": p10,
         "step_time_p90_s": p90,
         "step_time_spread": (p90 - p10) / median if median > 0 else 0.0,
+        "step_time_drift": drift(steps),
         "data_wait_share": max(r.data_wait_s / r.measured_s for r in reports if r.measured_s),
         "peak_memory_bytes": max(r.peak_memory_bytes for r in reports),
         "loss_finite": all(_finite(x) for x in losses) and bool(losses),

@@ -123,3 +123,39 @@ def step_time_interval(steps: Sequence[float], sums: Sequence[float] | None = No
     start = n - size * BATCHES  # the latest steps: warm-up effects fade
     means = [(sums[start + (i + 1) * size] - sums[start + i * size]) / size for i in range(BATCHES)]
     return Interval(sums[n] / n, mean_interval(means).half_width, n)
+
+
+DRIFT_STEPS = 9
+"""The fewest steps a drift is judged on: three in each third."""
+DRIFT_RATIO = 1.25
+"""How far the last third's median must lie from the first third's, either way."""
+DRIFT_Z = 3.0
+"""How far the rank correlation of step time and step number must lie from none, in its
+standard errors: random noise passes this about once in 400 trials."""
+
+
+def drift(steps: Sequence[float]) -> float | None:
+    """How far step time moved across consecutive steps: the median of the last third over
+    that of the first third, when the steps rise or fall steadily; None when they hold level
+    (or there are fewer than ``DRIFT_STEPS``).
+
+    Steadily: Spearman's rank correlation of time and step number at least ``DRIFT_Z`` standard
+    errors (``1 / sqrt(n - 1)``) from zero, and the thirds ``DRIFT_RATIO`` apart. A step that
+    carries state to the next (a Transformer-XL's memory, filling for its first hundreds of
+    steps: 198 ms rising to 875 ms over 18 steps) passes both; noise, however wide its spread,
+    has no order and passes neither. A machine that got busier mid-run passes too."""
+    n = len(steps)
+    if n < DRIFT_STEPS:
+        return None
+    third = n // 3
+    ratio = statistics.median(steps[-third:]) / statistics.median(steps[:third])
+    if max(ratio, 1 / ratio) < DRIFT_RATIO:
+        return None
+    order = sorted(range(n), key=steps.__getitem__)
+    ranks = [0] * n
+    for rank, index in enumerate(order):
+        ranks[index] = rank
+    mean = (n - 1) / 2
+    covariance = sum((i - mean) * (r - mean) for i, r in enumerate(ranks))
+    rho = covariance / sum((i - mean) ** 2 for i in range(n))  # the ranks are a permutation
+    return ratio if abs(rho) * math.sqrt(n - 1) >= DRIFT_Z else None

@@ -16,7 +16,7 @@ import statistics
 from autotune.config import TrainConfig
 from autotune.recommendation import ROUNDS_IN_REACH, Recommendation, RunnerUp, ThroughputVerdict
 from autotune.records import Exclusion, TrialRecord, last_baseline
-from autotune.result import Platform, TrialResult
+from autotune.result import Platform, TrialResult, drift_words
 from autotune.search import race
 from autotune.search.recipe import Coupling, knobs_moved, numerics_changes
 from autotune.stats import mean_interval, pairs_to_decide, ratio_interval
@@ -54,6 +54,26 @@ def _evidence(records: list[TrialRecord], config: TrainConfig) -> list[TrialReco
     else (a study without a race) every earlier measurement."""
     raced = [r for r in race.race_runs(records, config).values() if r.fits]
     return raced or runs_of(records, config)
+
+
+def throughput_caveats(
+    records: list[TrialRecord], winner: TrainConfig, verification: TrialResult | None
+) -> list[str]:
+    """Where ``winner``'s step time rose or fell steadily within its runs (``stats.drift``):
+    then its samples/s is a matter of how many steps a run measured, not of the configuration
+    alone. The largest drift is said, with how many runs showed one."""
+    drifts = [r.step_time_drift for r in runs_of(records, winner)]
+    if verification is not None and verification.ok:
+        drifts.append(verification.step_time_drift)
+    found = [d for d in drifts if d is not None]
+    if not found:
+        return []
+    worst = max(found, key=lambda d: max(d, 1 / d))
+    return [
+        f"{drift_words(worst)}, in {len(found)} of its {len(drifts)} runs: its samples/s "
+        "depends on how many steps a run measures (the race's runs measure fewer than the "
+        "search's and the verification's); raise --warmup-steps until it holds level"
+    ]
 
 
 def selection_luck(records: list[TrialRecord], winner: TrainConfig) -> float:
@@ -254,6 +274,7 @@ def recommend(
         speedup_over_recipe_high=over_recipe[2] if over_recipe else None,
         numerics_changes=numerics_changes(winner, coupling, reference),
         memory_caveats=memory_caveats or [],
+        throughput_caveats=throughput_caveats(records, winner, verification),
         simpler_choice=simpler_choice(records, winner, reference, coupling),
         runner_up=runner_up_report(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,

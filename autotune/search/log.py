@@ -75,6 +75,7 @@ def to_record(
         samples_per_s_low=result.samples_per_s_low,
         samples_per_s_high=result.samples_per_s_high,
         steady_samples_per_s=result.steady_samples_per_s,
+        step_time_drift=result.step_time_drift,
         data_wait_share=result.data_wait_share,
         race_round=race_round,
         memory_used_bytes=used,

@@ -51,6 +51,9 @@ def _outcome(record: TrialRecord) -> str:
         fits = "fits" if record.feasible else "OVER BUDGET"
         used = (record.memory_used_bytes or 0) / 2**20
         compiled = f", compiled in {record.compile_s:.1f} s" if record.compile_s else ""
+        if (drift := record.step_time_drift) is not None:
+            way = "rising" if drift > 1 else "falling"
+            compiled += f", step time {way} {max(drift, 1 / drift):.1f}x over its steps"
         predicted = f"; {predicted}" if predicted else ""
         return (
             f"{record.samples_per_s:,.1f} samples/s, {used:,.0f} MiB ({fits}{predicted}){compiled}"

@@ -40,6 +40,12 @@ def test_plain_lines_say_done_budget_best_and_outcome() -> None:
     reporter.trial_finished(long, _record(3, 120.0))
     said = stream.getvalue().splitlines()[3]  # cut where marked, not mid-word unmarked
     assert "skipped: amp=bf16 failed amp=bf16" in said and "failed...  [trials 2/10" in said
+    rising = _record(6, 90.0).model_copy(update={"step_time_drift": 2.75})
+    reporter.trial_finished(rising, _record(3, 120.0))
+    assert (
+        "#6 90.0 samples/s, 300 MiB (fits), step time rising 2.8x over its steps"
+        in (stream.getvalue().splitlines()[-1])
+    )
 
 
 @pytest.mark.parametrize(

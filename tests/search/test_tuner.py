@@ -421,6 +421,35 @@ def test_two_race_runs_far_apart_give_an_interval_that_stays_above_zero() -> Non
     assert r.samples_per_s_low == 0.0 and r.samples_per_s_high is not None
 
 
+def test_a_winner_whose_step_time_kept_rising_is_recommended_with_a_caveat() -> None:
+    from autotune.search.evidence import recommend
+
+    config = TrainConfig(global_batch_size=16, device="cpu")
+
+    def runs(drifts: tuple[float | None, ...]) -> list[TrialRecord]:
+        return [
+            TrialRecord(number=n, role="race", status="ok", config=config, samples_per_s=100.0,
+                        memory_used_bytes=100 * MiB, feasible=True, race_round=n + 1,
+                        step_time_drift=d)
+            for n, d in enumerate(drifts)
+        ]  # fmt: skip
+
+    def caveats(drifts: tuple[float | None, ...]) -> list[str]:
+        r = recommend(runs(drifts), config, None, budget_bytes=1000 * MiB,
+                      limit_bytes=900 * MiB, platform=PLATFORM, exclusions=[], storage="s",
+                      study_name="s")  # fmt: skip
+        if r.throughput_caveats:
+            assert f"throughput caveat: {r.throughput_caveats[0]}" in format_recommendation(r)
+        return r.throughput_caveats
+
+    assert caveats((None, None)) == []
+    (said,) = caveats((1.4, None, 2.75))
+    assert said.startswith("step time rose 2.8x over the measured steps")
+    assert "in 2 of its 3 runs" in said and "raise --warmup-steps" in said
+    (said,) = caveats((0.5, None))
+    assert said.startswith("step time fell to 0.50x") and "in 1 of its 2 runs" in said
+
+
 def test_the_recommendation_says_whether_the_race_could_tell_the_runner_up_apart() -> None:
     # The fastest is accum 1 with a worker (1050); the baseline, accum 1 without, is 1000; the
     # other finalist 900 or 950. At 1% noise the race rules the runner-up out; at 8% noise four

@@ -1,0 +1,32 @@
+"""A step that carries state to the next (a Transformer-XL's memory) grows for its first steps:
+a trial measuring them is told its step time is not steady, and one whose warm-up outlasts the
+growth is not."""
+
+from __future__ import annotations
+
+from autotune.config import make_config
+from autotune.report import format_trial
+from autotune.runner.launch import run_trial
+from autotune.runner.request import TrialOptions
+from autotune.runner.workload import WorkloadSpec
+from tests.fixtures.stateful import MEMORY, SEQUENCE
+
+MODEL = WorkloadSpec(model="tests.fixtures.stateful:Remembering")
+CONFIG = make_config({"global_batch_size": 16, "device": "cpu"})
+
+
+def _trial(warmup_steps: int) -> tuple[float | None, str]:
+    options = TrialOptions(warmup_steps=warmup_steps, measured_steps=30, target_interval=0)
+    result = run_trial(CONFIG, MODEL, options)
+    assert result.status == "ok", result.message
+    return result.step_time_drift, format_trial(result)
+
+
+def test_a_step_whose_memory_fills_is_not_steady_until_warm_up_outlasts_the_filling() -> None:
+    filling = MEMORY // SEQUENCE  # steps until the memory holds all it keeps: 32
+    drift, said = _trial(warmup_steps=1)  # measured while the attended context grows 16x
+    assert drift is not None and drift >= 1.5, said
+    assert "not steady    step time rose" in said and "raise --warmup-steps" in said
+    drift, said = _trial(warmup_steps=filling + 8)
+    assert drift is None, said
+    assert "not steady" not in said
