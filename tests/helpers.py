@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from autotune.cli import main
@@ -91,3 +92,14 @@ def kill_tree(process: subprocess.Popen[bytes]) -> None:
                 p.kill()
         except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
             pass
+
+
+def on_two_gloo_ranks(run: Callable[[int, str, str], None], tmp_path: object) -> Any:
+    """What rank 0 of ``run(rank, store_path, out)``, spawned on two processes, saved to ``out``
+    (``torch.save``); each rank joins its gloo group by the file store at ``store_path``."""
+    import torch
+    import torch.multiprocessing as mp
+
+    out = f"{tmp_path}/out.pt"
+    mp.spawn(run, args=(f"{tmp_path}/store", out), nprocs=2)
+    return torch.load(out)

@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import PackedSequence
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
+from autotune.errors import ConfigError
 from autotune.runner.checkpointing import (
     apply_checkpointing,
     checkpoint_units,
@@ -35,6 +36,7 @@ from autotune.runner.checkpointing import (
     may_loop,
 )
 from autotune.runner.loss import TARGET_PARAMETERS, DefaultLoss, call_loss, first_tensor
+from autotune.runner.tensor_hooks import fsdp_drops_hooks
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZER_STEP = "in the optimizer's step"
@@ -198,6 +200,9 @@ def wrap_model(
     if config.parallel == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
+
+        if dropped := fsdp_drops_hooks(model):  # refused before any trial; here for apply
+            raise ConfigError(f"parallel=fsdp: {dropped}; use ddp or single")
 
         # Not the whole model to the device first: fully_shard moves each block's states there
         # as it shards them, so a device holds one block whole at a time, not the model (which

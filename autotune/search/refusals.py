@@ -20,6 +20,7 @@ from typing import get_args
 from autotune.config import Compile, TrainConfig
 from autotune.errors import ConfigError, error_line
 from autotune.records import Value
+from autotune.runner.tensor_hooks import fsdp_drops_hooks
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.probe import built_for_real, meta_model, parameters_dtype
 
@@ -27,7 +28,8 @@ from autotune.search.probe import built_for_real, meta_model, parameters_dtype
 def fsdp_refusal(model_reference: str) -> str | None:
     """Why FSDP cannot train the model, told from a build on the meta device: a lookup with
     sparse gradients (``nn.Embedding`` or ``nn.EmbeddingBag`` with ``sparse=True``: FSDP's
-    reduce-scatter takes none), or a unit it shards (a repeated block, or the rest of the
+    reduce-scatter takes none), gradient hooks on its parameters (``tensor_hooks``: FSDP's
+    sharded parameters do not carry them), or a unit it shards (a repeated block, or the rest of the
     model) whose trainable parameters differ in dtype (complex spectral weights beside real
     ones: FSDP flattens a unit's parameters into one). None when neither holds, or when the
     model cannot be built there (its trials will tell)."""
@@ -57,6 +59,8 @@ def fsdp_refusal(model_reference: str) -> str | None:
             f"FSDP cannot shard a model holding a TorchScript module ({_shown(scripted)}): "
             "fully_shard hooks the modules it wraps, and a ScriptModule refuses hooks"
         )
+    if hooks := fsdp_drops_hooks(model):
+        return hooks
     blocks = find_repeated_blocks(model)
     in_blocks = {id(p) for block in blocks for p in block.parameters()}
     rest = [p for p in model.parameters() if id(p) not in in_blocks]

@@ -23,6 +23,7 @@ from autotune.runner.session import leave_process_group
 from autotune.runner.training import HookCounter, whole_parameters, wrap_model
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.traced import WideBlocks
+from tests.helpers import on_two_gloo_ranks
 
 
 def _gathered_after_forward(reshard: bool) -> list[bool]:
@@ -176,11 +177,7 @@ def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_r
 ) -> None:
     # fully_shard refuses 0-dim parameters: a search of a Hugging Face CLIP lost FSDP to
     # "fully_shard doesn't support scalar parameters. Change logit_scale to a 1D tensor".
-    import torch.multiprocessing as mp
-
-    out = f"{tmp_path}/result.pt"
-    mp.spawn(_scalar_rank, args=(f"{tmp_path}/store", out), nprocs=2)
-    result = torch.load(out)
+    result = on_two_gloo_ranks(_scalar_rank, tmp_path)
     grads, local = result["grads"], result["locals"]
     assert result["sharded"]  # the blocks are still FSDP's
     assert float(grads[0]) == float(grads[1])  # the replicas stay equal
