@@ -81,6 +81,11 @@ def rank_hint(message: str) -> str:
     return ""
 
 
+def first_three(names: list[str]) -> str:
+    """The first three of ``names``, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if names[3:] else "")
+
+
 def shortened(text: str, limit: int = 200) -> str:
     """``text`` cut to ``limit`` characters, marked where it was cut."""
     return text if len(text) <= limit else f"{text[:limit].rstrip()}..."

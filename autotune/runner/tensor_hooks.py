@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.errors import first_three
+
 _DICTIONARIES = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 
@@ -42,9 +44,8 @@ def fsdp_drops_hooks(model: Any) -> str | None:
     hooked = gradient_hooked(model)
     if not hooked:
         return None
-    shown = ", ".join(hooked[:3]) + (f" and {len(hooked) - 3} more" if hooked[3:] else "")
     return (
         "FSDP replaces the parameters it shards, and the gradient hooks the model registers on "
-        f"them ({shown}) stay on the ones it dropped: its gradients would train unhooked "
-        "(unclipped, unscaled)"
+        f"them ({first_three(hooked)}) stay on the ones it dropped: its gradients would train "
+        "unhooked (unclipped, unscaled)"
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from autotune.config import Compile, TrainConfig
-from autotune.errors import ConfigError, error_line
+from autotune.errors import ConfigError, error_line, first_three
 from autotune.records import Value
 from autotune.runner.tensor_hooks import fsdp_drops_hooks
 from autotune.runner.workload import WorkloadSpec
@@ -47,8 +47,8 @@ def fsdp_refusal(model_reference: str) -> str | None:
     lookups = [names[m] or "the model" for m in sparse]
     if lookups:
         return (
-            f"FSDP cannot shard sparse gradients (sparse=True in {_shown(lookups)}; DDP reduces "
-            "them)"
+            f"FSDP cannot shard sparse gradients (sparse=True in {first_three(lookups)}; DDP "
+            "reduces them)"
         )
     every = [names[m] for m in model.modules() if is_scripted(m)]
     # a scripted module's own modules are scripted too: the outermost are named
@@ -56,7 +56,7 @@ def fsdp_refusal(model_reference: str) -> str | None:
     scripted = ["the model"] if "" in every else outer
     if scripted:
         return (
-            f"FSDP cannot shard a model holding a TorchScript module ({_shown(scripted)}): "
+            f"FSDP cannot shard a model holding a TorchScript module ({first_three(scripted)}): "
             "fully_shard hooks the modules it wraps, and a ScriptModule refuses hooks"
         )
     if hooks := fsdp_drops_hooks(model):
@@ -72,11 +72,6 @@ def fsdp_refusal(model_reference: str) -> str | None:
                 f" holds {' and '.join(dtypes)} ones"
             )
     return None
-
-
-def _shown(names: list[str]) -> str:
-    """The first three of ``names``, and how many more."""
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if names[3:] else "")
 
 
 def fake_quantization(model_reference: str) -> str | None:
@@ -139,12 +134,12 @@ def fsdp_mixed_precision_refusal(model_reference: str) -> str | None:
     if holding:
         return (
             f"FSDP casts parameters to bf16 but not buffers, and a parametrization in "
-            f"{_shown(holding)} computes with floating-point buffers of its own (spectral_norm's "
-            "power iteration): its first step fails on mixed dtypes"
+            f"{first_three(holding)} computes with floating-point buffers of its own "
+            "(spectral_norm's power iteration): its first step fails on mixed dtypes"
         )
     if frozen:
         return (
-            f"FSDP casts parameters to bf16 but not buffers, and {_shown(frozen)} keep their "
+            f"FSDP casts parameters to bf16 but not buffers, and {first_three(frozen)} keep their "
             "weight or bias as floating-point buffers (a frozen batch norm): their float32 "
             "output meets the next layer's bf16 weight, and the first step fails"
         )

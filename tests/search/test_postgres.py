@@ -117,7 +117,8 @@ def test_a_killed_study_is_finished_by_two_drivers_that_share_it_and_hold_no_pas
     for driver, (_, err) in zip(drivers, outs, strict=True):
         assert driver.returncode == 0, err[-2000:]
     everything = stored_records(url, with_running=True)
-    assert all(r["state"] != "RUNNING" for r in everything)  # no trial left hanging
+    hanging = [r["number"] for r in everything if r["state"] == "RUNNING"]
+    assert not hanging, (hanging, before, [err[-3000:] for _, err in outs])  # none left running
     after = [r for r in everything if "role" in r]
     # every trial holds its record but one the kill cut short, its configuration run again
     assert [r["state"] for r in everything if "role" not in r] in ([], ["FAIL"])
