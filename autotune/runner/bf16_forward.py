@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from autotune.config import TrainConfig
-from autotune.runner.checkpointing import find_repeated_blocks
+from autotune.runner.blocks import find_repeated_blocks
 from autotune.runner.lazy_modules import materialize
 from autotune.runner.training import (
     forward_keywords,

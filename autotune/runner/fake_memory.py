@@ -622,7 +622,7 @@ def _trace(
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from autotune.runner import fake_recurrent  # imports torch
-    from autotune.runner.checkpointing import find_repeated_blocks  # imports torch
+    from autotune.runner.blocks import find_repeated_blocks  # imports torch
     from autotune.runner.fake_attention import cuda_attention  # imports torch
     from autotune.runner.fake_autocast import cuda_policy  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch

@@ -24,7 +24,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from autotune.config import TrainConfig
-from autotune.runner.checkpointing import may_loop
+from autotune.runner.blocks import may_loop
 from autotune.runner.lazy_modules import first_batch, materialize_from_data
 from autotune.runner.lightning import trained_as
 from autotune.runner.loss import default_loss

@@ -28,13 +28,8 @@ from torch.nn.utils.rnn import PackedSequence
 
 from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
 from autotune.errors import ConfigError
-from autotune.runner.checkpointing import (
-    apply_checkpointing,
-    checkpoint_units,
-    count_calls,
-    find_repeated_blocks,
-    may_loop,
-)
+from autotune.runner.blocks import find_repeated_blocks, may_loop
+from autotune.runner.checkpointing import apply_checkpointing, checkpoint_units, count_calls
 from autotune.runner.loss import TARGET_PARAMETERS, DefaultLoss, call_loss, first_tensor
 from autotune.runner.tensor_hooks import fsdp_drops_hooks
 
@@ -611,7 +606,7 @@ def _output_dtype(output: Any) -> torch.dtype | None:
 def loop_calls(model: nn.Module, batch: Any) -> dict[int, int] | None:
     """How often one forward of ``batch`` calls each of ``model``'s modules
     (``checkpointing.count_calls``), where its checkpointing units depend on it (a model with
-    no stack of layers: ``checkpointing.may_loop``); None where they do not."""
+    no stack of layers: ``blocks.may_loop``); None where they do not."""
     if not may_loop(model):
         return None
     args, kwargs, _ = split_batch(batch, forward_keywords(model))

@@ -365,12 +365,12 @@ def fsdp_block_classes(model_reference: str) -> str | None:
     blocks, not a looped layer's calls: what Accelerate's ``fsdp_transformer_layer_cls_to_wrap``
     takes), comma-separated; None where there are none or the model cannot be built on the meta
     device."""
-    from autotune.runner import checkpointing  # imports torch
+    from autotune.runner import blocks  # imports torch
 
     built = meta_model(model_reference)
     if built is None:
         return None
-    return checkpointing.block_classes(checkpointing.find_repeated_blocks(built[1])) or None
+    return blocks.block_classes(blocks.find_repeated_blocks(built[1])) or None
 
 
 def check_segments(workload: WorkloadSpec, segments: int) -> None:
@@ -387,17 +387,17 @@ def check_segments(workload: WorkloadSpec, segments: int) -> None:
 def checkpoint_units(workload: WorkloadSpec) -> Any:
     """The checkpointing units (``checkpointing.Units``) of the model built on the meta device,
     its calls counted by a forward of the dataset's first two samples there where the units
-    depend on them (a model with no stack of layers: ``checkpointing.may_loop``), as a rank
+    depend on them (a model with no stack of layers: ``blocks.may_loop``), as a rank
     counts them; None if the model cannot be built on the meta device."""
     from torch.utils.data import default_collate
 
-    from autotune.runner import checkpointing  # imports torch
+    from autotune.runner import blocks, checkpointing  # imports torch
 
     built = meta_model(workload.model)
     if built is None:
         return None
     model = built[1]
-    first = _first_samples(workload, 2) if checkpointing.may_loop(model) else None
+    first = _first_samples(workload, 2) if blocks.may_loop(model) else None
     calls = None
     try:
         if first:

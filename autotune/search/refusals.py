@@ -35,7 +35,7 @@ def fsdp_refusal(model_reference: str) -> str | None:
     model cannot be built there (its trials will tell)."""
     import torch
 
-    from autotune.runner.checkpointing import find_repeated_blocks, is_scripted  # imports torch
+    from autotune.runner.blocks import find_repeated_blocks, is_scripted  # imports torch
 
     built = meta_model(model_reference)
     if built is None:
@@ -94,7 +94,7 @@ SCRIPTED_COMPILE = "torch.compile does not compile a TorchScript model (torch.ji
 def scripted_model(model_reference: str) -> bool:
     """Whether the model is itself a TorchScript module (a factory returning
     ``torch.jit.script(model)``), from a build on the meta device."""
-    from autotune.runner.checkpointing import is_scripted  # imports torch
+    from autotune.runner.blocks import is_scripted  # imports torch
 
     built = meta_model(model_reference)
     return built is not None and is_scripted(built[1])

@@ -8,16 +8,14 @@ import torch
 import torch.nn as nn
 
 from autotune.errors import ConfigError
+from autotune.runner.blocks import block_classes, find_repeated_blocks, may_loop
 from autotune.runner.checkpointing import (
     apply_checkpointing,
-    block_classes,
     checkpoint_order,
     checkpoint_units,
     checkpoints_itself,
     count_calls,
-    find_repeated_blocks,
     looped_modules,
-    may_loop,
 )
 from tests.fixtures.conv_units import ConvNeXt, GoogLeNet, MobileNet
 from workloads.convnet import BasicBlock, resnet_tiny

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.bench.traced_step import real_batch_peak
-from autotune.runner.checkpointing import block_classes, find_repeated_blocks
+from autotune.runner.blocks import block_classes, find_repeated_blocks
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec, load_model
 from tests.fixtures.hf_zoo import FAMILIES
