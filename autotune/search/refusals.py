@@ -88,6 +88,18 @@ def fake_quantization(model_reference: str) -> str | None:
     return ", ".join(kinds) or None
 
 
+def sync_batch_norms(model_reference: str) -> list[str]:
+    """The model's ``nn.SyncBatchNorm`` modules (``convert_sync_batchnorm``'s), named, from a
+    build on the meta device; [] where it has none or cannot be built there."""
+    import torch
+
+    built = meta_model(model_reference)
+    if built is None:
+        return []
+    synced = torch.nn.SyncBatchNorm
+    return [n or "the model" for n, m in built[1].named_modules() if isinstance(m, synced)]
+
+
 SCRIPTED_COMPILE = "torch.compile does not compile a TorchScript model (torch.jit.script's)"
 
 
@@ -259,6 +271,16 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
         refusals += [
             Refusal("fsdp_mixed_precision", value, mixed, "use amp=bf16 (autocast casts per op)")
             for value in ("bf16", "bf16-reduce-fp32")
+        ]
+    if synced := sync_batch_norms(model_reference):
+        reason = (
+            f"torch synchronises batch norms across ranks on GPUs only, and {first_three(synced)} "
+            "are SyncBatchNorm (DDP: 'SyncBatchNorm layers only work with GPU modules'; FSDP: "
+            "its first step fails); on CUDA they train"
+        )
+        refusals += [
+            Refusal("parallel", mode, reason, "use single on a CPU", device="cpu")
+            for mode in ("ddp", "fsdp")
         ]
     if scripted_model(model_reference):
         refusals += [
