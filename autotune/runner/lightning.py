@@ -15,6 +15,7 @@ Lightning is not imported: a module is told by the names of its classes.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -106,17 +107,13 @@ class LightningStep(nn.Module):
         return only_optimizer(self.module.configure_optimizers())
 
 
+@functools.cache
 def _keep_the_index_out_of_compile() -> None:
-    """``torch.compiler.disable`` on ``LightningStep._next_index``, once, when the first step is
-    made: as a decorator it imported ``torch._dynamo`` (1.6 s on a 2-core CPU) into every process
-    that imported this module, a driver checking a plain model included."""
-    global _INDEX_OUT_OF_COMPILE
-    if not _INDEX_OUT_OF_COMPILE:
-        LightningStep._next_index = torch.compiler.disable(LightningStep._next_index)  # type: ignore[method-assign,no-untyped-call]
-        _INDEX_OUT_OF_COMPILE = True
-
-
-_INDEX_OUT_OF_COMPILE = False
+    """``torch.compiler.disable`` on ``LightningStep._next_index``, once (cached), when the
+    first step is made: as a decorator it imported ``torch._dynamo`` (1.6 s on a 2-core CPU)
+    into every process that imported this module, a driver checking a plain model included."""
+    disabled = torch.compiler.disable(LightningStep._next_index)  # type: ignore[no-untyped-call]
+    LightningStep._next_index = disabled  # type: ignore[method-assign]
 
 
 def only_optimizer(configured: Any) -> torch.optim.Optimizer:
