@@ -134,6 +134,11 @@ DRIFT_Z = 3.0
 standard errors: random noise passes this about once in 400 trials."""
 
 
+def drift_size(ratio: float) -> float:
+    """How far a ``drift`` ratio lies from level, either way: 2.0 for 2.0 and for 0.5."""
+    return max(ratio, 1 / ratio)
+
+
 def drift(steps: Sequence[float]) -> float | None:
     """How far step time moved across consecutive steps: the median of the last third over
     that of the first third, when the steps rise or fall steadily; None when they hold level
@@ -149,7 +154,7 @@ def drift(steps: Sequence[float]) -> float | None:
         return None
     third = n // 3
     ratio = statistics.median(steps[-third:]) / statistics.median(steps[:third])
-    if max(ratio, 1 / ratio) < DRIFT_RATIO:
+    if drift_size(ratio) < DRIFT_RATIO:
         return None
     order = sorted(range(n), key=steps.__getitem__)
     ranks = [0] * n

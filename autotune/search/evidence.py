@@ -19,7 +19,7 @@ from autotune.records import Exclusion, TrialRecord, last_baseline
 from autotune.result import Platform, TrialResult, drift_words
 from autotune.search import race
 from autotune.search.recipe import Coupling, knobs_moved, numerics_changes
-from autotune.stats import mean_interval, pairs_to_decide, ratio_interval
+from autotune.stats import drift_size, mean_interval, pairs_to_decide, ratio_interval
 
 THROUGHPUT_TOLERANCE = 0.10
 """Verification confirms throughput within this share of the estimate; never wider."""
@@ -68,7 +68,7 @@ def throughput_caveats(
     found = [d for d in drifts if d is not None]
     if not found:
         return []
-    worst = max(found, key=lambda d: max(d, 1 / d))
+    worst = max(found, key=drift_size)
     return [
         f"{drift_words(worst)}, in {len(found)} of its {len(drifts)} runs: its samples/s "
         "depends on how many steps a run measures (the race's runs measure fewer than the "

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 from autotune.config import TrainConfig
 from autotune.errors import shortened
 from autotune.records import TrialRecord
+from autotune.stats import drift_size
 
 
 class Reporter:
@@ -53,7 +54,7 @@ def _outcome(record: TrialRecord) -> str:
         compiled = f", compiled in {record.compile_s:.1f} s" if record.compile_s else ""
         if (drift := record.step_time_drift) is not None:
             way = "rising" if drift > 1 else "falling"
-            compiled += f", step time {way} {max(drift, 1 / drift):.1f}x over its steps"
+            compiled += f", step time {way} {drift_size(drift):.1f}x over its steps"
         predicted = f"; {predicted}" if predicted else ""
         return (
             f"{record.samples_per_s:,.1f} samples/s, {used:,.0f} MiB ({fits}{predicted}){compiled}"
