@@ -80,9 +80,7 @@ def found_blocks(model: nn.Module) -> tuple[list[nn.Module], bool]:
     candidates = [
         m
         for m in model.modules()
-        if m is not model
-        and not isinstance(m, (nn.ModuleList, nn.ModuleDict))
-        and any(True for _ in m.children())
+        if m is not model and not isinstance(m, LISTS) and any(True for _ in m.children())
     ]
     counts = Counter(_kind(m) for m in candidates)
     stacks = _stacked_kinds(model, counts)

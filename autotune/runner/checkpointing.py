@@ -6,7 +6,7 @@ ALBERT's shared layer group, a Perceiver's latent tower, a looped transformer. I
 that layer's calls (``looped_modules``), counted by a forward of two samples in eval mode
 (``count_calls``: on a rank, on the meta device before any trial, in the trace on fake
 tensors), and ``checkpoint_segments = k`` checkpoints its first k calls of each forward; the
-fallback below applies only where no such layer is found.
+fallback blocks (``autotune.runner.blocks``) apply only where no such layer is found.
 
 ``checkpoint_segments = k`` wraps the first k blocks, in forward order, each as one non-reentrant
 checkpoint segment: their inner activations are dropped after forward and recomputed in backward.
@@ -156,7 +156,7 @@ def checkpoint_units(model: nn.Module, calls: Mapping[int, int] | None = None) -
     """What ``checkpoint_segments`` counts in ``model``: its declared or stacked blocks where it
     has them, else the calls of the modules its forward loops over (``looped_modules``, from
     ``calls``: ``count_calls``'s, None where no forward was counted), else the fallback's
-    blocks (the module docstring)."""
+    blocks (``autotune.runner.blocks``)."""
     blocks, structured = found_blocks(model)
     if not structured and calls:
         loops = looped_modules(model, calls)
