@@ -89,7 +89,8 @@ def trainer_settings(target: Exported, fmt: str) -> tuple[dict[str, Any], list[s
     config = _config(target)
     looped = isinstance(target, Recommendation) and target.looped_layer
     if fmt == "hf":
-        return hugging_face(config, looped)
+        refused = target.checkpointing_refused_by if isinstance(target, Recommendation) else None
+        return hugging_face(config, looped, refused)
     if fmt == "lightning":
         return lightning(config, looped)
     block_class = target.block_class if isinstance(target, Recommendation) else None

@@ -173,6 +173,13 @@ class Recommendation(BaseModel):
         "over (it has no stack of layers): applying it in code needs those calls "
         "(autotune.runner.training.loop_calls).",
     )
+    checkpointing_refused_by: str | None = Field(
+        None,
+        description="The model's class where it says it has no activation checkpointing of its "
+        "own (Hugging Face's supports_gradient_checkpointing=False): the Trainer's "
+        "gradient_checkpointing flag would raise, so the exports checkpoint in code "
+        "(autotune.runner.checkpointing.apply_checkpointing), as the trials did.",
+    )
     scalar_parameters: list[str] = Field(
         default_factory=list,
         description="The model's 0-dim trainable parameters, which FSDP2's fully_shard refuses "

@@ -131,8 +131,12 @@ def _checkpoint_note(config: TrainConfig, where: str) -> str | None:
     )
 
 
-def hugging_face(config: TrainConfig, looped: bool = False) -> tuple[dict[str, Any], list[str]]:
-    """Keyword arguments for ``transformers.TrainingArguments`` and the notes on them."""
+def hugging_face(
+    config: TrainConfig, looped: bool = False, refused_by: str | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Keyword arguments for ``transformers.TrainingArguments`` and the notes on them;
+    ``refused_by``: the model's class where it has no gradient checkpointing of its own
+    (``checkpointing.refuses_own_checkpointing``), which the flag would make the Trainer raise."""
     kwargs: dict[str, Any] = {
         "per_device_train_batch_size": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
@@ -191,9 +195,16 @@ def hugging_face(config: TrainConfig, looped: bool = False) -> tuple[dict[str, A
         if config.compile != "default":
             kwargs["torch_compile_mode"] = config.compile
     note = _checkpoint_note(config, "gradient_checkpointing")
-    if note:
+    if refused_by and config.checkpoint_segments:
+        kwargs["gradient_checkpointing"] = False
+        notes.append(
+            f"{refused_by} refuses the Trainer's gradient_checkpointing ('does not support "
+            f"activation checkpointing'): it is false here; call {apply_call(config, looped)} "
+            "before the Trainer, which checkpoints as the trials did"
+        )
+    elif note:
         notes.append(note)
-    if looped and config.checkpoint_segments:
+    if looped and config.checkpoint_segments and not refused_by:
         notes.append(
             "the model loops over one layer (its checkpointing measured call by call); where "
             "its class refuses gradient_checkpointing (ALBERT's: 'does not support activation "

@@ -93,6 +93,45 @@ def test_hugging_face_arguments_and_what_they_cannot_say(tmp_path: Path) -> None
     assert args.gradient_accumulation_steps == 2
 
 
+def test_hugging_face_checkpointing_where_the_class_refuses_it(tmp_path: Path) -> None:
+    """ConvNeXt has no gradient checkpointing of its own: the Trainer's flag raises, so the
+    export leaves it false and checkpoints in code, and the Trainer then trains."""
+    pytest.importorskip("transformers")
+    from transformers import Trainer, TrainingArguments
+
+    from autotune.runner.checkpointing import apply_checkpointing
+    from autotune.search.probe import refuses_own_checkpointing
+    from tests.fixtures import hf_zoo
+
+    refused = refuses_own_checkpointing("tests.fixtures.hf_zoo:convnext")
+    assert refused == "ConvNextForImageClassification"
+    assert refuses_own_checkpointing("tests.fixtures.hf_zoo:gpt2") is None
+    recommendation = _recommendation({"checkpoint_segments": 1}).model_copy(
+        update={"checkpointing_refused_by": refused}
+    )
+    kwargs = yaml.safe_load(render(recommendation, "hf"))
+    assert kwargs["gradient_checkpointing"] is False
+    notes = notes_for(recommendation, "hf")
+    assert any(
+        "ConvNextForImageClassification refuses" in n and "apply_checkpointing(model, 1)" in n
+        for n in notes
+    )
+    assert not any("checkpoints every layer" in n for n in notes)
+    assert yaml.safe_load(render(_recommendation({"checkpoint_segments": 1}), "hf"))[
+        "gradient_checkpointing"
+    ]  # where the class is not known to refuse, the Trainer's flag stays
+
+    common = {"output_dir": str(tmp_path), "max_steps": 1, "report_to": [], "save_strategy": "no"}
+    data = hf_zoo.data_convnext()
+    flagged = TrainingArguments(**common, **{**kwargs, "gradient_checkpointing": True})
+    with pytest.raises(ValueError, match="does not support activation checkpointing"):
+        Trainer(model=hf_zoo.convnext(), args=flagged, train_dataset=data).train()
+    model = hf_zoo.convnext()
+    assert len(apply_checkpointing(model, 1)) == 1  # the note's call
+    trainer = Trainer(model=model, args=TrainingArguments(**common, **kwargs), train_dataset=data)
+    assert trainer.train().training_loss > 0
+
+
 @pytest.mark.parametrize("values", [HOOKED, SHARDED])
 def test_lightning_arguments(values: dict) -> None:
     recommendation = _recommendation(values)

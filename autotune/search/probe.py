@@ -289,6 +289,15 @@ def own_checkpointing(model_reference: str) -> str | None:
     )
 
 
+def refuses_own_checkpointing(model_reference: str) -> str | None:
+    """``checkpointing.refuses_own_checkpointing`` of the model built on the meta device (the
+    class whose Trainer flag would raise); None where it does not refuse, or cannot be built."""
+    from autotune.runner import checkpointing  # imports torch
+
+    built = meta_model(model_reference)
+    return None if built is None else checkpointing.refuses_own_checkpointing(built[1])
+
+
 def own_compile(model_reference: str) -> str | None:
     """The search's line where the model's factory returns it compiled (``torch.compile``):
     trials take the module it wraps (``workload.load_model``); None where it is not compiled,
