@@ -19,6 +19,12 @@ class WorkloadError(AutotuneError):
     """The user's model, data or loss could not be loaded or used."""
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (``kill``, ``timeout``, a scheduler stopping the job), raised in the main thread
+    as Ctrl-C's ``KeyboardInterrupt`` is, so that a command stops the same way: ranks killed,
+    what finished kept stored (``cli.SigtermWatch`` installs it)."""
+
+
 Model = TypeVar("Model", bound=BaseModel)
 
 

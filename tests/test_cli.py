@@ -305,3 +305,22 @@ def test_more_checkpointing_than_blocks_is_refused_before_a_rank_is_launched(
     assert err.endswith("checkpoint_segments=3 exceeds the 2 repeated Sequential blocks of "
                         "Small; use 0..2")  # fmt: skip
     assert "rank 0" not in err
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_handler_before_comes_back() -> None:
+    import os
+    import signal
+    import time
+
+    from autotune.cli import SigtermWatch
+    from autotune.errors import Terminated
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt) as stop, SigtermWatch() as watch:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises at the next bytecode
+    assert isinstance(stop.value, Terminated) and watch.received
+    assert signal.getsignal(signal.SIGTERM) is before
+    with SigtermWatch() as quiet:
+        pass
+    assert not quiet.received and signal.getsignal(signal.SIGTERM) is before

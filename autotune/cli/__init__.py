@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,7 +32,7 @@ from autotune.cli.flags import (
     workload_flags,
 )
 from autotune.config import TrainConfig, load_config, make_config, read_config_file, save_config
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, Terminated
 from autotune.export import FORMATS, notes_for, render
 from autotune.html_report import write_report
 from autotune.recommendation import Recommendation
@@ -45,7 +47,7 @@ from autotune.runner.request import TrialOptions
 from autotune.search.driver import load_recommendation
 from autotune.search.plan import prediction_json
 from autotune.search.progress import make_reporter
-from autotune.search.settings import SECTIONS, SearchSettings, make_settings
+from autotune.search.settings import SECTIONS, SearchSettings, StorageSettings, make_settings
 from autotune.secrets import redact
 
 
@@ -399,21 +401,65 @@ def _run(args: argparse.Namespace) -> int:
         "show": _show,
         "plan": _plan,
     }
+    sigterm = SigtermWatch()
     try:
-        return handlers[args.command](args)
+        with sigterm:
+            return handlers[args.command](args)
     except AutotuneError as error:
         if args.debug:
             raise
         print(f"autotune: error: {_redacted(str(error), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("autotune: interrupted", file=sys.stderr)
-        return 130
+        print(f"autotune: {_redacted(_stopped(args, sigterm.received), args)}", file=sys.stderr)
+        return EXIT_TERMINATED if sigterm.received else EXIT_INTERRUPTED
     except OSError as error:
         if args.debug:
             raise
         print(f"autotune: error: {_redacted(str(error), args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+"""A shell's codes for a command ended by SIGINT (Ctrl-C) and by SIGTERM: 128 + the signal."""
+
+
+class SigtermWatch:
+    """For a command's length (``with``), SIGTERM raises ``Terminated`` in the main thread, as
+    Ctrl-C raises ``KeyboardInterrupt``, and ``received`` says it came (Ray's waits turn either
+    into a plain ``KeyboardInterrupt``). Without it the process ended where it stood, without a
+    word; the handler before is put back after."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._held: Any = None
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        self.received = True
+        raise Terminated()
+
+    def __enter__(self) -> SigtermWatch:
+        if threading.current_thread() is threading.main_thread():
+            self._held = signal.signal(signal.SIGTERM, self._terminated)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._held is not None:
+            signal.signal(signal.SIGTERM, self._held)
+
+
+def _stopped(args: argparse.Namespace, terminated: bool) -> str:
+    """The line for a command stopped by Ctrl-C or SIGTERM: for a search, where what finished
+    is and how to go on."""
+    how = "stopped by SIGTERM" if terminated else "interrupted"
+    if args.command != "search":
+        return how
+    storage = args.set_storage or StorageSettings().storage
+    return (
+        f"{how}: the trials that finished are stored in {storage}; the same command resumes "
+        "the search (--new-study starts it afresh)"
+    )
 
 
 def _redacted(text: str, args: argparse.Namespace) -> str:

@@ -19,8 +19,12 @@ Import cost: this module imports Ray; ``autotune`` imports it only when a search
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +140,21 @@ class ClusterLost(AutotuneError):
     trial stored before, and the same command resumes it."""
 
 
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """Keep the Python SIGTERM handler the program had (the CLI's ``SigtermWatch``; an
+    embedding program's own) over ``ray.init``, which sets its own and whose core worker
+    installs a C++ handler that prints a stack trace and aborts: a stopped search then ended in
+    SIGABRT (exit 134) with a trace, its ranks left to Ray's exit hooks. Where the handler was
+    the default (or not Python's), Ray's stay."""
+    held = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(held) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, held)
+
+
 def _answers(endpoint: tuple[str, int] | None) -> bool:
     """Whether the cluster's head (its GCS) accepts a connection (True: unknown)."""
     import socket
@@ -194,7 +213,8 @@ class RayExecutor:
                 kwargs["runtime_env"] = {"working_dir": ship, "excludes": SHIP_EXCLUDES}
             logging.getLogger("ray").setLevel(logging.ERROR)
             try:
-                ray.init(address=address, **kwargs)
+                with _sigterm_kept():
+                    ray.init(address=address, **kwargs)
             except Exception as error:
                 raise AutotuneError(_init_failure(error, address, ship)) from error
             self.shipped = ship

@@ -133,3 +133,48 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(
     assert page.count("<svg") == 2 and '<tr class="winner">' in page
     assert "Time and cost to train" in page and "device-hours" in page
     assert "Which knobs mattered" in page
+
+
+def test_a_search_stopped_by_sigterm_says_so_and_keeps_its_trials(tmp_path: Path) -> None:
+    """``kill``, ``timeout`` or a scheduler's stop: the search ends as on Ctrl-C, with one line
+    and 143, not Ray's stack trace and an abort (134), and leaves no Ray process behind."""
+    import signal
+
+    db = tmp_path / "s.db"
+    argv = [sys.executable, "-m", "autotune.cli", *SEARCH, "--trials", "6", "--storage", str(db)]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    search = subprocess.Popen(
+        argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and search.poll() is None:
+        if any(r["status"] == "ok" for r in stored_records(f"sqlite:///{db}")):
+            break
+        time.sleep(0.5)
+    assert search.poll() is None, "the search ended before it could be stopped"
+    search.send_signal(signal.SIGTERM)
+    try:
+        _, err = search.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        kill_tree(search)
+        raise
+    lines = err.decode().strip().splitlines()
+    assert search.returncode == 143, lines[-5:]
+    assert lines[-1] == (
+        f"autotune: stopped by SIGTERM: the trials that finished are stored in {db}; the same "
+        "command resumes the search (--new-study starts it afresh)"
+    )
+    assert not any("SIGTERM received" in line for line in lines)
+    assert any(r["status"] == "ok" for r in stored_records(f"sqlite:///{db}"))
+    time.sleep(1)
+    import psutil
+
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == search.pid:
+                left.append(p.name())
+                p.kill()
+        except (psutil.Error, ProcessLookupError):
+            continue
+    assert not left, f"left running: {left}"
