@@ -267,6 +267,8 @@ def test_an_output_that_cannot_be_written_stops_a_search_before_it_starts(
         ("--out", tmp_path, "is a folder"),
         ("--out", tmp_path / "taken" / "best.yaml", "its folder cannot be made"),
         ("--report", tmp_path / "taken" / "r.html", "its folder cannot be made"),
+        # a folder that answers os.access as writable, where no file can be made (as root)
+        ("--out", Path("/proc/autotune-best.yaml"), "cannot be written"),
     ):
         assert exit_code([*search, flag, str(path)]) == 2
         err = capsys.readouterr().err
@@ -275,6 +277,36 @@ def test_an_output_that_cannot_be_written_stops_a_search_before_it_starts(
     with pytest.raises(AssertionError, match="the search started"):
         exit_code([*search, "--out", str(tmp_path / "runs" / "best.yaml")])
     assert (tmp_path / "runs").is_dir()
+    assert not (tmp_path / "runs" / "best.yaml").exists()  # the check leaves no file behind
+
+
+def test_a_search_whose_output_fails_at_its_end_still_prints_its_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --out could be written when the search began, and not when it ended (here: its folder
+    # became a file; a disk that filled): the result was lost to "[Errno 2] ..." alone
+    import shutil
+
+    import autotune.cli as cli
+    from tests.test_export import _recommendation
+
+    runs = tmp_path / "runs"
+
+    def search_that_loses_the_folder(*args: object, **kwargs: object) -> object:
+        shutil.rmtree(runs)
+        runs.write_text("")
+        return _recommendation({})
+
+    monkeypatch.setattr(cli, "tune", search_that_loses_the_folder)
+    argv = ["search", "--model", "tests.fixtures.models:Small", "--global-batch-size", "32"]
+    argv += ["--storage", str(tmp_path / "s.db"), "--out", str(runs / "best.yaml")]
+    assert exit_code(argv) == 2
+    shown = capsys.readouterr()
+    assert "recommended" in shown.out and "speed-up" in shown.out
+    assert "written to" not in shown.out
+    (line,) = shown.err.strip().splitlines()
+    assert f"--out '{runs / 'best.yaml'}' could not be written (Not a directory)" in line
+    assert "`autotune export`" in line
 
 
 def test_json_on_stdout_stays_json_when_the_model_prints(

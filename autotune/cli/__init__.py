@@ -15,7 +15,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -194,8 +194,6 @@ def _check_cost_flags(args: argparse.Namespace) -> None:
 def _check_outputs(*flags: tuple[str, str | None]) -> None:
     """Make sure each ``(flag, path)`` given can be written before any work starts (its folder
     made if missing): a search of hours must not end on a path that cannot be."""
-    import os
-
     for flag, path in flags:
         if not path:
             continue
@@ -208,10 +206,16 @@ def _check_outputs(*flags: tuple[str, str | None]) -> None:
             raise AutotuneError(
                 f"{flag} {path!r}: its folder cannot be made ({error.strerror or error})"
             ) from None
-        if not os.access(target.parent, os.W_OK) or (
-            target.exists() and not os.access(target, os.W_OK)
-        ):
-            raise AutotuneError(f"{flag} {path!r} cannot be written (permission denied)")
+        existed = target.exists()
+        try:  # opened, not asked (os.access): root passes the question and fails in /proc
+            with target.open("a"):
+                pass
+        except OSError as error:
+            raise AutotuneError(
+                f"{flag} {path!r} cannot be written ({error.strerror or error})"
+            ) from None
+        if not existed:
+            target.unlink(missing_ok=True)
 
 
 def _costs(args: argparse.Namespace, recommendation: Any) -> str | None:
@@ -247,21 +251,43 @@ def _search(args: argparse.Namespace) -> int:
         reporter=reporter,
         **checked.flat(),
     )
-    if args.out:  # the config, headed by what was measured (and any caveat) as comments
-        fmt = "json" if Path(args.out).suffix == ".json" else "yaml"
-        Path(args.out).write_text(render(recommendation, fmt))
-    costs = _costs(args, recommendation)
-    if args.report:
-        write_report(checked.study.storage, recommendation.study_name, args.report, costs)
+    r, storage = recommendation, checked.study.storage
+    failed: list[str] = []  # a file that could not be written after all: said after the result
+    out = args.out
+    if out:  # the config, headed by what was measured (and any caveat) as comments
+        fmt = "json" if Path(out).suffix == ".json" else "yaml"
+        out = _written(out, "--out", failed, lambda: Path(out).write_text(render(r, fmt)))
+    costs = _costs(args, r)
+    report = args.report
+    if report:
+        report = _written(
+            report, "--report", failed, lambda: write_report(storage, r.study_name, report, costs)
+        )
     if args.json:
-        _emit(recommendation.to_json())
-        return EXIT_OK
-    _emit(format_recommendation(recommendation, args.out))
-    if costs:
-        _emit(costs)
-    if args.report:
-        _emit(f"report written to {args.report}")
+        _emit(r.to_json())
+    else:
+        _emit(format_recommendation(r, out))
+        if costs:
+            _emit(costs)
+        if report:
+            _emit(f"report written to {report}")
+    if failed:
+        raise AutotuneError(
+            f"{'; '.join(failed)}; the recommendation is stored in {storage} (study "
+            f"'{r.study_name}'): `autotune export` and `autotune report` write it again"
+        )
     return EXIT_OK
+
+
+def _written(path: str, flag: str, failed: list[str], write: Callable[[], object]) -> str | None:
+    """``path`` once ``write`` wrote it; None, with the reason added to ``failed``, where it
+    could not (a disk filled during the search): the result is printed all the same."""
+    try:
+        write()
+    except OSError as error:
+        failed.append(f"{flag} {path!r} could not be written ({error.strerror or error})")
+        return None
+    return path
 
 
 def _export(args: argparse.Namespace) -> int:
