@@ -29,6 +29,7 @@ from autotune.runner.workload import (
 from autotune.search.memory_model import budget_scope, start_prior
 from autotune.search.probe import (
     check_batches,
+    check_dataset_size,
     check_optimizer,
     configures_optimizer,
     coupling,
@@ -224,6 +225,7 @@ def run_search(
     count = platform.device_count if device == "cuda" else usable_cpus()
     devices = _devices(settings, count, device)
     _check_split(settings.global_batch_size, devices, batch_source)
+    check_dataset_size(workload, settings.global_batch_size, batch_source)
     budget = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
     blocks = repeated_blocks(workload)
     # before the fingerprint: a study resumed with another space says so, not Optuna

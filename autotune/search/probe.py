@@ -646,6 +646,27 @@ def check_batches(workload: WorkloadSpec) -> None:
         )
 
 
+def check_dataset_size(workload: WorkloadSpec, global_batch_size: int | None, source: str) -> None:
+    """One line, before anything runs, where the dataset holds fewer samples than one global
+    batch (``source``: where the batch came from): the loaders drop a last partial batch, so
+    every trial without accumulation failed in its first step ("the DataLoader produced no
+    batch"); a dataset without a length, or one that cannot be built here, is left to the
+    trials."""
+    dataset = _dataset(workload)
+    try:
+        size = len(dataset[0]) if dataset is not None else None
+    except TypeError:  # an iterable dataset: no length to check
+        return
+    if size is None or global_batch_size is None or size >= global_batch_size:
+        return
+    given = "" if source == "given" else f" ({source.split(':')[0]})"
+    raise WorkloadError(
+        f"the dataset holds {size} samples, fewer than one global batch of {global_batch_size}"
+        f"{given}: no step could be made of an epoch; use --global-batch-size {size} or less, "
+        "or a larger dataset"
+    )
+
+
 def _meta_optimizer(workload: WorkloadSpec) -> Any:
     """The workload's optimizer built over the meta-device model; None when that cannot be
     done here (the trials will say). Raises the ``WorkloadError`` of one no trial can train

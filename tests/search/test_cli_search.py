@@ -35,6 +35,11 @@ DEFAULT_COLLATE = "torch.utils.data:default_collate"
             "stack expects each tensor to be equal size",
         ),
         (["--collate", "tests.fixtures.models:NOT_CALLABLE"], "expected a callable collate"),
+        (  # 256 samples: the loaders drop a partial batch, so no step could be made
+            ["--global-batch-size", "512"],
+            "the dataset holds 256 samples, fewer than one global batch of 512: no step could be "
+            "made of an epoch; use --global-batch-size 256 or less, or a larger dataset",
+        ),
         (  # a global batch two ranks cannot split: every configuration invalid
             ["--global-batch-size", "7"],
             "global batch 7 does not split evenly over 2 devices: use a multiple of 2 (such as 8)",
