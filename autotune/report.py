@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from autotune.errors import ConfigError
+from typing import Any
+
 from autotune.recommendation import ROUNDS_IN_REACH, Recommendation
 from autotune.records import TrialRecord, exclusion_lines
 from autotune.result import TrialResult, drift_words
 from autotune.runner.fake_memory import UNUSED_PARAMETERS
+from autotune.search.driver import stored_recommendation
 from autotune.search.log import stored_records
 from autotune.search.memory_model import budget_scope
 from autotune.search.plan import Plan
 from autotune.search.race import race_runs
-from autotune.search.storage import NO_STUDY_YET, open_storage
+from autotune.search.storage import abandoned, pick_study, stored_studies
 from autotune.secrets import mask_url
 from autotune.units import format_bytes
 
@@ -403,22 +405,16 @@ def memory_cell(record: TrialRecord) -> str:
 
 
 def format_study(storage: str, study_name: str | None) -> str:
-    """Every trial of a stored study, one line each."""
+    """Every trial of a stored study, one line each; the storage's studies where it holds
+    several and none is named."""
     import optuna
 
-    backend = open_storage(storage, existing=True)
-    names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
-    if not names:
-        raise ConfigError(f"storage {mask_url(storage)!r} holds no study yet: {NO_STUDY_YET}")
-    if study_name is None:
-        if len(names) != 1:
-            return f"studies in {mask_url(storage)}:\n" + "\n".join(f"  {n}" for n in names)
-        study_name = names[0]
-    if study_name not in names:
-        raise ConfigError(
-            f"no study {study_name!r} in {mask_url(storage)!r}; it holds: "
-            + (", ".join(names) or "none")
+    backend, summaries = stored_studies(storage)
+    if study_name is None and len(summaries) > 1:
+        return f"studies in {mask_url(storage)}:\n" + "\n".join(
+            f"  {s.study_name}" for s in summaries
         )
+    study_name = pick_study(storage, summaries, study_name).study_name
     study = optuna.load_study(study_name=study_name, storage=backend)
     lines = [
         f"study {study_name} ({mask_url(storage)})",
@@ -434,7 +430,45 @@ def format_study(storage: str, study_name: str | None) -> str:
         )
         if t.status != "ok" and t.config and t.message:  # why: the numbers alone mislead
             lines.append(f"{'':>4}  why: {t.message}")
+    for number, left in running_trials(study):
+        lines.append(
+            f"{number:>4}  {'':9}  {'running':9}  "
+            + (
+                "left by a search that stopped: the same search command runs it again"
+                if left
+                else "being measured by a search that is running"
+            )
+        )
     return "\n".join(lines)
+
+
+def running_trials(study: Any) -> list[tuple[int, bool]]:
+    """(number, left by a stopped search) of each trial the study holds as running."""
+    from optuna.trial import TrialState
+
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return [(t.number, abandoned(t)) for t in running]
+
+
+def study_json(storage: str, study_name: str | None) -> dict[str, Any]:
+    """A stored study as one object (``autotune show --json``): its trials' records, the
+    trials it holds as running, and the recommendation where the search finished."""
+    import optuna
+
+    backend, summaries = stored_studies(storage)
+    summary = pick_study(storage, summaries, study_name)
+    study = optuna.load_study(study_name=summary.study_name, storage=backend)
+    recommendation = stored_recommendation(summary)
+    return {
+        "study": summary.study_name,
+        "storage": mask_url(storage),
+        "trials": [r.model_dump(mode="json") for r in stored_records(study)],
+        "running": [
+            {"number": number, "left_by_a_stopped_search": left}
+            for number, left in running_trials(study)
+        ],
+        "recommendation": recommendation.model_dump(mode="json") if recommendation else None,
+    }
 
 
 def format_plan(plan: Plan, model: str) -> str:

@@ -356,3 +356,41 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_handler_before_comes_bac
     with SigtermWatch() as quiet:
         pass
     assert not quiet.received and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_show_names_the_trials_left_running_and_prints_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a search stopped mid-trial (Ctrl-C, SIGTERM, SIGKILL) leaves it running in the study:
+    # `show` listed only the finished ones, and had no form another tool reads
+    import socket
+    import time
+
+    import optuna
+
+    from autotune.search.storage import OWNER_ATTR, driver_id
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="stopped", storage=url)
+    gone = study.ask()  # its driver's process is gone: the next search re-queues it
+    gone.set_user_attr(OWNER_ATTR, {"driver": f"{socket.gethostname()}:1:0", "expires": 0})
+    live = study.ask()  # this process's: a search measuring it now
+    live.set_user_attr(OWNER_ATTR, {"driver": driver_id(), "expires": time.time() + 600})
+
+    assert exit_code(["show", "--storage", str(tmp_path / "s.db")]) == 0
+    shown = capsys.readouterr().out
+    assert f"{gone.number:>4}             running    left by a search that stopped" in shown
+    assert f"{live.number:>4}             running    being measured by a search" in shown
+
+    assert exit_code(["show", "--storage", str(tmp_path / "s.db"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["study"] == "stopped" and data["trials"] == []
+    assert data["running"] == [
+        {"number": gone.number, "left_by_a_stopped_search": True},
+        {"number": live.number, "left_by_a_stopped_search": False},
+    ]
+    assert data["recommendation"] is None  # the search did not finish
+
+    optuna.create_study(study_name="other", storage=url)
+    assert exit_code(["show", "--storage", str(tmp_path / "s.db"), "--json"]) == 2
+    assert "holds 2 studies; pick one with --study-name: stopped, other" in capsys.readouterr().err

@@ -42,6 +42,7 @@ from autotune.report import (
     format_recommendation,
     format_study,
     format_trial,
+    study_json,
 )
 from autotune.runner.request import TrialOptions
 from autotune.search.driver import load_recommendation
@@ -124,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = commands.add_parser("show", help="List the trials of a stored study.")
     study_flags(show)
+    show.add_argument(
+        "--json",
+        action="store_true",
+        help="Print the study as JSON: its trials' records, the trials running, and the "
+        "recommendation (null before the search finished).",
+    )
 
     planner = commands.add_parser(
         "plan",
@@ -361,7 +368,10 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
 
-    _emit(format_study(args.storage, args.study_name))
+    if args.json:
+        _emit(json.dumps(study_json(args.storage, args.study_name), indent=2))
+    else:
+        _emit(format_study(args.storage, args.study_name))
     return EXIT_OK
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.recommendation import Recommendation
@@ -53,7 +54,7 @@ from autotune.search.recipe import BatchNorm, Coupling
 from autotune.search.refusals import fsdp_bf16_refusals, model_refusals
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace, load_space
-from autotune.search.storage import NO_STUDY_YET, open_storage
+from autotune.search.storage import open_storage, pick_study, stored_studies
 from autotune.search.study import model_hash, open_study
 from autotune.search.tuner import Tuner
 from autotune.secrets import mask_url
@@ -339,29 +340,19 @@ def verification_optimizer(recommendation: Recommendation) -> str:
 
 def load_recommendation(storage: str, study_name: str | None) -> Recommendation:
     """The recommendation stored by a finished search."""
-    import optuna
+    summary = pick_study(storage, stored_studies(storage)[1], study_name)
+    recommendation = stored_recommendation(summary)
+    if recommendation is None:
+        raise ConfigError(
+            f"study {summary.study_name!r} has no recommendation yet (the search did not "
+            "finish); run the same search command again to resume it"
+        )
+    return recommendation
 
-    backend = open_storage(storage, existing=True)
-    summaries = optuna.get_all_study_summaries(backend)
-    names = [s.study_name for s in summaries]
-    if not names:
-        raise ConfigError(f"storage {mask_url(storage)!r} holds no study yet: {NO_STUDY_YET}")
-    if study_name is None:
-        if len(names) != 1:
-            raise ConfigError(
-                f"storage {mask_url(storage)!r} holds {len(names)} studies; pick one with "
-                "--study-name: " + (", ".join(names) or "none")
-            )
-        study_name = names[0]
-    if study_name not in names:
-        raise ConfigError(
-            f"no study {study_name!r} in {mask_url(storage)!r}; it holds: "
-            f"{', '.join(names) or 'none'}"
-        )
-    attrs = next(s for s in summaries if s.study_name == study_name).user_attrs
+
+def stored_recommendation(summary: Any) -> Recommendation | None:
+    """The recommendation a finished search stored in the study (``summary``); None before."""
+    attrs = summary.user_attrs
     if RECOMMENDATION_ATTR not in attrs:
-        raise ConfigError(
-            f"study {study_name!r} has no recommendation yet (the search did not finish); "
-            "run the same search command again to resume it"
-        )
+        return None
     return Recommendation.model_validate(attrs[RECOMMENDATION_ATTR])

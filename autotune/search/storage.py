@@ -249,6 +249,35 @@ def open_storage(
     return backend
 
 
+def stored_studies(storage: str) -> tuple[Any, list[Any]]:
+    """(backend, study summaries) of a storage a search wrote; one line where it holds none."""
+    import optuna
+
+    backend = open_storage(storage, existing=True)
+    summaries = optuna.get_all_study_summaries(backend)
+    if not summaries:
+        raise ConfigError(f"storage {mask_url(storage)!r} holds no study yet: {NO_STUDY_YET}")
+    return backend, summaries
+
+
+def pick_study(storage: str, summaries: list[Any], study_name: str | None) -> Any:
+    """The summary of ``study_name``, or of the storage's one study where none is named; one
+    line naming the studies there where that is not one."""
+    names = [s.study_name for s in summaries]
+    if study_name is None:
+        if len(names) != 1:
+            raise ConfigError(
+                f"storage {mask_url(storage)!r} holds {len(names)} studies; pick one with "
+                "--study-name: " + ", ".join(names)
+            )
+        study_name = names[0]
+    if study_name not in names:
+        raise ConfigError(
+            f"no study {study_name!r} in {mask_url(storage)!r}; it holds: {', '.join(names)}"
+        )
+    return summaries[names.index(study_name)]
+
+
 def _schema_race(error: BaseException) -> bool:
     """Two drivers opening one new database at once: the second one's tables clash."""
     import sqlalchemy.exc

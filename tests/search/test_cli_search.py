@@ -130,6 +130,12 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(
     assert load_config(written) == load_config(tmp_path / "best.yaml")
     shown, _ = cli_here(capsys, "show", "--storage", str(db))
     assert "baseline" in shown and "verify" in shown
+    shown, _ = cli_here(capsys, "show", "--storage", str(db), "--json")
+    data = json.loads(shown)
+    assert [t["number"] for t in data["trials"]] == [r["number"] for r in after]
+    assert data["recommendation"]["config"] == load_config(tmp_path / "best.yaml").model_dump(
+        mode="json"
+    )
 
     page_path = tmp_path / "report.html"
     cli_here(capsys, "report", "--storage", str(db), "--out", str(page_path),
