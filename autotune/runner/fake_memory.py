@@ -63,6 +63,7 @@ class TensorPeak:
     unused_parameters: int = 0  # trainable parameters the traced step left without a gradient
     sampled_selections: int = 0  # sizes the batch's values decide, at the first samples' share
     varying_batches: bool = False  # batches of other samples have other shapes (``_varying``)
+    carried_state: tuple[str, ...] = ()  # module tensors a step leaves for the next (``_carried``)
 
     @property
     def needs_unused_parameters(self) -> bool:
@@ -465,6 +466,14 @@ SAMPLE_SHARES = (
 )
 """Said wherever a traced step sized a selection by the first samples' values."""
 
+CARRIED_STATE = (
+    "the model keeps tensors on its modules from one step to the next ({names}), traced from "
+    "the state before its first step: a later step holds them too, and more where they grow "
+    "(a memory of past steps), so a long run's peak may lie above the prediction, and above a "
+    "short trial's measurement"
+)
+"""Said wherever a traced step left module tensors that it found smaller or absent."""
+
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
     "a value, or nonzero / torch.where(mask) / masked_select of a mask made from activations "
@@ -479,6 +488,26 @@ class _NoHook:
 
     def remove(self) -> None:
         pass
+
+
+def _carried(model: Any) -> dict[str, int]:
+    """The tensors the model's modules hold as attributes of their own, beside parameters and
+    buffers (``self.memory = context.detach()`` in a forward: state one step leaves for the
+    next), bytes by ``Class.attribute``."""
+    import torch
+
+    held: dict[str, int] = {}
+    for module in model.modules():
+        for attribute, value in vars(module).items():
+            if isinstance(value, torch.Tensor):
+                key = f"{type(module).__name__}.{attribute}"
+                held[key] = held.get(key, 0) + value.nbytes
+    return held
+
+
+def _grown(before: dict[str, int], after: dict[str, int]) -> tuple[str, ...]:
+    """The module tensors (``_carried``) a traced step left larger than it found them."""
+    return tuple(sorted(key for key, size in after.items() if size > before.get(key, 0)))
 
 
 def _by_kind(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
@@ -681,6 +710,7 @@ def _trace(
         # the policy holds for checkpoints' recomputation too
         with routing, workspace, tracker, policy, attention, packing, scalars, _unmoved_modules():
             args, kwargs, target = split_batch(batch, accepts, into)
+            found = _carried(model)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
             with autocast:
                 output = wrapped(*args, **kwargs)
@@ -698,6 +728,7 @@ def _trace(
             del output
             optimizer.zero_grad(set_to_none=True)
             state = _by_kind(tracker.get_tracker_snapshot("current")).get("OPT", 0)
+            carried = _grown(found, _carried(model))
     by_kind = _steady_peak(backward, stepped, state)
     steady_backward = _with_state(backward, state)
     return TensorPeak(
@@ -715,4 +746,5 @@ def _trace(
         sampled_selections=routing.sampled,
         unused_parameters=unused,
         varying_batches=_varying(dataset, collate),
+        carried_state=carried,
     )

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.runner.fake_memory import (
+    CARRIED_STATE,
     LIKELIEST_DRAWS,
     SAMPLE_SHARES,
     UNIFORM_ROUTING,
@@ -409,6 +410,8 @@ class MemoryModel:
         said = [UNIFORM_ROUTING] if self.routed else []
         said += [LIKELIEST_DRAWS] if any(t.drawn_branches for t in self._traces.values()) else []
         said += [SAMPLE_SHARES] if any(t.sampled_selections for t in self._traces.values()) else []
+        carried = sorted({name for t in self._traces.values() for name in t.carried_state})
+        said += [CARRIED_STATE.format(names=", ".join(carried))] if carried else []
         return "; ".join(said) or None
 
     @property
@@ -476,12 +479,13 @@ class MemoryModel:
             ((mb1, k1), u * v),
         ):  # corners coincide where the table has one micro-batch or one checkpointing
             weights[corner] = weights.get(corner, 0.0) + weight
-        fields = TensorPeak.__dataclass_fields__
+        fields = [name for name in TensorPeak.__dataclass_fields__ if name != "carried_state"]
         mixed = {
             name: round(sum(w * getattr(corners[c], name) for c, w in weights.items()))
             for name in fields
         }
-        return TensorPeak(**mixed)
+        carried = {name for peak in corners.values() if peak for name in peak.carried_state}
+        return TensorPeak(**mixed, carried_state=tuple(sorted(carried)))
 
     def device_tensors(self, config: TrainConfig) -> dict[str, int] | None:
         peak = self.tensor_peak(config)

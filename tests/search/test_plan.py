@@ -433,3 +433,23 @@ def test_a_plan_leaves_out_checkpointing_of_blocks_that_keep_nothing_for_backwar
     assert "checkpoint_segments 8, 12: the model has 4 repeated Sequential blocks" in (
         table.left_out
     )
+
+
+def test_a_plan_of_a_model_that_keeps_state_between_steps_says_its_peak_may_lie_above(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a Transformer-XL's memory of past steps: a search's first prediction was 31% low, the
+    # trace starting from an empty memory, and nothing said the prediction could be
+    argv = ["plan", "--model", "tests.fixtures.stateful:Remembering", "--devices", "1"]
+    argv += ["--device-memory", "80GiB", "--space", "quick"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (
+        "keeps tensors on its modules from one step to the next (Remembering.memory)"
+        in (plan["assumption"])
+    )
+    assert main(argv) == 0
+    assert "a long run's peak may lie above the prediction" in capsys.readouterr().out
+    dense = ["plan", "--model", MODEL, "--devices", "1", "--device-memory", "80GiB", "--json"]
+    assert main(dense) == 0
+    assert json.loads(capsys.readouterr().out)["assumption"] is None
