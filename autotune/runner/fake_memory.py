@@ -10,7 +10,8 @@ This is the one module that uses PyTorch's private memory tools (``torch._subcla
 ``autotune.search.memory_model``).
 
 The step is the trials' own: the user's model built under the fake mode, checkpointing applied
-by the same code, one forward under the config's autocast (for a CUDA device, CUDA's op lists,
+by the same code, a batch shaped as the DataLoader makes it (``autotune.runner.fake_batch``), one
+forward under the config's autocast (for a CUDA device, CUDA's op lists,
 ``autotune.runner.fake_autocast``, and its fused attention, ``fake_attention``), the loss,
 backward and the user's
 optimizer step, twice (the first step creates the optimizer's state, the second holds it beside
@@ -27,11 +28,11 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
+from autotune.runner.fake_batch import fake_batch, varying
 from autotune.runner.loss import call_loss
 from autotune.runner.optimizer import chosen_optimizer, device_default, with_implementation
 from autotune.runner.workload import (
     WorkloadSpec,
-    first_samples,
     load_collate,
     load_dataset,
     load_loss,
@@ -62,7 +63,9 @@ class TensorPeak:
     drawn_branches: int = 0  # branches a random draw decides (LayerDrop), taken at their likeliest
     unused_parameters: int = 0  # trainable parameters the traced step left without a gradient
     sampled_selections: int = 0  # sizes the batch's values decide, at the first samples' share
-    varying_batches: bool = False  # batches of other samples have other shapes (``_varying``)
+    varying_batches: bool = (
+        False  # batches of other samples have other shapes (``fake_batch.varying``)
+    )
     carried_state: tuple[str, ...] = ()  # module tensors a step leaves for the next (``_carried``)
 
     @property
@@ -88,82 +91,6 @@ class TensorPeak:
             0,
             self.total_bytes - self.parameters_bytes - self.gradients_bytes - self.optimizer_bytes,
         )
-
-
-COLLATED_SAMPLES = 64
-"""How many of the dataset's first samples shape the traced batch and show its values (a
-user's collate function pads to the longest of them, as a batch of those would be)."""
-
-
-def _fake_batch(
-    dataset: Any, micro_batch: int, mode: Any, collate: Any = None
-) -> tuple[Any, list[Any]]:
-    """A batch of ``micro_batch`` samples as fake tensors, shaped as the DataLoader's collate
-    function (the user's, else torch's default) batches the dataset's first samples (up to
-    ``COLLATED_SAMPLES``; a user's pads to the longest of them) and widened to ``micro_batch``;
-    and those samples' own values of its integer and boolean tensors (labels, token ids, masks,
-    lengths) beside each, as NumPy arrays: where a selection counts such values (DeBERTa's loss
-    keeps the rows whose label is not negative), the trace takes the share those samples show.
-    A batch some tensor of which does not hold the samples along its first dimension (a graph
-    batch's concatenated nodes) cannot be widened, and is made of the first ``micro_batch``
-    samples."""
-    import torch
-    from torch.utils.data import default_collate
-
-    from autotune.runner.training import map_tensors  # imports torch
-
-    samples = first_samples(dataset, min(micro_batch, COLLATED_SAMPLES))
-    one = (collate or default_collate)(samples)
-    if collate and micro_batch > len(samples) and not _widens(one, len(samples)):
-        # a tensor without the samples along its first dimension (a graph batch's nodes,
-        # concatenated): widening cannot size it, so the whole micro-batch is batched
-        samples = first_samples(dataset, micro_batch)
-        one = collate(samples)
-    observed: list[Any] = []
-
-    def widen(tensor: Any) -> Any:
-        batched = tensor.dim() > 0 and tensor.shape[0] == len(samples)
-        shape = (micro_batch, *tensor.shape[1:]) if batched else tuple(tensor.shape)
-        with mode:
-            fake = torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)
-        if not tensor.is_floating_point() and not tensor.is_complex():
-            observed.append((fake, tensor.detach().cpu().numpy()))
-        return fake
-
-    return map_tensors(one, widen), observed
-
-
-def _shapes(batch: Any) -> list[tuple[int, ...]]:
-    """The shapes of ``batch``'s tensors, in ``map_tensors``' order."""
-    from autotune.runner.training import map_tensors  # imports torch
-
-    shapes: list[tuple[int, ...]] = []
-    map_tensors(batch, lambda t: shapes.append(tuple(t.shape)))
-    return shapes
-
-
-def _varying(dataset: Any, collate: Any) -> bool:
-    """Whether the user's ``collate`` batches other samples into other shapes (a graph batch's
-    concatenated nodes, padding to each batch's longest sample): two batches of the dataset's
-    first samples, told apart by their tensors' shapes."""
-    if collate is None:  # torch's default stacks samples of one shape, or fails
-        return False
-    samples = first_samples(dataset, 2 * VARYING_SAMPLES)
-    half = len(samples) // 2
-    try:
-        return half > 0 and _shapes(collate(samples[:half])) != _shapes(collate(samples[half:]))
-    except Exception:  # samples the traced batch did not hold: the trials will tell
-        return False
-
-
-VARYING_SAMPLES = 8
-"""How many samples each of ``_varying``'s two batches holds."""
-
-
-def _widens(batch: Any, samples: int) -> bool:
-    """Whether every tensor of ``batch`` holds its ``samples`` along its first dimension, so
-    that a larger micro-batch is the same batch widened."""
-    return all(shape[:1] == (samples,) for shape in _shapes(batch))
 
 
 def _fake_model(spec: WorkloadSpec, mode: Any, routing: Any) -> tuple[Any, Any]:
@@ -675,7 +602,7 @@ def _trace(
     loss_fn, _ = load_loss(spec, module)
     factory, _ = load_optimizer(spec, module)
     collate, _ = load_collate(spec, module)
-    batch, observed = _fake_batch(dataset, micro_batch, mode, collate)
+    batch, observed = fake_batch(dataset, micro_batch, mode, collate)
     _materialized(model, batch, mode)  # lazy modules take their shapes, as on a rank
     config = TrainConfig(
         global_batch_size=micro_batch, amp=amp, checkpoint_segments=segments, device="cpu"
@@ -745,6 +672,6 @@ def _trace(
         drawn_branches=routing.drawn,
         sampled_selections=routing.sampled,
         unused_parameters=unused,
-        varying_batches=_varying(dataset, collate),
+        varying_batches=varying(dataset, collate),
         carried_state=carried,
     )
