@@ -309,6 +309,32 @@ def test_a_search_whose_output_fails_at_its_end_still_prints_its_result(
     assert "`autotune export`" in line
 
 
+def test_a_trial_whose_output_fails_at_its_end_still_prints_its_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import autotune.cli as cli
+    from autotune.config import make_config
+    from autotune.result import TrialResult
+
+    runs = tmp_path / "runs"
+
+    def trial_that_loses_the_folder(*args: object, **kwargs: object) -> TrialResult:
+        shutil.rmtree(runs)
+        runs.write_text("")
+        config = make_config({"global_batch_size": 8, "device": "cpu"})
+        return TrialResult(config=config, status="error", message="rank 0: it broke")
+
+    monkeypatch.setattr(cli, "run_trial", trial_that_loses_the_folder)
+    argv = ["trial", "--model", "tests.fixtures.models:Small", "--global-batch-size", "8"]
+    assert exit_code([*argv, "--device", "cpu", "--out", str(runs / "r.json")]) == 2
+    shown = capsys.readouterr()
+    assert "trial error" in shown.out and "rank 0: it broke" in shown.out
+    (line,) = shown.err.strip().splitlines()
+    assert "could not be written (Not a directory); the trial's result is printed above" in line
+
+
 def test_json_on_stdout_stays_json_when_the_model_prints(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -395,12 +395,16 @@ def _trial(args: argparse.Namespace) -> int:
         input_dtype=args.input_dtype,
         **options,
     )
+    failed: list[str] = []  # --out could not be written after all: said after the result
     if args.out:
-        Path(args.out).write_text(result.to_json() + "\n")
+        text = result.to_json() + "\n"
+        _written(args.out, "--out", failed, lambda: Path(args.out).write_text(text))
     if result.status == "invalid" and not args.json:
         print(f"autotune: error: {result.message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     _emit(result.to_json() if args.json else format_trial(result))
+    if failed:
+        raise AutotuneError(f"{failed[0]}; the trial's result is printed above")
     if result.status == "invalid":
         return EXIT_BAD_INPUT
     return EXIT_OK if result.ok else EXIT_TRIAL_FAILED
