@@ -22,7 +22,7 @@ from autotune.records import SEARCH_ROLES, Role, TrialRecord, last_baseline
 from autotune.result import TrialResult
 from autotune.search.precheck import Observation
 from autotune.search.storage import OWNER_ATTR, claims, owner, running
-from autotune.search.study import ATTR_PREFIX
+from autotune.search.study import ATTR_PREFIX, ask_owned
 
 ID_ATTR = ATTR_PREFIX + "id"
 SETTLE_S = 1.0
@@ -182,9 +182,7 @@ class StudyLog:
 
     def ask_claimed(self, key: str, hold_s: float) -> Any:
         """A new trial, claimed for ``key``, for a run the sampler did not propose."""
-        trial = self.study.ask()
-        self.claim(trial, key, hold_s)
-        return trial
+        return ask_owned(self.study, owner(key, hold_s))
 
     def violation(self, record: TrialRecord) -> float | None:
         """How far over the memory limit (> 0: infeasible), from the measured peak or else the

@@ -17,8 +17,8 @@ from autotune.search.climb import Complete, Seen, next_move
 from autotune.search.lessons import needs_unused_parameters
 from autotune.search.log import StudyLog
 from autotune.search.space import SearchSpace
-from autotune.search.storage import UNCLAIMED_S
-from autotune.search.study import ask_fixed
+from autotune.search.storage import UNCLAIMED_S, owner
+from autotune.search.study import ask_fixed, ask_owned
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,10 @@ class Proposer:
         driver left running, queued again when the study was resumed (``requeue_abandoned``;
         Optuna's ``ask`` takes it), then the climb's next move, then the sampler's."""
         move = self._next_move() if self.climb and not self._requeued() else None
-        trial = ask_fixed(self.study, move) if move is not None else self.study.ask()
-        self.log.claim(trial, None, self.hold_s)  # at once: sampling may take a while
+        held = owner(None, self.hold_s)  # owned as it is made: sampling may take a while
+        trial = (
+            ask_fixed(self.study, move, held) if move is not None else ask_owned(self.study, held)
+        )
         values: dict[str, Any] = {}
         for name, param in self.space.params.items():
             if param.active(values):

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.runner.workload import resolve_reference
-from autotune.search.storage import abandoned
+from autotune.search.storage import OWNER_ATTR, abandoned
 
 ATTR_PREFIX = "autotune:"
 
@@ -70,19 +70,45 @@ def open_study(
     return study, name, requeue_abandoned(study)
 
 
-def ask_fixed(study: Any, params: dict[str, Any]) -> Any:
+def ask_fixed(study: Any, params: dict[str, Any], held: dict[str, Any] | None = None) -> Any:
     """A new trial of ``study`` whose suggestions return ``params`` (the climb's next move):
     what ``enqueue_trial`` and ``ask`` do, without the queue between them. Through the queue,
     another driver's ``ask`` of the same study could take the move, and a driver's own ``ask``
     could pass over it: a move was left waiting in a shared study that no driver would run
-    (1 in 4 runs of two drivers on PostgreSQL). Optuna's storage API (``study._storage``,
+    (1 in 4 runs of two drivers on PostgreSQL). ``held``: its owner (``storage.owner``),
+    written in the same insert (``ask_owned``). Optuna's storage API (``study._storage``,
     ``study._study_id``, the trial cache ``ask`` clears) is the one way in;
     ``tests/search/test_settings_and_storage.py`` pins it."""
+    return _created(study, {"fixed_params": params}, held)
+
+
+def ask_owned(study: Any, held: dict[str, Any]) -> Any:
+    """``study.ask()`` with the trial's owner (``storage.owner``) written as it is made. Owned
+    a moment later, a driver killed in between left a trial nobody owned, which a driver
+    resuming at once cannot tell from a live driver's for ``UNOWNED_S`` and so left running
+    to its end (two drivers resuming a killed study on PostgreSQL). A trial queued again on
+    resume is taken first, as ``ask`` takes it (``_pop_waiting_trial_id``), and owned after."""
+    import optuna
+
+    study._thread_local.cached_all_trials = None
+    waiting = study._pop_waiting_trial_id()
+    if waiting is None:
+        return _created(study, {}, held)
+    trial = optuna.Trial(study, waiting)
+    trial.set_user_attr(OWNER_ATTR, held)
+    return trial
+
+
+def _created(study: Any, system_attrs: dict[str, Any], held: dict[str, Any] | None) -> Any:
     import optuna
     from optuna.trial import TrialState, create_trial
 
     study._thread_local.cached_all_trials = None  # as ``ask`` does: the sampler reads afresh
-    template = create_trial(state=TrialState.RUNNING, system_attrs={"fixed_params": params})
+    template = create_trial(
+        state=TrialState.RUNNING,
+        system_attrs=system_attrs,
+        user_attrs={OWNER_ATTR: held} if held is not None else {},
+    )
     trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
     return optuna.Trial(study, trial_id)
 

@@ -372,3 +372,28 @@ def test_an_error_that_is_not_a_lost_connection_is_raised_at_once(
     with pytest.raises(sqlalchemy.exc.IntegrityError):
         lossy.outer()
     assert lossy.calls == ["outer", "inner"] and lossy.said == []
+
+
+def test_a_trial_is_owned_as_it_is_made_so_a_killed_drivers_is_requeued_at_once(
+    tmp_path: Path,
+) -> None:
+    # Owned a moment after Optuna's ask, a driver killed in between left a trial nobody owned;
+    # drivers resuming at once could not tell it from a live driver's (for UNOWNED_S) and
+    # finished the study with it still running (two drivers on PostgreSQL, under load).
+    import socket
+
+    from autotune.search.study import ask_owned
+
+    study, _, _ = open_study(f"sqlite:///{tmp_path}/s.db", "s", {"a": 1}, False)
+    held = owner(None, 600)
+    running = optuna.trial.TrialState.RUNNING
+    for trial in (ask_owned(study, held), ask_fixed(study, {"x": 1}, held)):
+        stored = study._storage.get_trial(trial._trial_id)  # as another driver reads it
+        assert stored.state == running and stored.user_attrs[OWNER_ATTR] == held
+    study.enqueue_trial({"x": 3})  # a trial queued again on resume is taken first, and owned
+    taken = ask_owned(study, held)
+    assert taken.number == 2 and taken.suggest_categorical("x", [1, 3]) == 3
+    assert study._storage.get_trial(taken._trial_id).user_attrs[OWNER_ATTR] == held
+    gone = {**held, "driver": f"{socket.gethostname()}:1:0"}  # a killed driver's process
+    ask_owned(study, gone)
+    assert requeue_abandoned(study) == 1  # at once, not UNOWNED_S later; this driver's stay
