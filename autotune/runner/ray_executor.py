@@ -140,6 +140,17 @@ class ClusterLost(AutotuneError):
     trial stored before, and the same command resumes it."""
 
 
+KILL_WAIT_S = 10.0
+"""How long ``shutdown`` waits for Ray to kill the gangs. Where every process of the job was
+sent SIGTERM at once (Slurm's ``scancel``, ``kill`` of the process group), the local raylet was
+gone and ``remove_placement_group`` waited for it forever: the search hung in its shutdown."""
+
+
+def _kill_all(gangs: list[Gang]) -> None:
+    for gang in gangs:
+        gang.kill()
+
+
 @contextlib.contextmanager
 def _sigterm_kept() -> Iterator[None]:
     """Keep the Python SIGTERM handler the program had (the CLI's ``SigtermWatch``; an
@@ -416,11 +427,11 @@ class RayExecutor:
             self._idle.clear()
             ray.shutdown()
             return
-        for trial in list(self._running.values()):
-            trial.gang.kill()
+        gangs = [trial.gang for trial in self._running.values()] + self._idle
         self._running.clear()
-        for gang in self._idle:
-            gang.kill()
         self._idle.clear()
+        killing = threading.Thread(target=_kill_all, args=(gangs,), daemon=True)
+        killing.start()
+        killing.join(KILL_WAIT_S)  # then Ray is stopped all the same: its shutdown kills them
         if self._owns_ray:
             ray.shutdown()
