@@ -384,6 +384,22 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_and_the_handler_before_comes_bac
     assert not quiet.received and signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_search_stopped_before_its_study_opened_does_not_point_at_one(tmp_path: Path) -> None:
+    import argparse
+
+    from autotune.cli import _stopped
+
+    db = tmp_path / "s.db"
+    args = argparse.Namespace(command="search", set_storage=str(db))
+    assert _stopped(args, True) == (
+        "stopped by SIGTERM before anything was stored; the same command starts the search again"
+    )
+    db.write_text("")
+    assert _stopped(args, False).startswith(
+        f"interrupted: the trials that finished are stored in {db}"
+    )
+
+
 def test_show_names_the_trials_left_running_and_prints_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

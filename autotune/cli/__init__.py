@@ -496,6 +496,8 @@ def _stopped(args: argparse.Namespace, terminated: bool) -> str:
     if args.command != "search":
         return how
     storage = args.set_storage or StorageSettings().storage
+    if "://" not in storage and not Path(storage).exists():  # stopped before the study opened
+        return f"{how} before anything was stored; the same command starts the search again"
     return (
         f"{how}: the trials that finished are stored in {storage}; the same command resumes "
         "the search (--new-study starts it afresh)"
