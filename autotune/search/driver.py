@@ -29,6 +29,7 @@ from autotune.runner.workload import (
 )
 from autotune.search.memory_model import budget_scope, start_prior
 from autotune.search.probe import (
+    batch_source_note,
     check_batches,
     check_dataset_size,
     check_optimizer,
@@ -204,7 +205,7 @@ def _check_split(global_batch_size: int | None, devices: int, source: str) -> No
     if global_batch_size is None or global_batch_size % devices == 0:
         return
     larger = (global_batch_size // devices + 1) * devices
-    given = "" if source == "given" else f" ({source.split(':')[0]})"
+    given = batch_source_note(source)
     raise ConfigError(
         f"global batch {global_batch_size}{given} does not split evenly over {devices} devices: "
         f"use a multiple of {devices} (such as {larger}) with --global-batch-size, or --devices "

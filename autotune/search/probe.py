@@ -659,12 +659,18 @@ def check_dataset_size(workload: WorkloadSpec, global_batch_size: int | None, so
         return
     if size is None or global_batch_size is None or size >= global_batch_size:
         return
-    given = "" if source == "given" else f" ({source.split(':')[0]})"
+    given = batch_source_note(source)
     raise WorkloadError(
         f"the dataset holds {size} samples, fewer than one global batch of {global_batch_size}"
         f"{given}: no step could be made of an epoch; use --global-batch-size {size} or less, "
         "or a larger dataset"
     )
+
+
+def batch_source_note(source: str) -> str:
+    """Where a global batch not given by flag came from, for an error about it (" (default
+    32)", " (mymodel autotune_global_batch_size)"); "" for one given."""
+    return "" if source == "given" else f" ({source.split(':')[0]})"
 
 
 def _meta_optimizer(workload: WorkloadSpec) -> Any:
