@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -285,19 +286,11 @@ def test_a_search_whose_output_fails_at_its_end_still_prints_its_result(
 ) -> None:
     # --out could be written when the search began, and not when it ended (here: its folder
     # became a file; a disk that filled): the result was lost to "[Errno 2] ..." alone
-    import shutil
-
     import autotune.cli as cli
     from tests.test_export import _recommendation
 
     runs = tmp_path / "runs"
-
-    def search_that_loses_the_folder(*args: object, **kwargs: object) -> object:
-        shutil.rmtree(runs)
-        runs.write_text("")
-        return _recommendation({})
-
-    monkeypatch.setattr(cli, "tune", search_that_loses_the_folder)
+    monkeypatch.setattr(cli, "tune", _losing_the_folder(runs, _recommendation({})))
     argv = ["search", "--model", "tests.fixtures.models:Small", "--global-batch-size", "32"]
     argv += ["--storage", str(tmp_path / "s.db"), "--out", str(runs / "best.yaml")]
     assert exit_code(argv) == 2
@@ -309,24 +302,30 @@ def test_a_search_whose_output_fails_at_its_end_still_prints_its_result(
     assert "`autotune export`" in line
 
 
+def _losing_the_folder(folder: Path, result: object) -> Callable[..., object]:
+    """A search or trial that returns ``result`` after ``folder`` became a file: the output
+    checked writable before it started cannot be written at its end."""
+    import shutil
+
+    def run(*args: object, **kwargs: object) -> object:
+        shutil.rmtree(folder)
+        folder.write_text("")
+        return result
+
+    return run
+
+
 def test_a_trial_whose_output_fails_at_its_end_still_prints_its_result(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shutil
-
     import autotune.cli as cli
     from autotune.config import make_config
     from autotune.result import TrialResult
 
     runs = tmp_path / "runs"
-
-    def trial_that_loses_the_folder(*args: object, **kwargs: object) -> TrialResult:
-        shutil.rmtree(runs)
-        runs.write_text("")
-        config = make_config({"global_batch_size": 8, "device": "cpu"})
-        return TrialResult(config=config, status="error", message="rank 0: it broke")
-
-    monkeypatch.setattr(cli, "run_trial", trial_that_loses_the_folder)
+    config = make_config({"global_batch_size": 8, "device": "cpu"})
+    broke = TrialResult(config=config, status="error", message="rank 0: it broke")
+    monkeypatch.setattr(cli, "run_trial", _losing_the_folder(runs, broke))
     argv = ["trial", "--model", "tests.fixtures.models:Small", "--global-batch-size", "8"]
     assert exit_code([*argv, "--device", "cpu", "--out", str(runs / "r.json")]) == 2
     shown = capsys.readouterr()
