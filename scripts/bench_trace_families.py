@@ -27,7 +27,8 @@ from pathlib import Path
 
 from autotune.bench.memory_prediction import machine
 from autotune.bench.traced_step import as_row, check
-from autotune.runner.workload import WorkloadSpec, put_on_path, resolve_reference
+from autotune.runner.references import resolve_reference
+from autotune.runner.workload import WorkloadSpec, put_on_path
 
 
 def main() -> None:

@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from autotune.runner import compile_state
+from autotune.runner.references import resolve_reference
 from autotune.runner.workload import (
     WorkloadSpec,
     load_dataset,
     load_loss,
     load_model,
     put_on_path,
-    resolve_reference,
 )
 
 SAMPLE_INTERVAL_S = 0.02

@@ -7,13 +7,10 @@ into a live model, dataset and loss. The lookup rules are documented in README.m
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +19,7 @@ from autotune.errors import WorkloadError, error_line
 from autotune.runner.compile_state import compiled_module
 from autotune.runner.loss import default_loss
 from autotune.runner.optimizer import MODEL_ARGUMENTS, takes_model
+from autotune.runner.references import call_factory, resolve_reference
 
 DATASET_ATTRIBUTE = "autotune_dataset"
 """Name of the dataset (or factory) a model's module may expose when no --data is given."""
@@ -100,138 +98,6 @@ def parameter_dtype(model: Any) -> str | None:
     floating = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
     floating &= {"float64", "float32", "bfloat16", "float16"}
     return floating.pop() if len(floating) == 1 else None
-
-
-def _split_reference(reference: str, what: str) -> tuple[str, str]:
-    location, sep, attribute = reference.rpartition(":")
-    if not sep or not location or not attribute:
-        raise WorkloadError(
-            f"{what} {reference!r} must look like 'package.module:Name' or 'path/to/file.py:Name'"
-        )
-    return location, attribute
-
-
-def import_location(location: str, what: str) -> Any:
-    """Import a module given as a dotted name or as a path to a .py file; a file's directory
-    goes first on ``sys.path``, as ``python file.py`` puts it, so that the modules beside it
-    import."""
-    if location.endswith(".py") or "/" in location:
-        path = Path(location).expanduser().resolve()
-        if not path.is_file():
-            raise WorkloadError(f"{what}: file {location!r} does not exist")
-        if (packaged := _import_packaged(path, what, location)) is not None:
-            return packaged
-        name = "autotune_user_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_")
-        if name in sys.modules:
-            return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise WorkloadError(f"{what}: {location!r} is not a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        if str(path.parent) not in sys.path:  # its siblings import, as under `python file.py`
-            sys.path.insert(0, str(path.parent))
-        try:
-            spec.loader.exec_module(module)
-        except Exception as error:
-            del sys.modules[name]
-            raise WorkloadError(
-                f"{what}: importing {location!r} raised {type(error).__name__}: {error}"
-            ) from error
-        return module
-    return _import_module(location, what)
-
-
-def _import_packaged(path: Path, what: str, location: str) -> Any:
-    """The module of a file inside a package (its directory holds ``__init__.py``), imported
-    by its dotted name from the directory above the outermost package, as ``python -m`` would:
-    so that its relative imports (``from .layers import Block``) work. None for a file outside
-    any package, or one whose dotted name imports another file (an installed package of that
-    name): it is then loaded by itself."""
-    parts = [] if path.name == "__init__.py" else [path.stem]
-    root = path.parent
-    while (root / "__init__.py").is_file():
-        parts.insert(0, root.name)
-        root = root.parent
-    if len(parts) < 2 or not all(part.isidentifier() for part in parts):
-        return None
-    for directory in (str(path.parent), str(root)):  # siblings import too, as beside a script
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-    top = importlib.util.find_spec(parts[0])
-    if top is None or top.origin is None or Path(top.origin).resolve().parent != root / parts[0]:
-        return None  # that name is another package's
-    return _import_module(".".join(parts), what, location)
-
-
-def _import_module(name: str, what: str, location: str | None = None) -> Any:
-    """``importlib.import_module(name)``, its failures as one-line ``WorkloadError``s naming
-    ``location`` (the name as given)."""
-    location = location or name
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name and location.startswith(error.name):
-            raise WorkloadError(
-                f"{what}: no module named {location!r} (is it installed or on PYTHONPATH?)"
-            ) from None
-        raise WorkloadError(
-            f"{what}: importing {location!r} raised ModuleNotFoundError: {error}"
-        ) from error
-    except Exception as error:
-        raise WorkloadError(
-            f"{what}: importing {location!r} raised {type(error).__name__}: {error}"
-        ) from error
-
-
-def resolve_reference(reference: str, what: str) -> tuple[Any, Any]:
-    """Return (module, attribute) for 'module:attr' (attr may be dotted)."""
-    location, attribute = _split_reference(reference, what)
-    module = import_location(location, what)
-    value: Any = module
-    for part in attribute.split("."):
-        if not hasattr(value, part):
-            raise WorkloadError(
-                f"{what}: module {location!r} has no attribute {attribute!r}"
-                + _candidates(module, part)
-            )
-        value = getattr(value, part)
-    return module, value
-
-
-def _candidates(module: Any, missing: str) -> str:
-    """What ``module`` offers in place of ``missing``, from the names it exports (``__all__``;
-    else those it defines itself): the close ones where there are any, else the first dozen."""
-    import difflib
-
-    exported = getattr(module, "__all__", None)
-    names = sorted(
-        exported
-        if isinstance(exported, (list, tuple))
-        else (
-            n
-            for n, v in vars(module).items()
-            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
-        )
-    )
-    lowered = {n.lower(): n for n in names}  # "adamw" is AdamW before it is Adam
-    close = [lowered[n] for n in difflib.get_close_matches(missing.lower(), lowered, n=3)]
-    if close:
-        return "; did you mean " + " or ".join(repr(n) for n in close) + "?"
-    if not names:
-        return ""
-    return "; it defines: " + ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-
-
-def _call_factory(factory: Any, reference: str, what: str, *args: Any) -> Any:
-    try:
-        return factory(*args)
-    except WorkloadError:
-        raise
-    except Exception as error:
-        raise WorkloadError(
-            f"{what} {reference!r} could not be built: {type(error).__name__}: {error}"
-        ) from error
 
 
 def _check_model_target(target: Any, reference: str) -> None:
@@ -333,7 +199,7 @@ def load_model(reference: str) -> tuple[Any, Any]:
 
     module, target = resolve_reference(reference, "--model")
     _check_model_target(target, reference)
-    model = target if isinstance(target, nn.Module) else _call_factory(target, reference, "--model")
+    model = target if isinstance(target, nn.Module) else call_factory(target, reference, "--model")
     if not isinstance(model, nn.Module):
         raise WorkloadError(
             f"--model {reference!r} returned a {type(model).__name__}, expected a torch.nn.Module"
@@ -365,7 +231,7 @@ def _instantiate_dataset(
     dataset, note = source, ""
     if not isinstance(source, Dataset) and callable(source):
         wants_model = _takes_one_argument(source)
-        dataset = _call_factory(source, reference, what, *((model,) if wants_model else ()))
+        dataset = call_factory(source, reference, what, *((model,) if wants_model else ()))
     if is_data_module(dataset):  # a LightningDataModule: the dataset its loader trains on
         dataset, note = train_dataset(dataset, f"{what} {reference!r}", collate_given())
     if isinstance(dataset, IterableDataset):
@@ -578,7 +444,7 @@ class _CheckedOptimizer:
 
         reference = self.reference
         try:
-            optimizer = _call_factory(self.factory, reference, "optimizer", given)
+            optimizer = call_factory(self.factory, reference, "optimizer", given)
         except WorkloadError as error:
             if self.takes_model or "'generator' object" not in str(error):
                 raise

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.runner.workload import resolve_reference
+from autotune.runner.references import resolve_reference
 from autotune.search.storage import OWNER_ATTR, abandoned
 
 ATTR_PREFIX = "autotune:"
