@@ -15,6 +15,7 @@ from typing import Any
 from autotune.errors import ConfigError
 from autotune.runner.references import resolve_reference
 from autotune.search.storage import OWNER_ATTR, abandoned
+from autotune.units import format_bytes
 
 ATTR_PREFIX = "autotune:"
 
@@ -44,15 +45,10 @@ def open_study(
         # None: another driver created the study a moment ago and has not stored it yet
         if new_study or (stored is not None and stored != fingerprint):
             if not new_study:
-                changed = sorted(
-                    k
-                    for k in set(fingerprint) | set(stored or {})
-                    if (stored or {}).get(k) != fingerprint.get(k)
-                )
                 raise ConfigError(
                     f"study {name!r} in this storage was made with a different "
-                    f"{', '.join(changed)}; pass --new-study to start a new study, or "
-                    "--study-name to pick another name"
+                    f"{changes(stored or {}, fingerprint)}; pass --new-study to start a new "
+                    "study, or --study-name to pick another name"
                 )
             suffix = 2
             while f"{name}-{suffix}" in names:
@@ -68,6 +64,32 @@ def open_study(
     study.set_user_attr(ATTR_PREFIX + "fingerprint", fingerprint)
     study.set_metric_names(["samples_per_s"])  # what optuna-dashboard labels the value
     return study, name, requeue_abandoned(study)
+
+
+HASHED = {
+    "platform": "machine or library versions",
+    "model": "model source",
+    "space": "search space",
+}
+"""Fingerprint entries stored as hashes, by what a change of one means."""
+
+
+def changes(stored: dict[str, Any], given: dict[str, Any]) -> str:
+    """What differs between a stored study's fingerprint and this command's, each with the
+    stored value and the new one ("memory_budget_bytes 4.0 GiB, now 7.5 GiB")."""
+
+    def shown(key: str, value: Any) -> str:
+        if value is None:
+            return "none"
+        return format_bytes(value) if key.endswith("_bytes") else str(value)
+
+    return ", ".join(
+        HASHED[k]
+        if k in HASHED
+        else f"{k} ({shown(k, stored.get(k))}, now {shown(k, given.get(k))})"
+        for k in sorted(set(stored) | set(given))
+        if stored.get(k) != given.get(k)
+    )
 
 
 def ask_fixed(study: Any, params: dict[str, Any], held: dict[str, Any] | None = None) -> Any:

@@ -19,7 +19,7 @@ import torch.nn as nn
 parser = argparse.ArgumentParser()
 parser.add_argument("--hidden", type=int, {default})
 args = parser.parse_args()
-SEEN = list(__import__("sys").argv)
+seen_argv = list(__import__("sys").argv)
 
 
 class Net(nn.Module):
@@ -50,7 +50,7 @@ def test_a_module_parsing_its_command_line_at_import_takes_its_defaults(
     location = f"{tmp_path}/{name}.py" if form == "file" else name
     module, model = load_model(f"{location}:Net")
     assert model.layer.out_features == 7
-    assert module.SEEN == [str(tmp_path / f"{name}.py") if form == "file" else name]
+    assert module.seen_argv == [str(tmp_path / f"{name}.py") if form == "file" else name]
     _, factory_built = load_model(f"{location}:make")
     assert factory_built.out_features == 7
     assert sys.argv == TOOL_ARGV  # given back after

@@ -62,8 +62,14 @@ def test_a_bad_storage_url_is_one_line() -> None:
 def test_a_fingerprint_mismatch_is_refused_unless_forced(tmp_path: Path) -> None:
     storage = open_storage(str(tmp_path / "s.db"))
     open_study(storage, "s", {"model": "a", "devices": 2}, new_study=False)
-    with pytest.raises(ConfigError, match="different model; pass --new-study"):
+    with pytest.raises(ConfigError, match="different model source; pass --new-study"):
         open_study(storage, "s", {"model": "b", "devices": 2}, new_study=False)
+    # a changed value is named with the stored one and the new one
+    with pytest.raises(ConfigError) as raised:
+        open_study(storage, "s", {"model": "a", "devices": 4, "memory_budget_bytes": 2**31}, False)
+    assert "different devices (2, now 4), memory_budget_bytes (none, now 2.0 GiB);" in str(
+        raised.value
+    )
     _, name, _ = open_study(storage, "s", {"model": "b", "devices": 2}, new_study=True)
     assert name == "s-2"
     _, same, _ = open_study(storage, "s", {"model": "a", "devices": 2}, new_study=False)
@@ -309,7 +315,7 @@ def test_a_study_another_driver_just_created_is_joined_not_refused(tmp_path: Pat
     optuna.create_study(study_name="team", storage=storage)  # its fingerprint not stored yet
     _, name, _ = open_study(storage, "team", {"model": "a"}, new_study=False)
     assert name == "team"
-    with pytest.raises(ConfigError, match="different model"):  # once stored, it is checked
+    with pytest.raises(ConfigError, match="different model source"):  # once stored, it is checked
         open_study(storage, "team", {"model": "b"}, new_study=False)
 
 
