@@ -142,8 +142,10 @@ def _fake_copy(model: Any, mode: Any) -> None:
         return mode.from_tensor(tensor)
 
     fakes = _fake_tensor_class()
-    if all(isinstance(p, fakes) or is_lazy(p) for p in model.parameters()):
+    if all((not p.is_meta and isinstance(p, fakes)) or is_lazy(p) for p in model.parameters()):
         return  # built under the fake mode: its buffers are as the constructor made them
+    # else an instance built before, or a factory that builds on the meta device itself (as
+    # a large model's is written: ``with torch.device("meta")``), whose fakes are on it
     for sub in model.modules():
         for name, p in list(sub.named_parameters(recurse=False)):
             if not is_lazy(p):

@@ -36,7 +36,7 @@ from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, prepare
 from autotune.runner.training import OPTIMIZER_STEP
 from autotune.runner.window import AFTER_FASTER, STEP_PHASES, Decision, Window, warmup_phase
-from autotune.runner.workload import WorkloadCache, build_workload
+from autotune.runner.workload import BUILDING, WorkloadCache, build_workload
 
 
 class Progress:
@@ -221,7 +221,7 @@ def _measure(
 
     compiling = config.compile != "off"  # dynamo's import costs ~1 s: only when compiling
     graphs_before = compiled_graphs() if compiling else 0
-    progress("building the workload")
+    progress(BUILDING)
     release_earlier_trials(device)  # what earlier trials held must not count in this one's peak
     allocator = apply_expandable_segments(config.expandable_segments)  # every trial: reused ranks
     torch.manual_seed(options.seed)

@@ -21,6 +21,10 @@ from autotune.runner.loss import default_loss
 from autotune.runner.optimizer import MODEL_ARGUMENTS, takes_model
 from autotune.runner.references import call_factory, resolve_reference
 
+BUILDING = "building the workload"
+"""A rank's stage that builds the model, its data and loss: a failure there is the model's,
+whatever the configuration (none is applied yet)."""
+
 DATASET_ATTRIBUTE = "autotune_dataset"
 """Name of the dataset (or factory) a model's module may expose when no --data is given."""
 
@@ -207,6 +211,24 @@ def load_model(reference: str) -> tuple[Any, Any]:
     # compiled by its factory: the module it wraps, so that the config's compile decides
     model = compiled_module(model) or model
     return module, trained_as(model)
+
+
+def check_materialised(model: Any, reference: str) -> None:
+    """Refuse a model whose factory built it on the meta device itself (``with
+    torch.device("meta")``, as a large model's is written to be initialised after sharding):
+    its tensors hold no values to train, and every trial would fail as it moved them."""
+    from torch.nn.parameter import is_lazy
+
+    held = [*model.named_parameters(), *model.named_buffers()]
+    meta = [name for name, t in held if t.is_meta and not is_lazy(t)]
+    if meta:
+        shown = ", ".join(meta[:3]) + (f" and {len(meta) - 3} more" if len(meta) > 3 else "")
+        raise WorkloadError(
+            f"--model {reference!r} builds its tensors on the meta device ({shown}), where "
+            "they hold no values to train: give a factory that materialises them "
+            '(model.to_empty(device="cpu"), then its initialisation: reset_parameters(), '
+            "init_weights()); `autotune plan` predicts its memory as it is"
+        )
 
 
 def model_optimizer(model: Any) -> OptimizerFactory | None:
@@ -523,6 +545,7 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     """Import and build everything ``spec`` names; raises WorkloadError with one clear line."""
     put_on_path(spec)
     model_module, model = load_model(spec.model)
+    check_materialised(model, spec.model)
     dataset, data_source = load_dataset(spec, model_module, model)
     if hasattr(dataset, "__len__") and len(dataset) == 0:
         raise WorkloadError(f"the dataset from {data_source} is empty")

@@ -53,8 +53,8 @@ class MemoryGate:
         prediction = self.model.predict(config)
         if self.model.trace_error is not None and not failed_before:
             self.say(
-                f"memory: the model could not be traced under fake tensors "
-                f"({self.model.trace_error}); predicting by a fit over measured trials"
+                f"memory: the model could not be traced under fake tensors: "
+                f"{self.model.trace_error}; predicting by a fit over measured trials instead"
             )
         if self.model.assumption is not None and not assumed_before:
             self.say(f"memory: {self.model.assumption}")

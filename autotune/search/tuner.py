@@ -30,7 +30,7 @@ from autotune.runner.executor import Executor, PlacementError, run_to_end
 from autotune.runner.fake_memory import MODEL_AT_FAULT
 from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
-from autotune.runner.workload import WorkloadSpec
+from autotune.runner.workload import BUILDING, WorkloadSpec
 from autotune.search import race
 from autotune.search.evidence import finalists, recommend, simplicity_reference
 from autotune.search.lessons import (
@@ -249,15 +249,23 @@ class Tuner:
 
     def _stop_if_the_step_fails(self, baseline: TrialRecord) -> None:
         """Stop the search when the baseline diverged (a loss not finite: every comparison with
-        it would be void), or failed with the error the traced step raised before any trial
-        (one device, fp32): the step itself fails (the optimizer refuses the model's sparse
-        gradients, say), not a configuration, and every trial would too."""
+        it would be void), failed as its ranks built the model (before any configuration was
+        applied), or failed with the error the traced step raised before any trial (one device,
+        fp32): the step itself fails (the optimizer refuses the model's sparse gradients, say),
+        not a configuration, and every trial would too."""
         if baseline.status == "error" and baseline.message.endswith(DIVERGES):
             cause = baseline.message.removesuffix(f": {DIVERGES}")
             raise SearchError(
                 f"the model does not train as given: the baseline (trial {baseline.number}, "
                 f"nothing tuned yet) diverged, {cause}; fix the model, data or loss (--loss) "
                 "and search again"
+            )
+        if baseline.status == "error" and f"{BUILDING}: " in baseline.message:
+            cause = baseline.message.split(f"{BUILDING}: ", 1)[1]
+            raise SearchError(
+                f"the model does not build in a trial's ranks: {cause} (the baseline, trial "
+                f"{baseline.number}, before any configuration was applied); fix it and search "
+                "again"
             )
         traced = self.gate.trace_error
         if baseline.status != "error" or not traced or not baseline.message:

@@ -117,6 +117,14 @@ def test_a_model_whose_constructor_reads_its_values_is_built_on_meta_and_traced(
     assert traced.total_bytes == pytest.approx(real, rel=0.01)
 
 
+def test_a_model_its_factory_builds_on_the_meta_device_is_traced_as_built_for_real() -> None:
+    # Its fakes were on the meta device: the step's move to the CPU failed ("_apply(): Couldn't
+    # swap Linear.weight") and `autotune plan` fell back, for the very models built that way
+    # because they do not fit the machine that plans them.
+    on_meta = trace_step(WorkloadSpec(model="tests.fixtures.traced:stack_on_meta"), 8)
+    assert on_meta == trace_step(STACK, 8)
+
+
 def test_a_custom_function_running_modules_on_views_of_its_input_is_traced() -> None:
     # Reformer's reversible layers stopped the trace ("Expected gradient function to be set"):
     # the memory tracker hooks every module's inputs' gradients, and a view made inside a

@@ -347,3 +347,16 @@ def test_a_model_that_cannot_be_deep_copied_is_built_again_for_each_trial() -> N
     first, second = cache.get(spec), cache.get(spec)
     assert first.model is not second.model and first.model.lock is not second.model.lock
     assert first.dataset is second.dataset
+
+
+def test_a_model_its_factory_builds_on_the_meta_device_is_refused_where_ranks_build_it() -> None:
+    # Every trial failed as it moved the model ("Cannot copy out of meta tensor"), said as a
+    # configuration's failure.
+    with pytest.raises(WorkloadError) as raised:
+        build_workload(WorkloadSpec(model="tests.fixtures.traced:stack_on_meta"))
+    message = str(raised.value)
+    assert message.startswith(
+        "--model 'tests.fixtures.traced:stack_on_meta' builds its tensors on the meta device "
+        "(blocks.0.0.weight, blocks.0.0.bias, blocks.0.2.weight and 13 more)"
+    )
+    assert "to_empty" in message and "autotune plan" in message and "\n" not in message

@@ -17,7 +17,7 @@ from autotune.records import TrialRecord
 from autotune.report import format_recommendation, format_study
 from autotune.result import TrialResult
 from autotune.runner.request import TrialOptions
-from autotune.runner.workload import WorkloadSpec
+from autotune.runner.workload import BUILDING, WorkloadSpec
 from autotune.search import race
 from autotune.search.lessons import failing_values
 from autotune.search.proposer import Proposal
@@ -199,6 +199,21 @@ def test_a_search_whose_trials_all_fail_alike_stops_after_three(modes: list[str]
     assert str(e.value).count("OSError: no data") == 1 and "Caught" not in str(e.value)
     assert {r.config.parallel for r in executor.runs} == set(modes)
     assert len(executor.runs) < 12
+
+
+def test_a_baseline_whose_ranks_cannot_build_the_model_stops_the_search() -> None:
+    # A factory that builds on the meta device failed as each rank built it: three trials and
+    # the standard recipe ran before the search stopped, though no configuration was applied.
+    why = "--model 'm:make' builds its tensors on the meta device (a.weight)"
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        return failed(config, "error", f"rank 0: {BUILDING}: {why}")
+
+    executor = FakeExecutor(outcome)
+    with pytest.raises(SearchError) as raised:
+        make_tuner(executor, SPACE, trials=6).run([], "s.db", "s")
+    assert str(raised.value).startswith(f"the model does not build in a trial's ranks: {why} (")
+    assert len(executor.runs) == 1
 
 
 def test_the_fix_the_ranks_named_is_said_whole_when_the_search_stops() -> None:
