@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -114,6 +115,16 @@ def error_line(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {text}"[:limit]
 
 
+def closest(name: str, known: Iterable[str], listed: str = "known fields") -> str:
+    """What was meant by the unknown ``name``: the close one of ``known`` ("did you mean
+    'parallel'?"), else all of them."""
+    import difflib
+
+    known = list(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"{listed}: {', '.join(known)}"
+
+
 def describe_validation_error(
     error: ValidationError, source: str, model: type[BaseModel], flat: bool = False
 ) -> str:
@@ -128,8 +139,7 @@ def describe_validation_error(
         field = ".".join(str(p) for p in loc)
         msg = str(item["msg"]).removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            known = ", ".join(model.model_fields)
-            msg = f"unknown field {field!r}; known fields: {known}"
+            msg = f"unknown field {field!r}; " + closest(str(loc[-1]), model.model_fields)
         elif item["type"] == "missing":
             msg = f"missing required field {field!r}"
         elif field:

@@ -82,6 +82,10 @@ def test_config_is_frozen() -> None:
         ({"global_batch_size": 8, "amp": "fp8"}, "amp='fp8'"),
         ({"global_batch_size": 8, "checkpoint_segments": -1}, "checkpoint_segments=-1"),
         ({"global_batch_size": 8, "amp_mode": "bf16"}, "unknown field 'amp_mode'; known fields:"),
+        (
+            {"global_batch_size": 8, "paralel": "ddp"},
+            "unknown field 'paralel'; did you mean 'parallel'?",
+        ),
         ({}, "missing required field 'global_batch_size'"),
     ],
 )

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotune.config import TrainConfig, field_value
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, closest
 from autotune.records import Value
 
 MAX_RANGE_CHOICES = 1000
@@ -62,7 +62,7 @@ class SearchSpace(BaseModel):
         seen: list[str] = []
         for name, param in self.params.items():
             if name not in fields:
-                raise ValueError(f"unknown knob {name!r}; knobs: {', '.join(fields)}")
+                raise ValueError(f"unknown knob {name!r}; {closest(name, fields, 'knobs')}")
             if name in ("global_batch_size", "max_grad_norm"):
                 raise ValueError(f"{name} is training semantics and is never searched")
             for ref in (*param.when, *param.when_not):

@@ -242,7 +242,7 @@ def test_trial_option_errors_list_the_trial_options_fields() -> None:
     from autotune.api import as_options
 
     with pytest.raises(ConfigError) as error:
-        as_options(None, {"warmup": 3})
+        as_options(None, {"warm": 3})
     assert "known fields: warmup_steps, measured_steps" in str(error.value)
     assert "global_batch_size" not in str(error.value)  # not TrainConfig's fields
 

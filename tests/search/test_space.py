@@ -30,7 +30,8 @@ def test_default_space_covers_every_searchable_knob() -> None:
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        ({"amp_mode": ["off"]}, "unknown knob 'amp_mode'"),
+        ({"amp_mode": ["off"]}, "unknown knob 'amp_mode'; knobs: global_batch_size,"),
+        ({"paralel": ["ddp"]}, "unknown knob 'paralel'; did you mean 'parallel'?"),
         ({"amp": []}, "amp: empty choice list"),
         ({"grad_accum_steps": {"range": [8, 1]}}, "range [8, 1] is impossible"),
         ({"amp": {"choices": ["off"], "sometimes": True}}, "unknown key; allowed: choices"),
