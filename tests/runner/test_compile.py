@@ -134,6 +134,7 @@ def test_a_rank_that_compiled_before_says_so_beside_its_compile_time() -> None:
     assert reports[1].compiled_before
 
 
+@pytest.mark.slow
 def test_a_compiled_backward_failing_on_a_tensor_written_after_a_graph_break_says_why() -> None:
     # MoCo under torch.compile: int(self.queue_ptr) breaks the graph before the queue is
     # written, and the graph before the break keeps the queue itself for backward (not the

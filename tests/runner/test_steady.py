@@ -28,5 +28,7 @@ def test_a_step_whose_memory_fills_is_not_steady_until_warm_up_outlasts_the_fill
     assert drift is not None and drift >= 1.5, said
     assert "not steady    step time rose" in said and "raise --warmup-steps" in said
     drift, said = _trial(warmup_steps=filling + 8)
-    assert drift is None, said
-    assert "not steady" not in said
+    # no rise left; a fall is this machine's own noise (a CI run on a 2-core box measured
+    # "fell to 0.71x" here, its steps spread 47%), not the memory's filling
+    assert drift is None or drift < 1.0, said
+    assert "step time rose" not in said

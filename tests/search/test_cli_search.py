@@ -146,7 +146,11 @@ def test_killed_search_resumes_without_losing_or_rerunning_trials(
     assert "Which knobs mattered" in page
 
 
-@pytest.mark.parametrize("group", [False, True], ids=["driver", "every process"])
+@pytest.mark.parametrize(
+    "group",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # the default run keeps one (~40 s each)
+    ids=["driver", "every process"],
+)
 def test_a_search_stopped_by_sigterm_says_so_and_keeps_its_trials(
     tmp_path: Path, group: bool
 ) -> None:
