@@ -8,6 +8,7 @@
     batches = training.batches()
     for step in range(num_steps):
         stats = training.step(batches)   # grad_accum_steps micro-batches, one optimizer step
+    state = training.state_dict()        # every rank; rank 0's is your model's own, full
     training.close()                     # leave the process group before the process exits
 
 This module re-exports the trial runner's own session code (``autotune.runner.session``) and

@@ -98,3 +98,91 @@ def test_apply_gives_a_lazy_model_its_shapes_before_ddp_wraps_it() -> None:
     losses = [training.step(batches).loss for _ in range(2)]
     assert all(loss == loss for loss in losses)  # finite, not NaN
     training.close()
+
+
+def _checkpointing_rank(rank: int, store_path: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import TensorDataset
+
+    from autotune.apply import prepare
+    from autotune.config import TrainConfig
+    from autotune.runner.session import leave_process_group
+    from tests.fixtures.traced import Stack
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=2, checkpoint_segments=2, device="cpu"
+    )
+    data = TensorDataset(torch.randn(64, 256), torch.randn(64, 256))
+    torch.manual_seed(0)
+    training = prepare(config, Stack(), data)
+    batches = training.batches()
+    for _ in range(2):
+        training.step(batches)
+    state = training.state_dict()  # a collective: every rank
+    torch.manual_seed(1)  # other weights, a fresh optimizer
+    resumed = prepare(config, Stack(), data)
+    resumed.load_state_dict(state)
+    if rank == 0:
+        torch.save({"state": state, "again": resumed.state_dict()}, out)
+    else:
+        resumed.state_dict()
+    leave_process_group()
+
+
+def _equal(one: dict, other: dict) -> bool:
+    import torch
+
+    return one.keys() == other.keys() and all(
+        _equal(a, other[k]) if isinstance(a, dict) else torch.equal(a, other[k])
+        for k, a in one.items()
+        if isinstance(a, (dict, torch.Tensor))
+    )
+
+
+def test_a_checkpoint_of_fsdp_training_loads_into_the_plain_model_and_resumes(
+    tmp_path: Path,
+) -> None:
+    # training.model.state_dict() held DTensor shards under FSDP, keys under DDP's "module."
+    # and compile's "_orig_mod.": nothing a user's own model loads.
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from autotune.apply import prepare
+    from autotune.config import TrainConfig
+    from tests.fixtures.traced import Stack
+    from tests.helpers import on_two_gloo_ranks
+
+    result = on_two_gloo_ranks(_checkpointing_rank, tmp_path)
+    state, again = result["state"], result["again"]
+    assert sorted(state) == ["model", "optimizer"]
+    plain = Stack()
+    plain.load_state_dict(state["model"])  # keys and full tensors as the model's own
+    assert all(type(t) is torch.Tensor for t in state["model"].values())
+    assert _equal(state["model"], again["model"])  # resumed on two ranks, sharded again
+    assert _equal(state["optimizer"]["state"], again["optimizer"]["state"])
+    # and resumed under another configuration: one process, compiled, fp16 with its scaler
+    config = TrainConfig(global_batch_size=8, compile="default", amp="fp16", device="cpu")
+    data = TensorDataset(torch.randn(64, 256), torch.randn(64, 256))
+    single = prepare(config, Stack(), data)
+    single.load_state_dict(state)
+    mine = single.state_dict()
+    assert _equal(state["model"], mine["model"]) and "scaler" in mine
+    assert _equal(state["optimizer"]["state"], mine["optimizer"]["state"])
+    single.close()
+
+
+def test_a_lightning_modules_checkpoint_has_its_own_keys() -> None:
+    from autotune.apply import prepare
+    from autotune.config import TrainConfig
+    from tests.fixtures.lit import Classifier, autotune_dataset
+
+    config = TrainConfig(global_batch_size=8, device="cpu")
+    training = prepare(config, Classifier(), autotune_dataset(None))
+    training.step(training.batches())
+    state = training.state_dict()
+    assert sorted(state["model"]) == sorted(Classifier().state_dict())
+    assert state["optimizer"]["param_groups"][0]["params"][0] == "net.0.weight"
+    training.load_state_dict(state)  # its prefix put back
+    training.close()

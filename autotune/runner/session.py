@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from autotune.config import TrainConfig
 from autotune.runner.blocks import may_loop
 from autotune.runner.lazy_modules import first_batch, materialize_from_data
-from autotune.runner.lightning import trained_as
+from autotune.runner.lightning import LightningStep, trained_as
 from autotune.runner.loss import default_loss
 from autotune.runner.memory import child_pids
 from autotune.runner.optimizer import chosen_optimizer, with_implementation
@@ -190,6 +190,57 @@ class Training:
         """One optimizer step: ``grad_accum_steps`` micro-batches from ``batches``."""
         return self.runner.run(batches)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds, as your own model and optimizer would hold it whatever
+        the configuration wrapped: ``{"model": ..., "optimizer": ...}`` (and ``"scaler"``
+        under fp16), full tensors on the CPU, the model's keys without DDP's ``module.``,
+        ``torch.compile``'s ``_orig_mod.`` or checkpointing's wrapper, FSDP's shards gathered.
+        A collective under a process group: call it on every rank; rank 0 gets the state, the
+        others empty dicts (save it from rank 0). ``state["model"]`` loads into the plain model
+        (``Net().load_state_dict``); ``load_state_dict`` takes the whole back, under this
+        configuration or another (a resume on more devices)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer, options=_full_state())
+        state = {
+            "model": _own_names(model, self._prefix, ""),
+            "optimizer": _optimizer_names(optimizer, self._prefix, ""),
+        }
+        if self.runner.scaler is not None:
+            state["scaler"] = self.runner.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` gave into the model and optimizer as this configuration
+        holds them. On every rank; rank 0's ``state`` is the one loaded (``torch.load`` of the
+        saved file there; the other ranks may pass the same or anything, ``{}``), its tensors
+        broadcast and sharded as this configuration shards them."""
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        ranked = dist.is_initialized()
+        scaler = [state.get("scaler")]
+        if ranked:  # the scale too, or the ranks would scale their gradients apart
+            dist.broadcast_object_list(scaler, src=0)
+            if self.rank != 0:
+                state = {"model": {}, "optimizer": {}}
+        # apart: set_state_dict takes an empty model state (the other ranks') as none to load
+        options = _full_state(broadcast=ranked)
+        model = _own_names(state["model"], "", self._prefix)
+        set_model_state_dict(self.model, model, options=options)
+        optimizer = _optimizer_names(state["optimizer"], "", self._prefix)
+        set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
+        if self.runner.scaler is not None and scaler[0]:
+            self.runner.scaler.load_state_dict(scaler[0])
+
+    @property
+    def _prefix(self) -> str:
+        """The wrapper of a LightningModule (``LightningStep``) holds it as ``module``: the
+        prefix its keys carry that the LightningModule's own do not."""
+        return "module." if any(isinstance(m, LightningStep) for m in self.model.modules()) else ""
+
     def close(self) -> None:
         """Leave the process group ``prepare`` joined (one it found is left alone). Call it at
         the end of training: a gloo group torn down by interpreter exit can abort a rank
@@ -201,6 +252,28 @@ class Training:
         if self.owns_process_group and dist.is_initialized():
             leave_process_group()
             self.owns_process_group = False
+
+
+def _full_state(broadcast: bool = False) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=broadcast)
+
+
+def _own_names(state: dict[str, Any], drop: str, add: str) -> dict[str, Any]:
+    """``state``'s keys with the prefix ``drop`` taken off and ``add`` put on."""
+    return {add + key.removeprefix(drop): value for key, value in state.items()}
+
+
+def _optimizer_names(state: dict[str, Any], drop: str, add: str) -> dict[str, Any]:
+    """A full optimizer state (``get_state_dict``'s: parameters by name) renamed so."""
+    if not state or (not drop and not add):
+        return state
+    groups = [
+        {**group, "params": [add + name.removeprefix(drop) for name in group["params"]]}
+        for group in state["param_groups"]
+    ]
+    return {"state": _own_names(state["state"], drop, add), "param_groups": groups}
 
 
 def leave_process_group() -> None:
