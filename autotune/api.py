@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from autotune.config import TrainConfig, load_config, make_config
 from autotune.errors import ConfigError, validated
@@ -132,6 +132,7 @@ def run_trial(
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float32",
     options: TrialOptions | None = None,
+    rank_output: TextIO | None = None,
     **option_overrides: Any,
 ) -> TrialResult:
     """Measure one configuration of ``model`` ("pkg.mod:Model" or "file.py:Model", or the
@@ -148,7 +149,9 @@ def run_trial(
     samples of different lengths); without it the model module's ``autotune_collate``, else
     torch's ``default_collate``.
     A mapping without ``global_batch_size`` takes the model module's
-    ``autotune_global_batch_size``.
+    ``autotune_global_batch_size``. ``rank_output`` (a stream: ``sys.stderr``) receives each
+    rank's own output as the trial ends: the model's prints and warnings, a failure's whole
+    traceback, which the result's message gives one line of.
     """
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     check_workload(workload)
@@ -158,7 +161,7 @@ def run_trial(
     check_refusals(chosen, workload.model)
     if chosen.checkpoint_segments:  # more than the model has: one line, before any launch
         check_segments(workload, chosen.checkpoint_segments)
-    return launch(chosen, workload, as_options(options, option_overrides))
+    return launch(chosen, workload, as_options(options, option_overrides), rank_output)
 
 
 def declared_global_batch_size(model: str) -> int:

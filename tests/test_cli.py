@@ -435,3 +435,25 @@ def test_show_names_the_trials_left_running_and_prints_json(
     optuna.create_study(study_name="other", storage=url)
     assert exit_code(["show", "--storage", str(tmp_path / "s.db"), "--json"]) == 2
     assert "holds 2 studies; pick one with --study-name: stopped, other" in capsys.readouterr().err
+
+
+def test_trial_debug_shows_each_ranks_own_output(capsys: pytest.CaptureFixture[str]) -> None:
+    # The ranks' prints and a failure's traceback went with the trial's temporary directory:
+    # a user debugging a model saw one line of the error and none of the prints.
+    argv = ["trial", "--model", "tests.fixtures.models:Chatty", "--global-batch-size", "8"]
+    argv += ["--parallel", "ddp", "--world-size", "2", "--warmup-steps", "1"]
+    argv += ["--measured-steps", "2", "--target-interval", "0", "--json"]
+    assert main(argv) == 0
+    quiet = capsys.readouterr()
+    assert "rank 0's output" not in quiet.err and "forward of" not in quiet.err
+    assert main([*argv, "--debug"]) == 0
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["status"] == "ok"  # stdout stays the result
+    for rank in (0, 1):
+        below = shown.err.split(f"--- rank {rank}'s output (below) ---\n")[1]
+        assert below.startswith("building Chatty\n") or "forward of (4, 8)" in below
+    raising = ["trial", "--model", "tests.fixtures.models:Raising", "--global-batch-size", "8"]
+    assert main([*raising, "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert 'tests/fixtures/models.py", line' in err and "shape mismatch in layer 3" in err

@@ -171,7 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--json", action="store_true", help="Print the plan as JSON.")
     planner.add_argument("--quiet", action="store_true", help="No progress display.")
 
-    for sub in (trial, search, export, report, show, planner):
+    trial.add_argument(
+        "--debug",
+        action="store_true",
+        help="Show tracebacks, and each rank's own output (the model's prints and warnings, a "
+        "failure's whole traceback) as the trial ends.",
+    )
+    for sub in (search, export, report, show, planner):
         sub.add_argument("--debug", action="store_true", help="Show tracebacks.")
     return parser
 
@@ -393,6 +399,7 @@ def _trial(args: argparse.Namespace) -> int:
         collate=args.collate,
         input_shape=args.input_shape,
         input_dtype=args.input_dtype,
+        rank_output=sys.stderr if args.debug else None,
         **options,
     )
     failed: list[str] = []  # --out could not be written after all: said after the result

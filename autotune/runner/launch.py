@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
@@ -109,6 +110,15 @@ class _Ranks:
         self.killed_by_us: set[int] = set()
         self.why = ""
         self.cut: tuple[str, float] | None = None  # why a step was cut, and its time so far
+
+    def copy_output(self, out: TextIO) -> None:
+        """Each rank's output, under a line naming the rank, to ``out``."""
+        for rank in range(len(self.processes)):
+            path = self.workdir / f"stderr-{rank}.txt"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            out.write(f"--- rank {rank}'s output ({'none' if not text.strip() else 'below'}) ---\n")
+            out.write(text if text.endswith("\n") or not text else text + "\n")
+        out.flush()
 
     def report(self, rank: int) -> RankReport | None:
         path = self.workdir / f"rank-{rank}.json"
@@ -204,7 +214,10 @@ class LocalExecutor:
 
     rank_imports: tuple[str, ...] = ()
 
-    def __init__(self) -> None:
+    def __init__(self, rank_output: TextIO | None = None) -> None:
+        self.rank_output = rank_output
+        """Where each trial's ranks' own output (prints, warnings, a traceback) is copied as
+        it ends; None: it goes with the trial's directory."""
         self._running: dict[int, _Trial] = {}
         self._done: list[tuple[int, TrialResult]] = []
         self._next_ticket = 0
@@ -250,6 +263,8 @@ class LocalExecutor:
             reports = [
                 trial.ranks.outcome(r, oom_killed) for r in range(len(trial.ranks.processes))
             ]
+            if self.rank_output is not None:
+                trial.ranks.copy_output(self.rank_output)
         finally:
             trial.workdir.cleanup()
         return assemble_result(
@@ -286,11 +301,15 @@ class LocalExecutor:
 
 
 def run_trial(
-    config: TrainConfig, workload: WorkloadSpec, options: TrialOptions | None = None
+    config: TrainConfig,
+    workload: WorkloadSpec,
+    options: TrialOptions | None = None,
+    rank_output: TextIO | None = None,
 ) -> TrialResult:
-    """Measure ``config`` on ``workload`` with real rank processes; never raises for a bad trial."""
+    """Measure ``config`` on ``workload`` with real rank processes; never raises for a bad trial.
+    ``rank_output``: where the ranks' own output is copied as the trial ends."""
     request = TrialRequest(config=config, workload=workload, options=options or TrialOptions())
-    executor = LocalExecutor()
+    executor = LocalExecutor(rank_output)
     try:
         return run_to_end(executor, request)
     finally:

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,8 @@ def raised_at(error: BaseException) -> str | None:
     """Where in code outside torch, autotune and Python's own library ``error`` was raised, or
     last passed through ("lucid.py:21, in autotune_loss"; a library's file from its package
     down: "transformers/models/gpt2/modeling_gpt2.py:..."): the line of the user's model, loss,
-    dataset or optimizer a trial's one-line reason names, since the rank's traceback is not
-    shown. None where no frame lies outside them."""
-    import traceback
-
+    dataset or optimizer a trial's one-line reason names, since the rank's traceback is shown
+    only by `autotune trial --debug`. None where no frame lies outside them."""
     # torch's package and autotune's (above this one); Python's library (where os lives)
     packages = tuple(
         os.path.dirname(path) + os.sep
@@ -181,6 +180,9 @@ def run_rank(
         _measure(request, rank, progress, report, spawned_at, workloads)
         return RankReport(status="ok", **report)
     except BaseException as error:  # a rank must report, whatever went wrong
+        # whole, in the rank's own output: `autotune trial --debug` shows it; the report's
+        # message is one line of it
+        traceback.print_exception(error, file=sys.stderr)
         status, message = classify_exception(error)
         notes = getattr(error, "__notes__", ())
         where = [n for n in notes if n.startswith(OPTIMIZER_STEP)]
