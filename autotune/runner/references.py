@@ -33,10 +33,10 @@ def run_alone(program: str, command: str, what: str, doing: str) -> Iterator[Non
         yield
     except SystemExit as stop:
         raise WorkloadError(
-            f"{what}: {doing} called sys.exit({stop.code!r}); it runs as `{command}` with no "
-            "argument would (code that parses its command line as it loads, argparse's "
-            "parse_args(), takes its defaults): give its required arguments defaults, or parse "
-            'them under `if __name__ == "__main__":`'
+            f"{what}: {doing} called sys.exit({stop.code!r}); autotune runs it with no "
+            f"command-line argument, as `{command}` would (code that parses its command line as "
+            "it loads, argparse's parse_args(), takes its defaults there): give its required "
+            'arguments defaults, or parse them under `if __name__ == "__main__":`'
         ) from None
     finally:
         sys.argv = argv
