@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -14,6 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     # Rank processes import "tests.fixtures..." and "workloads..." as a user's cwd would give.
     monkeypatch.chdir(ROOT)
+    # A model file's directory goes first on sys.path as it is imported, as `python file.py`
+    # puts it: a test's (one holding a package named "json") stayed there, and processes
+    # spawned by later tests, which inherit sys.path, imported it for the standard library's.
+    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 # Every process this test session starts inherits this token; rank processes and their
