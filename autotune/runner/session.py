@@ -202,9 +202,10 @@ class Training:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model, optimizer = get_state_dict(self.model, self.optimizer, options=_full_state())
+        prefix = self._prefix
         state = {
-            "model": _own_names(model, self._prefix, ""),
-            "optimizer": _optimizer_names(optimizer, self._prefix, ""),
+            "model": _own_names(model, prefix, ""),
+            "optimizer": _optimizer_names(optimizer, prefix, ""),
         }
         if self.runner.scaler is not None:
             state["scaler"] = self.runner.scaler.state_dict()
@@ -228,9 +229,10 @@ class Training:
                 state = {"model": {}, "optimizer": {}}
         # apart: set_state_dict takes an empty model state (the other ranks') as none to load
         options = _full_state(broadcast=ranked)
-        model = _own_names(state["model"], "", self._prefix)
+        prefix = self._prefix
+        model = _own_names(state["model"], "", prefix)
         set_model_state_dict(self.model, model, options=options)
-        optimizer = _optimizer_names(state["optimizer"], "", self._prefix)
+        optimizer = _optimizer_names(state["optimizer"], "", prefix)
         set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
         if self.runner.scaler is not None and scaler[0]:
             self.runner.scaler.load_state_dict(scaler[0])

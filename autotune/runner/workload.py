@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.errors import WorkloadError, error_line
+from autotune.errors import WorkloadError, error_line, first_three
 from autotune.runner.compile_state import compiled_module
 from autotune.runner.loss import default_loss
 from autotune.runner.optimizer import MODEL_ARGUMENTS, takes_model
@@ -222,10 +222,9 @@ def check_materialised(model: Any, reference: str) -> None:
     held = [*model.named_parameters(), *model.named_buffers()]
     meta = [name for name, t in held if t.is_meta and not is_lazy(t)]
     if meta:
-        shown = ", ".join(meta[:3]) + (f" and {len(meta) - 3} more" if len(meta) > 3 else "")
         raise WorkloadError(
-            f"--model {reference!r} builds its tensors on the meta device ({shown}), where "
-            "they hold no values to train: give a factory that materialises them "
+            f"--model {reference!r} builds its tensors on the meta device ({first_three(meta)}), "
+            "where they hold no values to train: give a factory that materialises them "
             '(model.to_empty(device="cpu"), then its initialisation: reset_parameters(), '
             "init_weights()); `autotune plan` predicts its memory as it is"
         )

@@ -76,7 +76,7 @@ HASHED = {
 
 def changes(stored: dict[str, Any], given: dict[str, Any]) -> str:
     """What differs between a stored study's fingerprint and this command's, each with the
-    stored value and the new one ("memory_budget_bytes 4.0 GiB, now 7.5 GiB")."""
+    stored value and the new one ("memory_budget_bytes (4.0 GiB, now 7.5 GiB)")."""
 
     def shown(key: str, value: Any) -> str:
         if value is None:
