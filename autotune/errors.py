@@ -115,14 +115,23 @@ def error_line(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {text}"[:limit]
 
 
-def closest(name: str, known: Iterable[str], listed: str = "known fields") -> str:
-    """What was meant by the unknown ``name``: the close one of ``known`` ("did you mean
-    'parallel'?"), else all of them."""
+def closest(
+    name: str, known: Iterable[str], listed: str = "known fields", n: int = 1, shown: int = 0
+) -> str:
+    """What was meant by the unknown ``name``: up to ``n`` close ones of ``known``, case aside
+    ("did you mean 'parallel'?"; "adamw" is AdamW before Adam), else ``listed`` and the known
+    names (the first ``shown`` of them where that is not 0); "" where nothing is known."""
     import difflib
 
     known = list(known)
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"did you mean {close[0]!r}?" if close else f"{listed}: {', '.join(known)}"
+    lowered = {k.lower(): k for k in known}
+    close = [lowered[c] for c in difflib.get_close_matches(name.lower(), lowered, n=n)]
+    if close:
+        return "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    if not known:
+        return ""
+    listing = known[:shown] if shown else known
+    return f"{listed}: {', '.join(listing)}" + (", ..." if len(listing) < len(known) else "")
 
 
 def describe_validation_error(

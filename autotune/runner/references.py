@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import WorkloadError
+from autotune.errors import WorkloadError, closest
 
 
 @contextlib.contextmanager
@@ -148,8 +148,6 @@ def resolve_reference(reference: str, what: str) -> tuple[Any, Any]:
 def _candidates(module: Any, missing: str) -> str:
     """What ``module`` offers in place of ``missing``, from the names it exports (``__all__``;
     else those it defines itself): the close ones where there are any, else the first dozen."""
-    import difflib
-
     exported = getattr(module, "__all__", None)
     names = sorted(
         exported
@@ -160,13 +158,8 @@ def _candidates(module: Any, missing: str) -> str:
             if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
         )
     )
-    lowered = {n.lower(): n for n in names}  # "adamw" is AdamW before it is Adam
-    close = [lowered[n] for n in difflib.get_close_matches(missing.lower(), lowered, n=3)]
-    if close:
-        return "; did you mean " + " or ".join(repr(n) for n in close) + "?"
-    if not names:
-        return ""
-    return "; it defines: " + ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    hint = closest(missing, names, "it defines", n=3, shown=12)
+    return f"; {hint}" if hint else ""
 
 
 def call_factory(factory: Any, reference: str, what: str, *args: Any) -> Any:
