@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from autotune.recommendation import Recommendation
 from autotune.result import TrialResult
 from autotune.runner.launch import run_trial as launch
 from autotune.runner.platform import resolve_device
+from autotune.runner.references import running_user_code
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import (
     GLOBAL_BATCH_ATTRIBUTE,
@@ -68,12 +70,13 @@ def _reference(value: Reference | None, what: str, paths: list[str]) -> str | No
             f"{where}: give the class or factory every rank builds it with, as an object of "
             "an importable module or as 'pkg.module:Name' / 'path/to/file.py:Name'"
         )
-    if module_name == "__main__" or "<locals>" in name:
-        inside = "the script being run" if module_name == "__main__" else "a function"
+    if "<locals>" in name:
         raise ConfigError(
-            f"{where}: defined in {inside}, which the ranks cannot import; move it to a module "
-            "and pass it from there"
+            f"{where}: defined in a function, which the ranks cannot import; move it to the "
+            "module's top level and pass it from there"
         )
+    if module_name == "__main__":
+        return _script_reference(value, module, name, where)
     found: Any = module
     for part in name.split("."):
         found = getattr(found, part, None)
@@ -87,6 +90,32 @@ def _reference(value: Reference | None, what: str, paths: list[str]) -> str | No
     return f"{module_name}:{name}"
 
 
+def _script_reference(value: Any, script: Any, name: str, where: str) -> str:
+    """A class or function of the script being run, as the ranks import it: the script by its
+    module name where it runs as ``python -m pkg.train``, else by its file, as multiprocessing's
+    spawn imports it. Its top-level code runs again in each import, and what its ``if __name__
+    == "__main__":`` holds does not. A notebook's, which no file holds, is refused in one
+    line."""
+    spec = getattr(script, "__spec__", None)
+    source = getattr(script, "__file__", None)
+    if not source:
+        raise ConfigError(
+            f"{where}: defined in an interactive session (a notebook), which the ranks cannot "
+            "import; move it to a .py file and pass it from there"
+        )
+    if "." in name or getattr(script, name, None) is not value:
+        raise ConfigError(
+            f"{where}: not found at the top level of the script being run ({source}), where "
+            "the ranks would import it from; define it there, or in a module"
+        )
+    if spec is not None and spec.name != "__main__":
+        return f"{spec.name}:{name}"
+    file = Path(source).resolve()
+    with contextlib.suppress(ValueError):  # relative, for a copy shipped to a cluster
+        file = file.relative_to(Path.cwd())
+    return f"{file}:{name}"
+
+
 def _workload(
     model: Reference,
     data: Reference | None,
@@ -97,7 +126,14 @@ def _workload(
     collate: Reference | None = None,
 ) -> WorkloadSpec:
     """The workload references, importable from ranks as from the caller's directory (and
-    from where the modules of parts given as objects were imported)."""
+    from where the modules of parts given as objects were imported). Refused where it is
+    called from the user's code as autotune imports it: a script that calls the tuner outside
+    its ``__main__`` guard."""
+    if (program := running_user_code()) is not None:
+        raise ConfigError(
+            f"autotune was called again while it imported {program} for its ranks: put the call "
+            'under `if __name__ == "__main__":`, which only the script run directly enters'
+        )
     paths = [os.getcwd()]
     parts = {
         what: _reference(value, what, paths)

@@ -21,6 +21,16 @@ from typing import Any
 
 from autotune.errors import WorkloadError, closest
 
+_RUNNING: list[str] = []
+"""The programs whose code ``run_alone`` is running now, innermost last."""
+
+
+def running_user_code() -> str | None:
+    """The program whose code autotune is running now (importing it, or calling a factory of
+    it), or None: a script that calls the tuner where it loads, outside a ``__main__`` guard,
+    would call it again from every import of it."""
+    return _RUNNING[-1] if _RUNNING else None
+
 
 @contextlib.contextmanager
 def run_alone(program: str, command: str, what: str, doing: str) -> Iterator[None]:
@@ -29,6 +39,7 @@ def run_alone(program: str, command: str, what: str, doing: str) -> Iterator[Non
     ``what``: ``doing``."""
     argv = sys.argv
     sys.argv = [program]
+    _RUNNING.append(program)
     try:
         yield
     except SystemExit as stop:
@@ -40,6 +51,7 @@ def run_alone(program: str, command: str, what: str, doing: str) -> Iterator[Non
         ) from None
     finally:
         sys.argv = argv
+        _RUNNING.pop()
 
 
 def _split_reference(reference: str, what: str) -> tuple[str, str]:
