@@ -224,6 +224,7 @@ def tune(
     input_dtype: str = "float32",
     progress: bool = False,
     reporter: Reporter | None = None,
+    rank_output: TextIO | None = None,
     **settings: Any,
 ) -> Recommendation:
     """Search for the fastest configuration of ``model`` (a reference or an importable class
@@ -235,13 +236,14 @@ def tune(
     unless ``progress=True``. Re-running with the same arguments resumes the study.
     Without ``global_batch_size`` the model module's ``autotune_global_batch_size`` is used,
     else 32; ``Recommendation.global_batch_source`` says which.
-    Bad input raises ``AutotuneError`` with a one-line message.
+    Bad input raises ``AutotuneError`` with a one-line message. ``rank_output`` (a stream:
+    ``sys.stderr``) receives the ranks' own output as each trial ends, as ``run_trial``'s does.
     """
     checked = make_settings({"global_batch_size": global_batch_size, **settings})
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     if reporter is None:
         reporter = LineReporter(trials=checked.budget.trials) if progress else Reporter()
-    return run_search(workload, checked, reporter)
+    return run_search(workload, checked, reporter, rank_output)
 
 
 def plan(

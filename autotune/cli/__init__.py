@@ -171,13 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--json", action="store_true", help="Print the plan as JSON.")
     planner.add_argument("--quiet", action="store_true", help="No progress display.")
 
-    trial.add_argument(
-        "--debug",
-        action="store_true",
-        help="Show tracebacks, and each rank's own output (the model's prints and warnings, a "
-        "failure's whole traceback) as the trial ends.",
-    )
-    for sub in (search, export, report, show, planner):
+    for sub in (trial, search):
+        sub.add_argument(
+            "--debug",
+            action="store_true",
+            help="Show tracebacks, and each rank's own output (the model's prints and warnings, "
+            "a failure's whole traceback) as each trial ends.",
+        )
+    for sub in (export, report, show, planner):
         sub.add_argument("--debug", action="store_true", help="Show tracebacks.")
     return parser
 
@@ -262,6 +263,7 @@ def _search(args: argparse.Namespace) -> int:
         input_shape=args.input_shape,
         input_dtype=args.input_dtype,
         reporter=reporter,
+        rank_output=sys.stderr if args.debug else None,
         **checked.flat(),
     )
     r, storage = recommendation, checked.study.storage

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -70,6 +71,22 @@ def _last_line(path: Path) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
+def write_rank_output(out: TextIO, texts: Sequence[str | None]) -> None:
+    """Each rank's output (``texts[rank]``; None: lost with its process) under a line naming
+    the rank, to ``out``: what ``--debug`` shows of a trial's ranks, from any executor. One
+    line where no rank printed anything (most of a search's trials)."""
+    if all(text is not None and not text.strip() for text in texts):
+        out.write(f"--- the {len(texts)} rank(s) printed nothing ---\n")
+        out.flush()
+        return
+    for rank, text in enumerate(texts):
+        said = "lost with its process" if text is None else "below" if text.strip() else "none"
+        out.write(f"--- rank {rank}'s output ({said}) ---\n")
+        if text:
+            out.write(text if text.endswith("\n") else text + "\n")
+    out.flush()
+
+
 class _Ranks:
     """The rank processes of one trial and what each left behind."""
 
@@ -113,12 +130,11 @@ class _Ranks:
 
     def copy_output(self, out: TextIO) -> None:
         """Each rank's output, under a line naming the rank, to ``out``."""
+        texts = []
         for rank in range(len(self.processes)):
             path = self.workdir / f"stderr-{rank}.txt"
-            text = path.read_text(errors="replace") if path.exists() else ""
-            out.write(f"--- rank {rank}'s output ({'none' if not text.strip() else 'below'}) ---\n")
-            out.write(text if text.endswith("\n") or not text else text + "\n")
-        out.flush()
+            texts.append(path.read_text(errors="replace") if path.exists() else "")
+        write_rank_output(out, texts)
 
     def report(self, rank: int) -> RankReport | None:
         path = self.workdir / f"rank-{rank}.json"

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -41,6 +41,7 @@ from autotune.runner.executor import (
     cut_report,
     stopped_message,
 )
+from autotune.runner.launch import write_rank_output
 from autotune.runner.outcome import assemble_result
 from autotune.runner.ray_gang import (
     Gang,
@@ -76,6 +77,7 @@ class _Running:
     watchdog: Watchdog
     launch_s: float
     reports: dict[int, RankReport] = field(default_factory=dict)
+    outputs: dict[int, str | None] = field(default_factory=dict)  # captured, by rank
     next_look: float = 0.0
 
 
@@ -200,8 +202,12 @@ class RayExecutor:
         cpus_per_rank: float = 1.0,
         num_cpus: int | None = None,
         ship: str | None = None,
+        rank_output: TextIO | None = None,
     ) -> None:
         self.platform = platform
+        self.rank_output = rank_output
+        """Where each trial's ranks' output is copied as it ends (``--debug``); None: not
+        captured (it goes to Ray's session logs)."""
         self.cpus_per_rank = cpus_per_rank
         self._owns_ray = False
         self.notes: list[str] = []
@@ -310,7 +316,7 @@ class RayExecutor:
             request = request.model_copy(update={"workload": workload})
         payload = request.model_dump_json()
         futures = {
-            actor.run.remote(payload, rank, submitted): rank
+            actor.run.remote(payload, rank, submitted, self.rank_output is not None): rank
             for rank, actor in enumerate(gang.actors)
         }
         options = request.options
@@ -326,7 +332,8 @@ class RayExecutor:
             if rank is None:
                 continue
             try:
-                report = RankReport.model_validate_json(ray.get(ref))
+                report_json, trial.outputs[rank] = ray.get(ref)
+                report = RankReport.model_validate_json(report_json)
             except (ray.exceptions.RayError, ray.exceptions.OutOfMemoryError) as error:
                 if not _answers(self._head):  # the whole cluster went: asking Ray would hang
                     self._lose()
@@ -383,6 +390,9 @@ class RayExecutor:
         if gang.trials == 0 and reports:  # its start-up ran from submit: the gang's start too
             gang.restart_s = max([gang.restart_s] + [r.startup_s + r.build_s for r in reports])
         gang.trials += 1
+        if self.rank_output is not None:
+            texts = [trial.outputs.get(rank) for rank in sorted(trial.reports)]
+            write_rank_output(self.rank_output, texts)
         if all(r.status == "ok" for r in reports) and reusable(trial.request):
             self._idle.append(gang)
         else:

@@ -7,10 +7,14 @@ Import cost: this module imports Ray.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -70,23 +74,52 @@ class _RankActor:
         )
         return os.getpid()
 
-    def run(self, request_json: str, rank: int, submitted_at: float) -> str:
+    def run(
+        self, request_json: str, rank: int, submitted_at: float, capture: bool = False
+    ) -> tuple[str, str | None]:
+        """The rank's report (JSON) and, with ``capture``, its output during the trial."""
         os.environ["AUTOTUNE_SPAWNED_AT"] = repr(submitted_at)
         request = TrialRequest.model_validate_json(request_json)
         if request.config.device == "cpu":
             apply_memory_limit(request.options.memory_limit_bytes)
+        output: list[str] = []
         try:
-            report = run_rank(request, rank, self.progress, self.workloads)
+            with _captured(output) if capture else contextlib.nullcontext():
+                report = run_rank(request, rank, self.progress, self.workloads)
         finally:
             apply_memory_limit(None)
             gc.collect()
         node = ray.get_runtime_context().get_node_id()
-        return report.model_copy(update={"node": node}).model_dump_json()
+        text = output[0] if output else None
+        return report.model_copy(update={"node": node}).model_dump_json(), text
 
     @ray.method(concurrency_group="phase")
     def where(self) -> tuple[str, float]:
         """The current phase and the seconds spent in it so far."""
         return self.progress.where()
+
+
+@contextlib.contextmanager
+def _captured(into: list[str]) -> Iterator[None]:
+    """What the process writes to its stdout and stderr while the block runs (C++'s and
+    DataLoader workers' too: the file descriptors are redirected), appended to ``into``. A Ray
+    actor's output otherwise goes to a log file of Ray's session, which a search does not show."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    with tempfile.TemporaryFile() as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, kept in zip((1, 2), saved, strict=True):
+                os.dup2(kept, fd)
+                os.close(kept)
+            file.seek(0)
+            into.append(file.read().decode(errors="replace"))
 
 
 _remote_actor: Any = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, TextIO
 
 from autotune.errors import ConfigError
 from autotune.recommendation import Recommendation
@@ -103,11 +103,12 @@ def _executor(
     platform: Platform,
     devices: int,
     workload: WorkloadSpec,
+    rank_output: TextIO | None = None,
 ) -> Executor:
     """The Ray executor (a private local instance, or the cluster at ``ray_address``), or with
     ``executor='local'`` rank processes of this machine, one trial at a time."""
     if settings.cluster.executor == "local":
-        return LocalExecutor()
+        return LocalExecutor(rank_output)
     from autotune.runner.ray_executor import RayExecutor  # imports Ray: only when searching
 
     if settings.memory.predict_memory:  # the memory model's first guess, measured as Ray starts
@@ -128,6 +129,7 @@ def _executor(
         cpus_per_rank=1 + max_workers,
         num_cpus=max(usable_cpus(), 4 * devices * (1 + max_workers)),
         ship=(os.getcwd() if settings.cluster.ray_address and settings.cluster.ship_code else None),
+        rank_output=rank_output,
     )
 
 
@@ -214,9 +216,13 @@ def _check_split(global_batch_size: int | None, devices: int, source: str) -> No
 
 
 def run_search(
-    workload: WorkloadSpec, settings: SearchSettings, reporter: Reporter
+    workload: WorkloadSpec,
+    settings: SearchSettings,
+    reporter: Reporter,
+    rank_output: TextIO | None = None,
 ) -> Recommendation:
-    """Search, store every trial, and return (and store) the recommendation."""
+    """Search, store every trial, and return (and store) the recommendation; each trial's
+    ranks' own output to ``rank_output`` as it ends, where one is given (``--debug``)."""
     check_workload(workload)
     check_batches(workload)
     check_optimizer(workload)
@@ -277,7 +283,7 @@ def run_search(
         + (fsdp_bf16_refusals(workload) if _asks_fsdp_bf16(space, devices) else ()),
         idle_blocks=idle_blocks(workload) if blocks else 0,
     )
-    executor = _executor(settings, space, platform, devices, workload)
+    executor = _executor(settings, space, platform, devices, workload, rank_output)
     concurrency = settings.cluster.concurrency or (1 if device == "cpu" else devices)
     if settings.cluster.executor == "local":
         concurrency = 1  # one machine, trials one at a time (LocalExecutor.fits_now)

@@ -194,3 +194,19 @@ def test_a_failed_trial_says_how_far_its_ranks_got_and_what_the_model_was_given(
     # the time before the failing step was measured: not shown as 0 beside the overhead
     assert result.startup_s > 0 and result.build_s > 0
     assert result.overhead_s >= result.startup_s + result.build_s
+
+
+def test_ranks_output_is_headed_by_rank_and_one_line_where_none_printed() -> None:
+    import io
+
+    from autotune.runner.launch import write_rank_output
+
+    def shown(texts: list[str | None]) -> str:
+        out = io.StringIO()
+        write_rank_output(out, texts)
+        return out.getvalue()
+
+    assert shown(["", " \n"]) == "--- the 2 rank(s) printed nothing ---\n"
+    assert shown(["a", None]) == (
+        "--- rank 0's output (below) ---\na\n--- rank 1's output (lost with its process) ---\n"
+    )

@@ -119,3 +119,42 @@ def test_on_cpu_a_gang_serves_only_trials_that_leave_what_its_trials_left() -> N
     assert executor.fits_now(compiled) and executor.fits_now(bf16)
     assert executor._gang(shape, ("autocast kernels",)) is warm_bf16
     assert executor._gang(shape, ("compiler",)) is warm_compiled
+
+
+def test_debug_copies_each_ranks_output_of_each_trial() -> None:
+    # A Ray actor's prints and a failure's traceback went to a log file of Ray's session, so a
+    # search's --debug showed none of them (the trial command's local ranks did).
+    import io
+
+    from autotune.config import make_config
+    from autotune.runner.executor import run_to_end
+    from autotune.runner.ray_executor import RayExecutor
+    from autotune.runner.request import TrialOptions, TrialRequest
+    from autotune.runner.workload import WorkloadSpec
+
+    shown = io.StringIO()
+    executor = RayExecutor(detect_platform("cpu"), cpus_per_rank=1.0, rank_output=shown)
+    config = make_config({"global_batch_size": 8, "device": "cpu", "parallel": "ddp",
+                          "world_size": 2})  # fmt: skip
+    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=120)
+
+    def run(model: str) -> str:
+        request = TrialRequest(config=config, workload=WorkloadSpec(model=model), options=options)
+        run_to_end(executor, request)
+        said = shown.getvalue()
+        shown.seek(0)
+        shown.truncate()
+        return said
+
+    try:
+        said = run("tests.fixtures.models:Chatty")
+        for rank in (0, 1):
+            below = said.split(f"--- rank {rank}'s output (below) ---\n")[1].split("---")[0]
+            assert "building Chatty\n" in below and "forward of (4, 8)" in below
+        again = run("tests.fixtures.models:Chatty")  # the same gang: its model is reused
+        assert "forward of (4, 8)" in again and "building Chatty" not in again
+        failed = run("tests.fixtures.models:Raising")
+        assert "Traceback (most recent call last)" in failed
+        assert "shape mismatch in layer 3" in failed
+    finally:
+        executor.shutdown()

@@ -3,6 +3,7 @@ machine (what a machine without Ray, or a lent GPU machine, uses)."""
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -34,8 +35,9 @@ def test_a_search_runs_its_trials_without_ray(
         def start(self, **info: object) -> None:
             heard.update({k: str(v) for k, v in info.items()})
 
+    shown = io.StringIO()  # --debug's copy of the ranks' output (the model prints)
     recommendation = autotune.tune(
-        "tests.fixtures.models:Small",
+        "tests.fixtures.models:Chatty",
         global_batch_size=32,
         space=str(space),
         trials=2,
@@ -50,6 +52,7 @@ def test_a_search_runs_its_trials_without_ray(
         top_k=1,
         verify_factor=2,
         reporter=Header(),
+        rank_output=shown,
     )
     assert recommendation.verification is not None and recommendation.memory_confirmed
     ran = {t.config.num_workers for t in recommendation.trials if t.status == "ok" and t.config}
@@ -57,6 +60,9 @@ def test_a_search_runs_its_trials_without_ray(
     assert heard["executor"].startswith("rank processes of this machine")
     assert heard["data"] == "tests.fixtures.models:autotune_dataset"  # where the samples come from
     assert recommendation.parameter_dtype == "float32"  # the arithmetic its numerics line names
+    copied = shown.getvalue()
+    assert copied.count("--- rank 0's output (below) ---") >= 3  # 2 trials, the race, ...
+    assert "building Chatty" in copied and "forward of (32, 8)" in copied
 
 
 def test_the_local_executor_cannot_take_a_ray_address() -> None:
