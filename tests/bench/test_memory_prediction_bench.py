@@ -140,6 +140,7 @@ def test_every_repeat_set_is_configurations_a_trial_accepts() -> None:
         assert len({c.summary() for c in configs}) == len(configs), name
 
 
+@pytest.mark.slow  # about 14 s: three real trials; the GPU session's path, run with -m slow
 def test_a_grid_measured_without_tracing_is_traced_and_scored_afterwards() -> None:
     # A lent GPU's minutes go to the trials (--measure-only); any machine traces and scores the
     # saved rows later (--rescore), with the same numbers as a grid traced as it ran.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from autotune.api import run_trial
 from autotune.report import format_trial
 
@@ -94,15 +96,18 @@ def test_a_graph_batch_and_a_dataclass_are_moved_through_what_they_hold() -> Non
     assert input_hint((batch, nodes), {}) is None  # tensors inside: not "not a tensor"
 
 
-def test_a_graph_batch_object_trains_over_ranks_and_workers() -> None:
+@pytest.mark.parametrize(
+    "collate",  # ~4-5 s a case: the default run keeps the dataclass
+    [pytest.param(None, marks=pytest.mark.slow), "tests.fixtures.graph_objects:as_dataclass"],
+)
+def test_a_graph_batch_object_trains_over_ranks_and_workers(collate: str | None) -> None:
     config = {
         "global_batch_size": 16, "parallel": "ddp", "world_size": 2, "device": "cpu",
         "num_workers": 1,
     }  # fmt: skip
     model = "tests.fixtures.graph_objects:Classifier"
-    for collate in (None, "tests.fixtures.graph_objects:as_dataclass"):
-        result = run_trial(model, config, collate=collate, **FEW)
-        assert result.status == "ok", result.message
+    result = run_trial(model, config, collate=collate, **FEW)
+    assert result.status == "ok", result.message
 
 
 def test_samples_default_collate_cannot_batch_are_said_with_the_fix() -> None:

@@ -52,6 +52,7 @@ def test_the_module_a_compiled_model_wraps_is_read_and_remembered() -> None:
     assert not compile_state.was_compiled(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.slow  # about 11-19 s: the wrapped module compiled in a trial
 def test_a_factorys_compiled_model_is_trained_as_the_module_it_wraps() -> None:
     # torch.compile(Net()) from the factory: checkpointing patched blocks under the compiled
     # graph (one-off: 690 ms a step against 4 uncompiled), and --compile failed every trial

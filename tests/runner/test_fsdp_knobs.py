@@ -216,8 +216,10 @@ def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None
     [
         ("tests.fixtures.normed:Discriminator", None,
          "embed, blocks.0.linear, blocks.1.linear and 2 more"),
-        ("tests.fixtures.normed:FrozenBackbone", "tests.fixtures.normed:autotune_dataset",
-         "layers.0.1, layers.1.1, layers.2.1 keep their"),
+        pytest.param("tests.fixtures.normed:FrozenBackbone",
+                     "tests.fixtures.normed:autotune_dataset",
+                     "layers.0.1, layers.1.1, layers.2.1 keep their",
+                     marks=pytest.mark.slow),  # ~10 s a case: the default run keeps one
     ],
 )  # fmt: skip
 def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
