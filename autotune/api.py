@@ -14,6 +14,7 @@ from autotune.errors import ConfigError, validated
 from autotune.recommendation import Recommendation
 from autotune.result import TrialResult
 from autotune.runner.launch import run_trial as launch
+from autotune.runner.pickled import pickled_reference
 from autotune.runner.platform import resolve_device
 from autotune.runner.references import running_user_code
 from autotune.runner.request import TrialOptions
@@ -50,13 +51,15 @@ def as_options(options: TrialOptions | None, overrides: dict[str, Any]) -> Trial
 
 Reference = str | Callable[..., Any]
 """A workload part as a reference ("pkg.module:Name" or "file.py:Name"), or the class or function
-itself where it lives in an importable module."""
+itself where it lives in an importable module (or the script being run); for the parts other
+than the model, also an object (a dataset, a loss module), pickled for the ranks."""
 
 
 def _reference(value: Reference | None, what: str, paths: list[str]) -> str | None:
     """``value`` as the reference every rank imports it by, adding to ``paths`` the directory
-    its module is imported from. A class or function of the script being run (``__main__``),
-    or one defined inside a function, has none: refused in one line."""
+    its module is imported from. A class or function of the script being run (``__main__``)
+    is imported from the script's file; one defined inside a function has no name the ranks
+    import: refused in one line. Any other object but the model is pickled for the ranks."""
     if value is None or isinstance(value, str):
         return value
     module_name = getattr(value, "__module__", None)
@@ -65,7 +68,9 @@ def _reference(value: Reference | None, what: str, paths: list[str]) -> str | No
     kind = type(value).__name__
     shown = f"{module_name}.{name}" if name else f"a{'n' * (kind[0] in 'aeiou')} {kind} object"
     where = f"{what}={shown}"
-    if not callable(value) or module is None or not name:
+    if not callable(value) or module is None or not name:  # an object, not its class
+        if what != "model":  # a dataset, a loss module, a collator: pickled for the ranks
+            return pickled_reference(value, where, _script_location(sys.modules["__main__"]))
         raise ConfigError(
             f"{where}: give the class or factory every rank builds it with, as an object of "
             "an importable module or as 'pkg.module:Name' / 'path/to/file.py:Name'"
@@ -96,7 +101,6 @@ def _script_reference(value: Any, script: Any, name: str, where: str) -> str:
     spawn imports it. Its top-level code runs again in each import, and what its ``if __name__
     == "__main__":`` holds does not. A notebook's, which no file holds, is refused in one
     line."""
-    spec = getattr(script, "__spec__", None)
     source = getattr(script, "__file__", None)
     if not source:
         raise ConfigError(
@@ -108,12 +112,23 @@ def _script_reference(value: Any, script: Any, name: str, where: str) -> str:
             f"{where}: not found at the top level of the script being run ({source}), where "
             "the ranks would import it from; define it there, or in a module"
         )
+    return f"{_script_location(script)}:{name}"
+
+
+def _script_location(script: Any) -> str | None:
+    """Where the ranks import the script being run from: its module name where it runs as
+    ``python -m pkg.train``, else its file (relative to here, for a copy shipped to a
+    cluster); None in an interactive session, which no file holds."""
+    spec = getattr(script, "__spec__", None)
+    source = getattr(script, "__file__", None)
     if spec is not None and spec.name != "__main__":
-        return f"{spec.name}:{name}"
+        return str(spec.name)
+    if not source:
+        return None
     file = Path(source).resolve()
-    with contextlib.suppress(ValueError):  # relative, for a copy shipped to a cluster
+    with contextlib.suppress(ValueError):
         file = file.relative_to(Path.cwd())
-    return f"{file}:{name}"
+    return str(file)
 
 
 def _workload(

@@ -49,6 +49,68 @@ def test_a_module_imported_from_elsewhere_is_found_by_the_ranks(
     assert result.status == "ok", result.message
 
 
+class Stacking:
+    """A collator object, as a pipeline holds one (Hugging Face's hold their tokenizer)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        inputs, targets = zip(*samples, strict=True)
+        return [torch.stack(inputs) * self.scale, torch.stack(targets)]
+
+
+def _pairs(seed: int = 0) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    return torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.arange(64) % 3)
+
+
+def test_objects_a_pipeline_holds_are_pickled_for_the_ranks() -> None:
+    # A dataset, a loss module, a collator and a partial of an optimizer, as a training script
+    # holds them, were refused ("give the class or factory every rank builds it with").
+    import functools
+
+    result = run_trial(
+        "tests.fixtures.models:Small",
+        {**CONFIG, "parallel": "ddp", "world_size": 2, "num_workers": 1},
+        data=_pairs(),
+        loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1),
+        collate=Stacking(2.0),
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+        **FAST,
+    )
+    assert result.status == "ok", result.message
+    parts = {k: v.rpartition("/")[2] for k, v in result.workload.items() if v and k != "model"}
+    assert {k: v.partition("-")[0] for k, v in parts.items()} == {
+        "data": "TensorDataset", "loss": "CrossEntropyLoss", "collate": "Stacking",
+        "optimizer": "partial",
+    }  # fmt: skip
+    assert result.optimizer == "SGD" and result.loss_rule == ""  # theirs, not the defaults
+    assert result.collate.endswith(parts["collate"])
+
+
+def test_a_pickled_objects_reference_follows_its_content_not_the_run() -> None:
+    # torch pickles a tensor's storage with a random id: the same data gave another file in
+    # each run, and a resumed study said it was made with a different data.
+    from autotune.runner.pickled import pickled_reference
+
+    same = pickled_reference(_pairs(), "data", None), pickled_reference(_pairs(), "data", None)
+    assert same[0] == same[1] and same[0].startswith("pickled:")
+    assert pickled_reference(_pairs(seed=1), "data", None) != same[0]
+    with pytest.raises(ConfigError, match=r"^data=x: the ranks get an object by pickling it, "):
+        pickled_reference((x for x in [1, 2]), "data=x", None)  # a generator
+
+
+def test_a_pickled_object_is_refused_for_a_ray_cluster_whose_nodes_cannot_read_it() -> None:
+    from autotune.api import _workload
+    from autotune.search.driver import _check_objects_reach
+
+    workload = _workload("tests.fixtures.models:Small", _pairs(), None, None, "float32")
+    _check_objects_reach(workload, None)
+    with pytest.raises(ConfigError, match=r"the nodes of the Ray cluster at '10\.0\.0\.7:6379'"):
+        _check_objects_reach(workload, "10.0.0.7:6379")
+
+
 class _Scripted(torch.nn.Module):
     pass
 
@@ -91,10 +153,18 @@ class Net(torch.nn.Module):
     def forward(self, x):
         return self.layer(x)
 
+
+class Samples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, index):
+        return torch.full((4,), float(index)), index % 2
+
 {guard}
-    result = autotune.run_trial(Net, {{"global_batch_size": 8, "device": "cpu"}}, input_shape=(4,),
+    result = autotune.run_trial(Net, {{"global_batch_size": 8, "device": "cpu"}}, data=Samples(),
                                 warmup_steps=1, measured_steps=2, target_interval=0)
-    print(result.status, result.workload["model"])
+    print(result.status, result.workload["model"], result.message)
 """
 
 
@@ -113,7 +183,7 @@ def test_a_class_of_the_script_being_run_is_imported_from_its_file(
     )
     if guarded:
         assert ran.returncode == 0, ran.stderr[-2000:]
-        assert ran.stdout.split() == ["ok", "train.py:Net"]
+        assert ran.stdout.split() == ["ok", "train.py:Net"]  # its Samples unpickled in a rank
     else:
         assert ran.returncode != 0
         assert (

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import WorkloadError, closest
+from autotune.runner.pickled import is_pickled, load_pickled
 
 _RUNNING: list[str] = []
 """The programs whose code ``run_alone`` is running now, innermost last."""
@@ -143,7 +144,10 @@ def _import_module(name: str, what: str, location: str | None = None) -> Any:
 
 
 def resolve_reference(reference: str, what: str) -> tuple[Any, Any]:
-    """Return (module, attribute) for 'module:attr' (attr may be dotted)."""
+    """Return (module, attribute) for 'module:attr' (attr may be dotted); (None, the object)
+    for an object the caller pickled (``autotune.runner.pickled``)."""
+    if is_pickled(reference):
+        return None, load_pickled(reference, what, import_location)
     location, attribute = _split_reference(reference, what)
     module = import_location(location, what)
     value: Any = module

@@ -12,6 +12,7 @@ from autotune.records import exclusion_lines
 from autotune.result import Platform
 from autotune.runner.executor import Executor
 from autotune.runner.launch import LocalExecutor
+from autotune.runner.pickled import PREFIX, is_pickled
 from autotune.runner.platform import (
     detect_platform,
     native_autocast,
@@ -215,6 +216,21 @@ def _check_split(global_batch_size: int | None, devices: int, source: str) -> No
     )
 
 
+def _check_objects_reach(workload: WorkloadSpec, ray_address: str | None) -> None:
+    """An object given to the API is pickled to a file of this machine
+    (``autotune.runner.pickled``), which other nodes of a Ray cluster cannot read."""
+    if ray_address is None:
+        return
+    for what in ("data", "loss", "optimizer", "collate"):
+        reference = getattr(workload, what)
+        if reference and is_pickled(reference):
+            raise ConfigError(
+                f"{what}: an object is pickled for the ranks to {reference.removeprefix(PREFIX)}, "
+                f"a file of this machine that the nodes of the Ray cluster at {ray_address!r} "
+                "cannot read; give it as 'pkg.module:Name' (a factory that builds it)"
+            )
+
+
 def run_search(
     workload: WorkloadSpec,
     settings: SearchSettings,
@@ -224,6 +240,7 @@ def run_search(
     """Search, store every trial, and return (and store) the recommendation; each trial's
     ranks' own output to ``rank_output`` as it ends, where one is given (``--debug``)."""
     check_workload(workload)
+    _check_objects_reach(workload, settings.cluster.ray_address)
     check_batches(workload)
     check_optimizer(workload)
     settings, batch_source = resolve_global_batch(workload, settings)

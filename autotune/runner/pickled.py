@@ -1,0 +1,134 @@
+"""Objects a pipeline already holds (a dataset, a loss module, a collator, a ``partial`` of an
+optimizer), given to the Python API where a reference would be: pickled once to a file the ranks
+load, named by a hash of its content, so that the same object gives the same reference (and a
+resumed study matches) and another object another one.
+
+The file is a JSON header line, then the pickle. The header names the script being run
+(``__main__``) where the caller runs one: a class of that script is pickled as
+``__main__.Name``, which in a rank is another program; the rank's unpickler takes it from the
+script, imported as ``autotune.runner.references`` imports any file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError, WorkloadError
+
+PREFIX = "pickled:"
+"""How a reference to a pickled object starts (then the file: ``<tmp>/autotune-objects/
+<type>-<hash>.pkl``)."""
+_HELD: dict[str, Any] = {}
+"""The objects this process pickled, by reference: loaded here without a copy."""
+
+
+def is_pickled(reference: str) -> bool:
+    return reference.startswith(PREFIX)
+
+
+def pickled_reference(value: Any, where: str, script: str | None) -> str:
+    """The reference of ``value`` pickled for the ranks (``where`` names it in an error);
+    ``script``: the location the ranks import the script being run by, if any."""
+    header = json.dumps({"script": script, "type": type(value).__qualname__}).encode()
+    try:
+        body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # a lambda, an open file, a generator, a lock
+        raise ConfigError(
+            f"{where}: the ranks get an object by pickling it, and it cannot be pickled "
+            f"({type(error).__name__}: {error}); give the class or factory every rank builds it "
+            "with, as 'pkg.module:Name' / 'path/to/file.py:Name'"
+        ) from None
+    digest = hashlib.sha256(header + _identity(value)).hexdigest()[:24]
+    directory = Path(tempfile.gettempdir()) / "autotune-objects"
+    path = directory / f"{type(value).__name__}-{digest}.pkl"
+    if not path.exists():
+        directory.mkdir(exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_bytes(header + b"\n" + body)
+        partial.replace(path)  # whole or absent: another process may read it now
+    reference = PREFIX + str(path)
+    _HELD[reference] = value
+    return reference
+
+
+def _identity(value: Any) -> bytes:
+    """``value``'s pickle with each tensor in it replaced by its dtype, shape and a hash of its
+    bytes: torch pickles a tensor's storage with a random serialization id, so the same data
+    would pickle to other bytes in every run, and a resumed study would not know it."""
+    buffer = io.BytesIO()
+    _IdentityPickler(buffer, sys.modules.get("torch")).dump(value)  # torch only if in use
+    return buffer.getvalue()
+
+
+class _IdentityPickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, torch: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.torch = torch
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = self.torch
+        if torch is None or not isinstance(obj, torch.Tensor):
+            return NotImplemented
+        try:
+            data = obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+            digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()
+        except Exception:  # a sparse or quantized tensor: pickled as it is
+            return NotImplemented
+        return str, (f"tensor {obj.dtype} {tuple(obj.shape)} {digest}",)
+
+
+@functools.cache
+def load_pickled(reference: str, what: str, import_location: Callable[[str, str], Any]) -> Any:
+    """The object ``reference`` holds: this process's own where it pickled it, else loaded
+    from its file (once a process), the script's classes from the module ``import_location``
+    gives (``references.import_location``)."""
+    if reference in _HELD:
+        return _HELD[reference]
+    path = Path(reference.removeprefix(PREFIX))
+    try:
+        header, _, body = path.read_bytes().partition(b"\n")
+        script = json.loads(header)["script"]
+    except (OSError, ValueError, KeyError) as error:
+        raise WorkloadError(
+            f"{what} {reference!r}: the object pickled for the ranks cannot be read ({error}); "
+            "run the search or trial again from the object"
+        ) from None
+    try:
+        return _Unpickler(io.BytesIO(body), script, import_location).load()
+    except WorkloadError:
+        raise
+    except Exception as error:
+        raise WorkloadError(
+            f"{what}: the object pickled for the ranks does not load in a rank "
+            f"({type(error).__name__}: {error}); give the class or factory that builds it, as "
+            "'pkg.module:Name'"
+        ) from None
+
+
+class _Unpickler(pickle.Unpickler):
+    """Takes what the caller's script defined (``__main__``) from that script."""
+
+    def __init__(
+        self, file: io.BytesIO, script: str | None, importer: Callable[[str, str], Any]
+    ) -> None:
+        super().__init__(file)
+        self.script = script
+        self.importer = importer
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__" and self.script is not None:
+            found: Any = self.importer(self.script, "the script being run")
+            for part in name.split("."):
+                found = getattr(found, part)
+            return found
+        return super().find_class(module, name)
