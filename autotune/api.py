@@ -172,6 +172,20 @@ def _workload(
     )
 
 
+def _check_not_launched(call: str) -> None:
+    """Refuse a call made in one process of a distributed launch (``torchrun train.py`` whose
+    script tunes before it trains): each of its processes would run trials of its own, on the
+    devices the others hold."""
+    world = os.environ.get("WORLD_SIZE", "")
+    if "RANK" in os.environ and world.isdigit() and int(world) > 1:
+        raise ConfigError(
+            f"autotune.{call}() called in a distributed launch (RANK={os.environ['RANK']} of "
+            f"WORLD_SIZE={world}, as torchrun sets them): each process would run trials of its "
+            "own on the same devices; tune before the launch, in a process run alone "
+            "(`autotune search`), and launch training with its recommendation"
+        )
+
+
 def run_trial(
     model: Reference,
     config: TrainConfig | dict[str, Any] | str | Path,
@@ -204,6 +218,7 @@ def run_trial(
     rank's own output as the trial ends: the model's prints and warnings, a failure's whole
     traceback, which the result's message gives one line of.
     """
+    _check_not_launched("run_trial")
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     check_workload(workload)
     if isinstance(config, dict) and "global_batch_size" not in config:
@@ -254,6 +269,7 @@ def tune(
     Bad input raises ``AutotuneError`` with a one-line message. ``rank_output`` (a stream:
     ``sys.stderr``) receives the ranks' own output as each trial ends, as ``run_trial``'s does.
     """
+    _check_not_launched("tune")
     checked = make_settings({"global_batch_size": global_batch_size, **settings})
     workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     if reporter is None:

@@ -194,3 +194,21 @@ def test_a_class_of_the_script_being_run_is_imported_from_its_file(
                 'under `if __name__ == "__main__":`, which only the script run directly enters'
             )
         )
+
+
+def test_a_call_in_one_process_of_a_distributed_launch_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `torchrun --nproc-per-node=8 train.py` whose script tunes first: eight searches at once,
+    # each on the devices the others hold.
+    import autotune
+    from autotune.api import _check_not_launched
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    for call in (lambda: autotune.tune("tests.fixtures.models:Small"),
+                 lambda: run_trial("tests.fixtures.models:Small", CONFIG)):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"called in a distributed launch \(RANK=3 of WORL"):
+            call()
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc-per-node=1: one process
+    _check_not_launched("tune")
