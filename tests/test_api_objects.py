@@ -89,7 +89,9 @@ def test_objects_a_pipeline_holds_are_pickled_for_the_ranks() -> None:
     assert result.collate.endswith(parts["collate"])
 
 
-def test_a_pickled_objects_reference_follows_its_content_not_the_run() -> None:
+def test_a_pickled_objects_reference_follows_its_content_not_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # torch pickles a tensor's storage with a random id: the same data gave another file in
     # each run, and a resumed study said it was made with a different data.
     from autotune.runner.pickled import pickled_reference
@@ -99,6 +101,10 @@ def test_a_pickled_objects_reference_follows_its_content_not_the_run() -> None:
     assert pickled_reference(_pairs(seed=1), "data", None) != same[0]
     with pytest.raises(ConfigError, match=r"^data=x: the ranks get an object by pickling it, "):
         pickled_reference((x for x in [1, 2]), "data=x", None)  # a generator
+    # a notebook's class: the ranks could not unpickle it ("Can't get attribute") in a trial
+    monkeypatch.setattr(sys.modules["__main__"], "_Scripted", _Scripted, raising=False)
+    with pytest.raises(ConfigError, match=r"holds _Scripted, defined in an interactive session"):
+        pickled_reference([_Scripted()], "data=a list object", None)
 
 
 def test_a_pickled_object_is_refused_for_a_ray_cluster_whose_nodes_cannot_read_it() -> None:

@@ -19,6 +19,7 @@ import os
 import pickle
 import sys
 import tempfile
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,14 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
             f"({type(error).__name__}: {error}); give the class or factory every rank builds it "
             "with, as 'pkg.module:Name' / 'path/to/file.py:Name'"
         ) from None
-    digest = hashlib.sha256(header + _identity(value)).hexdigest()[:24]
+    identity, from_main = _identity(value)
+    if from_main and script is None:
+        raise ConfigError(
+            f"{where}: holds {', '.join(sorted(from_main))}, defined in an interactive session "
+            "(a notebook), which the ranks cannot import; move it to a .py file and import it "
+            "from there"
+        )
+    digest = hashlib.sha256(header + identity).hexdigest()[:24]
     directory = Path(tempfile.gettempdir()) / "autotune-objects"
     path = directory / f"{type(value).__name__}-{digest}.pkl"
     if not path.exists():
@@ -61,21 +69,26 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
     return reference
 
 
-def _identity(value: Any) -> bytes:
+def _identity(value: Any) -> tuple[bytes, set[str]]:
     """``value``'s pickle with each tensor in it replaced by its dtype, shape and a hash of its
-    bytes: torch pickles a tensor's storage with a random serialization id, so the same data
-    would pickle to other bytes in every run, and a resumed study would not know it."""
+    bytes (torch pickles a tensor's storage with a random serialization id, so the same data
+    would pickle to other bytes in every run, and a resumed study would not know it), and the
+    names of the classes and functions it holds from ``__main__``."""
     buffer = io.BytesIO()
-    _IdentityPickler(buffer, sys.modules.get("torch")).dump(value)  # torch only if in use
-    return buffer.getvalue()
+    pickler = _IdentityPickler(buffer, sys.modules.get("torch"))  # torch only if in use
+    pickler.dump(value)
+    return buffer.getvalue(), pickler.from_main
 
 
 class _IdentityPickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, torch: Any) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.torch = torch
+        self.from_main: set[str] = set()
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
+            self.from_main.add(obj.__qualname__)
         torch = self.torch
         if torch is None or not isinstance(obj, torch.Tensor):
             return NotImplemented
