@@ -81,12 +81,14 @@ def test_objects_a_pipeline_holds_are_pickled_for_the_ranks() -> None:
     )
     assert result.status == "ok", result.message
     parts = {k: v.rpartition("/")[2] for k, v in result.workload.items() if v and k != "model"}
+    collate = result.workload["collate"].removeprefix("pickled:")
     assert {k: v.partition("-")[0] for k, v in parts.items()} == {
         "data": "TensorDataset", "loss": "CrossEntropyLoss", "collate": "Stacking",
         "optimizer": "partial",
     }  # fmt: skip
     assert result.optimizer == "SGD" and result.loss_rule == ""  # theirs, not the defaults
-    assert result.collate.endswith(parts["collate"])
+    assert result.collate == f"a Stacking object given to the API (pickled to {collate})"
+    assert result.data.startswith("a TensorDataset object given to the API (pickled to ")
 
 
 def test_a_pickled_objects_reference_follows_its_content_not_the_run(

@@ -37,6 +37,17 @@ def is_pickled(reference: str) -> bool:
     return reference.startswith(PREFIX)
 
 
+def described(reference: str, flag: str) -> str:
+    """How a reference reads in the output: ``--data pkg.module:attr``, or for an object given
+    to the API, ``a MyData object given to the API (pickled to <file>)``."""
+    if not is_pickled(reference):
+        return f"{flag} {reference}"
+    path = reference.removeprefix(PREFIX)
+    kind = Path(path).name.rpartition("-")[0]
+    article = "an" if kind[:1].lower() in tuple("aeiou") else "a"
+    return f"{article} {kind} object given to the API (pickled to {path})"
+
+
 def pickled_reference(value: Any, where: str, script: str | None) -> str:
     """The reference of ``value`` pickled for the ranks (``where`` names it in an error);
     ``script``: the location the ranks import the script being run by, if any."""

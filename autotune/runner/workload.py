@@ -19,6 +19,7 @@ from autotune.errors import WorkloadError, error_line, first_three
 from autotune.runner.compile_state import compiled_module
 from autotune.runner.loss import default_loss
 from autotune.runner.optimizer import MODEL_ARGUMENTS, takes_model
+from autotune.runner.pickled import described
 from autotune.runner.references import call_factory, resolve_reference
 
 BUILDING = "building the workload"
@@ -164,7 +165,7 @@ def _check_synthetic_flags(spec: WorkloadSpec, module: Any) -> None:
             )
         return
     if spec.data:
-        source = f"--data {spec.data}"
+        source = described(spec.data, "--data")
     elif hasattr(module, DATASET_ATTRIBUTE):
         source = _beside_model(spec, DATASET_ATTRIBUTE)
     else:
@@ -318,7 +319,7 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     if spec.data:
         _, source = resolve_reference(spec.data, "--data")
         dataset, note = _instantiate_dataset(source, model, spec.data, "--data", given)
-        return dataset, f"--data {spec.data}{note}"
+        return dataset, f"{described(spec.data, '--data')}{note}"
     if hasattr(model_module, DATASET_ATTRIBUTE):
         reference = _beside_model(spec, DATASET_ATTRIBUTE)
         source = getattr(model_module, DATASET_ATTRIBUTE)
@@ -367,7 +368,7 @@ def _user_function(
     what was ``expected``."""
     if reference:
         _, function = resolve_reference(reference, flag)
-        named, shown = f"{flag} {reference}", f"{flag} {reference!r}"
+        named, shown = described(reference, flag), f"{flag} {reference!r}"
     elif hasattr(model_module, attribute):
         function = getattr(model_module, attribute)
         named = _beside_model(spec, attribute)
@@ -510,7 +511,7 @@ def describe_optimizer(spec: WorkloadSpec, configures: bool = False) -> str:
     module, target = resolve_reference(spec.model, "--model")
     factory, source = load_optimizer(spec, module)
     if factory is not None:
-        return f"--optimizer {source}" if spec.optimizer else source
+        return described(source, "--optimizer") if spec.optimizer else source
     if configures or is_lightning_module(target):
         return CONFIGURED
     return (
