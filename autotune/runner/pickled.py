@@ -53,14 +53,13 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
     ``script``: the location the ranks import the script being run by, if any."""
     header = json.dumps({"script": script, "type": type(value).__qualname__}).encode()
     try:
-        body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        identity, from_main = _identity(value)
     except Exception as error:  # a lambda, an open file, a generator, a lock
         raise ConfigError(
             f"{where}: the ranks get an object by pickling it, and it cannot be pickled "
             f"({type(error).__name__}: {error}); give the class or factory every rank builds it "
             "with, as 'pkg.module:Name' / 'path/to/file.py:Name'"
         ) from None
-    identity, from_main = _identity(value)
     if from_main and script is None:
         raise ConfigError(
             f"{where}: holds {', '.join(sorted(from_main))}, defined in an interactive session "
@@ -70,10 +69,12 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
     digest = hashlib.sha256(header + identity).hexdigest()[:24]
     directory = Path(tempfile.gettempdir()) / "autotune-objects"
     path = directory / f"{type(value).__name__}-{digest}.pkl"
-    if not path.exists():
+    if not path.exists():  # the same content pickled before (a resumed search): kept
         directory.mkdir(exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.part")
-        partial.write_bytes(header + b"\n" + body)
+        with partial.open("wb") as file:
+            file.write(header + b"\n")
+            pickle.dump(value, file, protocol=pickle.HIGHEST_PROTOCOL)
         partial.replace(path)  # whole or absent: another process may read it now
     reference = PREFIX + str(path)
     _HELD[reference] = value
