@@ -149,6 +149,7 @@ def _workload(
             f"autotune was called again while it imported {program} for its ranks: put the call "
             'under `if __name__ == "__main__":`, which only the script run directly enters'
         )
+    data, collate = _unloaded(data, collate)
     paths = [os.getcwd()]
     parts = {
         what: _reference(value, what, paths)
@@ -170,6 +171,20 @@ def _workload(
         },
         "workload",
     )
+
+
+def _unloaded(data: Any, collate: Any) -> tuple[Any, Any]:
+    """A DataLoader given as the data, as a pipeline holds one: its dataset, and its collate
+    function where it batches with one of its own and none was given. Its batch size,
+    workers, pinning and prefetching are what a configuration sets, and its sampler is
+    replaced by the trials' ``DistributedSampler``."""
+    loading = sys.modules.get("torch.utils.data")  # imported where a DataLoader exists
+    if loading is None or not isinstance(data, loading.DataLoader):
+        return data, collate
+    own = data.collate_fn
+    if collate is None and own is not loading.default_collate:
+        collate = own
+    return data.dataset, collate
 
 
 def _check_not_launched(call: str) -> None:

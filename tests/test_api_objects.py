@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -89,6 +90,28 @@ def test_objects_a_pipeline_holds_are_pickled_for_the_ranks() -> None:
     assert result.optimizer == "SGD" and result.loss_rule == ""  # theirs, not the defaults
     assert result.collate == f"a Stacking object given to the API (pickled to {collate})"
     assert result.data.startswith("a TensorDataset object given to the API (pickled to ")
+
+
+def test_a_dataloader_given_as_data_gives_its_dataset_and_its_collate_function() -> None:
+    from torch.utils.data import DataLoader
+
+    from autotune.api import _workload
+
+    model, default = "tests.fixtures.models:Small", "torch.utils.data:default_collate"
+
+    def kinds(loader: DataLoader[Any], collate: Any = None) -> dict[str, str | None]:
+        spec = _workload(model, loader, None, None, "float32", None, collate)
+        return {
+            what: ref.rpartition("/")[2].partition("-")[0] if ref else None
+            for what, ref in (("data", spec.data), ("collate", spec.collate))
+        }
+
+    assert kinds(DataLoader(_pairs(), batch_size=4, collate_fn=Stacking(2.0))) == {
+        "data": "TensorDataset", "collate": "Stacking"
+    }  # fmt: skip
+    assert kinds(DataLoader(_pairs(), batch_size=4)) == {"data": "TensorDataset", "collate": None}
+    given = kinds(DataLoader(_pairs(), collate_fn=Stacking(2.0)), default)  # the given one wins
+    assert given == {"data": "TensorDataset", "collate": default}
 
 
 def test_a_pickled_objects_reference_follows_its_content_not_the_run(
