@@ -69,12 +69,14 @@ def _reference(value: Reference | None, what: str, paths: list[str]) -> str | No
     shown = f"{module_name}.{name}" if name else f"a{'n' * (kind[0] in 'aeiou')} {kind} object"
     where = f"{what}={shown}"
     if not callable(value) or module is None or not name:  # an object, not its class
-        if what != "model":  # a dataset, a loss module, a collator: pickled for the ranks
-            return pickled_reference(value, where, _script_location(sys.modules["__main__"]))
-        raise ConfigError(
-            f"{where}: give the class or factory every rank builds it with, as an object of "
-            "an importable module or as 'pkg.module:Name' / 'path/to/file.py:Name'"
-        )
+        if what == "model" and not callable(value):
+            raise ConfigError(
+                f"{where}: give the model (a torch.nn.Module), or the class or factory that "
+                "builds it, as an object or as 'pkg.module:Name' / 'path/to/file.py:Name'"
+            )
+        # a dataset, a loss module, a collator, a partial of a factory, a built model: each
+        # rank loads its own copy
+        return pickled_reference(value, where, _script_location(sys.modules["__main__"]))
     if "<locals>" in name:
         raise ConfigError(
             f"{where}: defined in a function, which the ranks cannot import; move it to the "

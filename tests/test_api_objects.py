@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from autotune.api import run_trial
+from autotune.api import _workload, run_trial
 from autotune.errors import ConfigError
 from tests.fixtures import optimizers
 
@@ -92,10 +92,29 @@ def test_objects_a_pipeline_holds_are_pickled_for_the_ranks() -> None:
     assert result.data.startswith("a TensorDataset object given to the API (pickled to ")
 
 
+@pytest.mark.parametrize("built", [True, False], ids=["built", "partial"])
+def test_a_built_model_or_a_partial_of_its_class_trains_with_what_its_module_declares(
+    built: bool,
+) -> None:
+    # A pipeline that builds its model from its own hyperparameters holds the model, or a
+    # partial of its class: both were refused ("give the class or factory every rank builds").
+    import functools
+
+    from autotune.search.driver import default_study_name
+    from autotune.search.settings import make_settings
+
+    model = optimizers.Wide() if built else functools.partial(optimizers.Wide)
+    result = run_trial(model, CONFIG, **FAST)
+    assert result.status == "ok", result.message
+    assert result.data == "tests.fixtures.optimizers:autotune_dataset"  # beside its class
+    assert result.optimizer == "SGD"  # the module's autotune_optimizer
+    spec = _workload(model, None, None, None, "float32")
+    name = default_study_name(spec, make_settings({"global_batch_size": 8}))
+    assert name.startswith("Wide-" if built else "partial-") and name.endswith("-gbs8")
+
+
 def test_a_dataloader_given_as_data_gives_its_dataset_and_its_collate_function() -> None:
     from torch.utils.data import DataLoader
-
-    from autotune.api import _workload
 
     model, default = "tests.fixtures.models:Small", "torch.utils.data:default_collate"
 
@@ -133,7 +152,6 @@ def test_a_pickled_objects_reference_follows_its_content_not_the_run(
 
 
 def test_a_pickled_object_is_refused_for_a_ray_cluster_whose_nodes_cannot_read_it() -> None:
-    from autotune.api import _workload
     from autotune.search.driver import _check_objects_reach
 
     workload = _workload("tests.fixtures.models:Small", _pairs(), None, None, "float32")
@@ -161,8 +179,7 @@ def _local() -> type:
     [
         (_Scripted, "model=__main__._Scripted: not found at the top level of the script being"),
         (_local(), "model=tests.test_api_objects._local.<locals>.Inner: defined in a function"),
-        (optimizers.Wide(), "model=a Wide object: give the class or factory every rank builds"),
-        (3, "model=an int object: give the class or factory"),
+        (3, "model=an int object: give the model (a torch.nn.Module), or the class or factory"),
     ],
 )
 def test_what_the_ranks_cannot_import_is_refused_in_one_line(model: object, expected: str) -> None:

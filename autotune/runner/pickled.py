@@ -1,7 +1,7 @@
-"""Objects a pipeline already holds (a dataset, a loss module, a collator, a ``partial`` of an
-optimizer), given to the Python API where a reference would be: pickled once to a file the ranks
-load, named by a hash of its content, so that the same object gives the same reference (and a
-resumed study matches) and another object another one.
+"""Objects a pipeline already holds (a built model or a ``partial`` of its class, a dataset, a loss
+module, a collator, a ``partial`` of an optimizer), given to the Python API where a reference
+would be: pickled once to a file the ranks load, named by a hash of its content, so that the same
+object gives the same reference (and a resumed study matches) and another object another one.
 
 The file is a JSON header line, then the pickle. The header names the script being run
 (``__main__``) where the caller runs one: a class of that script is pickled as
@@ -29,8 +29,9 @@ from autotune.errors import ConfigError, WorkloadError
 PREFIX = "pickled:"
 """How a reference to a pickled object starts (then the file: ``<tmp>/autotune-objects/
 <type>-<hash>.pkl``)."""
-_HELD: dict[str, Any] = {}
-"""The objects this process pickled, by reference: loaded here without a copy."""
+_HELD: dict[str, tuple[Any, str, str | None]] = {}
+"""The objects this process pickled, by reference, with their module and the script's
+location: loaded here without a copy."""
 
 
 def is_pickled(reference: str) -> bool:
@@ -51,7 +52,10 @@ def described(reference: str, flag: str) -> str:
 def pickled_reference(value: Any, where: str, script: str | None) -> str:
     """The reference of ``value`` pickled for the ranks (``where`` names it in an error);
     ``script``: the location the ranks import the script being run by, if any."""
-    header = json.dumps({"script": script, "type": type(value).__qualname__}).encode()
+    origin = (value.func if isinstance(value, functools.partial) else type(value)).__module__
+    header = json.dumps(
+        {"script": script, "type": type(value).__qualname__, "module": origin}
+    ).encode()
     try:
         identity, from_main = _identity(value)
     except Exception as error:  # a lambda, an open file, a generator, a lock
@@ -77,7 +81,7 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
             pickle.dump(value, file, protocol=pickle.HIGHEST_PROTOCOL)
         partial.replace(path)  # whole or absent: another process may read it now
     reference = PREFIX + str(path)
-    _HELD[reference] = value
+    _HELD[reference] = (value, origin, script)
     return reference
 
 
@@ -113,23 +117,30 @@ class _IdentityPickler(pickle.Pickler):
 
 
 @functools.cache
-def load_pickled(reference: str, what: str, import_location: Callable[[str, str], Any]) -> Any:
-    """The object ``reference`` holds: this process's own where it pickled it, else loaded
-    from its file (once a process), the script's classes from the module ``import_location``
-    gives (``references.import_location``)."""
+def load_pickled(
+    reference: str, what: str, import_location: Callable[[str, str], Any]
+) -> tuple[Any, Any]:
+    """(module, object): the object ``reference`` holds, this process's own where it pickled
+    it, else loaded from its file (once a process), the script's classes from the module
+    ``import_location`` gives (``references.import_location``); and the module its class (a
+    ``partial``'s function) comes from, where it imports: for a model, where
+    ``autotune_dataset`` and the rest beside it are looked up."""
     if reference in _HELD:
-        return _HELD[reference]
+        value, origin, script = _HELD[reference]
+        return _module(origin, script, import_location), value
     path = Path(reference.removeprefix(PREFIX))
     try:
         header, _, body = path.read_bytes().partition(b"\n")
-        script = json.loads(header)["script"]
+        fields = json.loads(header)
+        script, origin = fields["script"], fields["module"]
     except (OSError, ValueError, KeyError) as error:
         raise WorkloadError(
             f"{what} {reference!r}: the object pickled for the ranks cannot be read ({error}); "
             "run the search or trial again from the object"
         ) from None
     try:
-        return _Unpickler(io.BytesIO(body), script, import_location).load()
+        value = _Unpickler(io.BytesIO(body), script, import_location).load()
+        return _module(origin, script, import_location), value
     except WorkloadError:
         raise
     except Exception as error:
@@ -138,6 +149,18 @@ def load_pickled(reference: str, what: str, import_location: Callable[[str, str]
             f"({type(error).__name__}: {error}); give the class or factory that builds it, as "
             "'pkg.module:Name'"
         ) from None
+
+
+def _module(origin: str, script: str | None, import_location: Callable[[str, str], Any]) -> Any:
+    """The module named ``origin`` (``__main__``: the script's), None where it does not import
+    here (only the object is needed)."""
+    location = script if origin == "__main__" else origin
+    if location is None:
+        return None
+    try:
+        return import_location(location, "the module of an object given to the API")
+    except WorkloadError:
+        return None
 
 
 class _Unpickler(pickle.Unpickler):

@@ -22,6 +22,8 @@ from typing import Any
 from autotune.errors import WorkloadError, closest
 from autotune.runner.pickled import is_pickled, load_pickled
 
+FILE_MODULE_PREFIX = "autotune_user_"
+"""What the name of a module imported from a file outside any package starts with."""
 _RUNNING: list[str] = []
 """The programs whose code ``run_alone`` is running now, innermost last."""
 
@@ -74,7 +76,7 @@ def import_location(location: str, what: str) -> Any:
             raise WorkloadError(f"{what}: file {location!r} does not exist")
         if (packaged := _import_packaged(path, what, location)) is not None:
             return packaged
-        name = "autotune_user_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_")
+        name = FILE_MODULE_PREFIX + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_")
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, path)
@@ -144,10 +146,10 @@ def _import_module(name: str, what: str, location: str | None = None) -> Any:
 
 
 def resolve_reference(reference: str, what: str) -> tuple[Any, Any]:
-    """Return (module, attribute) for 'module:attr' (attr may be dotted); (None, the object)
-    for an object the caller pickled (``autotune.runner.pickled``)."""
+    """Return (module, attribute) for 'module:attr' (attr may be dotted); for an object the
+    caller pickled (``autotune.runner.pickled``), the module of its class and the object."""
     if is_pickled(reference):
-        return None, load_pickled(reference, what, import_location)
+        return load_pickled(reference, what, import_location)
     location, attribute = _split_reference(reference, what)
     module = import_location(location, what)
     value: Any = module

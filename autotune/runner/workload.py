@@ -19,8 +19,8 @@ from autotune.errors import WorkloadError, error_line, first_three
 from autotune.runner.compile_state import compiled_module
 from autotune.runner.loss import default_loss
 from autotune.runner.optimizer import MODEL_ARGUMENTS, takes_model
-from autotune.runner.pickled import described
-from autotune.runner.references import call_factory, resolve_reference
+from autotune.runner.pickled import described, is_pickled
+from autotune.runner.references import FILE_MODULE_PREFIX, call_factory, resolve_reference
 
 BUILDING = "building the workload"
 """A rank's stage that builds the model, its data and loss: a failure there is the model's,
@@ -300,7 +300,19 @@ def _takes_one_argument(function: Any) -> bool:
 def _beside_model(spec: WorkloadSpec, attribute: str) -> str:
     """``attribute`` of the model's module, named as the user named the model (a file path
     stays a path, not the name it is imported under)."""
-    return f"{spec.model.rpartition(':')[0]}:{attribute}"
+    return f"{model_location(spec)}:{attribute}"
+
+
+def model_location(spec: WorkloadSpec) -> str:
+    """The model's module as the user named it; for a model given to the API as an object
+    (pickled), the module its class or factory comes from, a file's by its path."""
+    if not is_pickled(spec.model):
+        return spec.model.rpartition(":")[0]
+    module, _ = resolve_reference(spec.model, "--model")
+    if module is None:
+        return "the model's module"
+    name: str = module.__name__
+    return str(getattr(module, "__file__", name)) if name.startswith(FILE_MODULE_PREFIX) else name
 
 
 def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any, str]:

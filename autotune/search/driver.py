@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any, TextIO
 
 from autotune.errors import ConfigError
@@ -27,6 +28,7 @@ from autotune.runner.workload import (
     declared_global_batch,
     describe_collate,
     describe_optimizer,
+    model_location,
 )
 from autotune.search.memory_model import budget_scope, start_prior
 from autotune.search.probe import (
@@ -65,7 +67,9 @@ RECOMMENDATION_ATTR = "autotune:recommendation"
 
 
 def default_study_name(workload: WorkloadSpec, settings: SearchSettings) -> str:
-    model = re.sub(r"[^A-Za-z0-9_.:-]+", "_", workload.model)
+    model = workload.model  # an object given to the API: its file's name, type and hash
+    model = Path(model.removeprefix(PREFIX)).stem if is_pickled(model) else model
+    model = re.sub(r"[^A-Za-z0-9_.:-]+", "_", model)
     clip = f"-clip{settings.max_grad_norm:g}" if settings.max_grad_norm is not None else ""
     return f"{model}-gbs{settings.global_batch_size}{clip}"
 
@@ -78,7 +82,7 @@ def resolve_global_batch(
         return settings, "given"
     declared = declared_global_batch(workload)
     if declared is not None:
-        module = workload.model.rpartition(":")[0]
+        module = model_location(workload)
         return settings.replace(global_batch_size=declared), f"{module} {GLOBAL_BATCH_ATTRIBUTE}"
     source = (
         f"default {DEFAULT_GLOBAL_BATCH_SIZE}: the global batch is training semantics; give the "
