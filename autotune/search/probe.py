@@ -196,9 +196,15 @@ def restrict_space(
     for size in params["world_size"].choices if "world_size" in params else ():
         if isinstance(size, int) and size > devices:
             drop("world_size", size, f"only {devices} device(s) considered")
-    if "world_size" not in space.params:
+    if "world_size" not in space.params:  # every trial on one device, whatever is here
+        why = (
+            f"the space has no world_size knob, so every trial runs on one device; add "
+            f"`world_size: [{devices}]` to it"
+            if devices > 1
+            else f"needs more than one device; {devices} considered"
+        )
         for mode in ("dp", "ddp", "fsdp"):
-            drop("parallel", mode, f"needs more than one device; {devices} considered")
+            drop("parallel", mode, why)
     if not cuda:
         drop("parallel", "dp", "DataParallel needs CUDA GPUs")
         drop("comm_hook", "bf16", "the bf16 compression hook needs CUDA and NCCL")

@@ -53,6 +53,22 @@ def test_one_device_leaves_only_single_device_training() -> None:
     assert {e.value for e in dropped if e.knob == "parallel"} == {"ddp", "fsdp"}
 
 
+def test_a_space_without_world_size_says_to_add_it_where_there_are_devices(
+    tmp_path: Path,
+) -> None:
+    # `parallel: [ddp, fsdp]` alone left one device per trial: both were dropped as "needs
+    # more than one device; 2 considered", which two devices contradicted.
+    from autotune.search.space import load_space as load
+
+    path = tmp_path / "space.yaml"
+    path.write_text('parallel: [ddp, fsdp]\namp: ["off"]\n')
+    _, dropped = restrict_space(load(str(path)), detect_platform("cpu"), 2, None, False)
+    assert {(e.knob, e.value): e.reason for e in dropped}[("parallel", "ddp")] == (
+        "the space has no world_size knob, so every trial runs on one device; add "
+        "`world_size: [2]` to it"
+    )
+
+
 def test_fsdp_is_dropped_for_a_model_it_cannot_shard_with_why() -> None:
     # Trials of both failed in their first step: FSDP's reduce-scatter takes no sparse
     # gradient, and it flattens each unit's parameters into one tensor of one dtype.
