@@ -16,9 +16,14 @@ from autotune.records import TrialRecord
 from autotune.search.climb import Complete, Seen, next_move
 from autotune.search.lessons import needs_unused_parameters
 from autotune.search.log import StudyLog
-from autotune.search.space import SearchSpace
+from autotune.search.space import SearchSpace, space_points
 from autotune.search.storage import UNCLAIMED_S, owner
 from autotune.search.study import ask_fixed, ask_owned
+
+SMALL_SPACE = 4096
+"""A space of at most this many combinations is known whole: the search stops once each of its
+configurations is measured or decided (``Proposer.every_config``), not after
+``MAX_UNPRODUCTIVE_PROPOSALS`` proposals of nothing new."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class Proposer:
         self.hold_s = hold_s
         """How long a proposal is claimed for (another driver of the study leaves it alone)."""
         self._proposed: set[str] = set()
+        self._points: list[dict[str, Any]] | bool | None = False  # False: not counted yet
+        self._every: dict[bool, list[TrainConfig]] = {}  # by find_unused_parameters
         self.traced_unused = False
         """Set when the memory trace showed a step to leave parameters without a gradient."""
 
@@ -102,6 +109,25 @@ class Proposer:
             return {**values, **self.fixed, **(unused if ddp else {})}
 
         return complete
+
+    def every_config(self) -> list[TrainConfig] | None:
+        """Every valid configuration ``propose`` could return, completed as it completes them;
+        None for a space of more than ``SMALL_SPACE`` combinations."""
+        if self._points is False:
+            self._points = space_points(self.space, SMALL_SPACE)
+        if not isinstance(self._points, list):
+            return None
+        unused = self.find_unused_parameters
+        if unused not in self._every:
+            complete, found = self.completer(), dict[str, TrainConfig]()
+            for values in self._points:
+                try:
+                    config = TrainConfig(**complete(values))
+                except ValueError:
+                    continue
+                found.setdefault(config.key(), config)
+            self._every[unused] = list(found.values())
+        return self._every[unused]
 
     def propose(self) -> Proposal:
         """Ask for a trial and sample every knob whose condition holds: first a trial a killed

@@ -217,27 +217,37 @@ def load_space(name_or_path: str) -> SearchSpace:
     return parse_space(data, repr(str(path)))
 
 
+def space_points(space: SearchSpace, most: int | None = None) -> list[dict[str, Any]] | None:
+    """The knob values of every combination of ``space``, as the sampler would draw them (a
+    knob whose condition does not hold is absent), in the order the knobs are listed; None when
+    there are more than ``most`` (the default space holds billions: a caller that only wants a
+    small space whole stops counting early)."""
+    names = list(space.params)
+    points: list[dict[str, Any]] = []
+    pending: list[tuple[int, dict[str, Any]]] = [(0, {})]
+    while pending:  # depth first, the first knob's first choice first
+        i, values = pending.pop()
+        if i == len(names):
+            points.append(values)
+            if most is not None and len(points) > most:
+                return None
+            continue
+        param = space.params[names[i]]
+        if not param.active(values):
+            pending.append((i + 1, values))
+            continue
+        pending.extend((i + 1, {**values, names[i]: c}) for c in reversed(param.choices))
+    return points
+
+
 def enumerate_configs(space: SearchSpace, fixed: dict[str, Any]) -> list[TrainConfig]:
     """Every valid configuration of ``space`` (with ``fixed`` fields such as the global batch),
     in the order the knobs are listed; combinations TrainConfig refuses are left out."""
-
-    names = list(space.params)
     found: dict[str, TrainConfig] = {}
-
-    def walk(i: int, values: dict[str, Any]) -> None:
-        if i == len(names):
-            try:
-                config = TrainConfig(**values, **fixed)
-            except ValueError:
-                return
-            found.setdefault(config.key(), config)
-            return
-        param = space.params[names[i]]
-        if not param.active(values):
-            walk(i + 1, values)
-            return
-        for choice in param.choices:
-            walk(i + 1, {**values, names[i]: choice})
-
-    walk(0, {})
+    for values in space_points(space) or []:
+        try:
+            config = TrainConfig(**values, **fixed)
+        except ValueError:
+            continue
+        found.setdefault(config.key(), config)
     return list(found.values())

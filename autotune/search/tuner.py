@@ -493,6 +493,11 @@ class Tuner:
                 feasible=seen.feasible,
                 message=f"same configuration as trial {seen.number} ({seen.status})",
             )
+        return self._decided(config, base)
+
+    def _decided(self, config: TrainConfig, base: dict[str, Any]) -> TrialRecord | None:
+        """``config``'s outcome without running it, for what is known of it now (a knob's value
+        that fails, memory measured or predicted over the limit), or None to run it."""
         failing = next((f for f in failing_values(self.log.records) if f.matches(config)), None)
         if failing is not None:
             message = f"{failing.label} {failing.reason()}"
@@ -529,11 +534,16 @@ class Tuner:
         limit = self.settings.cluster.concurrency or 1
         unproductive = refused = 0
         said_skipped: set[str] = set()  # a configuration proposed again is skipped in silence
+        exhausted = False
         while True:
             while len(running) < limit:
                 if pending is None:
                     self.log.refresh()  # other drivers' trials count, and are not repeated
-                    if self._out_of_budget() or unproductive >= MAX_UNPRODUCTIVE_PROPOSALS:
+                    if (
+                        exhausted
+                        or self._out_of_budget()
+                        or unproductive >= MAX_UNPRODUCTIVE_PROPOSALS
+                    ):
                         break
                     proposal = self.proposer.propose()
                     decided = self.decide(proposal)
@@ -544,6 +554,7 @@ class Tuner:
                         if stored.status == "skipped" and key not in said_skipped:
                             said_skipped.add(key)
                             self.reporter.trial_finished(stored, self.log.best())
+                        exhausted = self._space_exhausted([p.config for p, _ in running.values()])
                         continue
                     unproductive = 0
                     pending = proposal
@@ -583,6 +594,32 @@ class Tuner:
                 self._learn_unused_parameters(record)
                 self._learn_failing_values(record)
                 self._stop_if_every_trial_fails_alike()
+
+    def _space_exhausted(self, running: list[TrainConfig | None]) -> bool:
+        """Whether a small space has nothing left to measure: each of its configurations is
+        measured, running (here or for another driver) or, asked again now, decided without
+        running; said once, when it becomes so."""
+        every = self.proposer.every_config()
+        if every is None:
+            return False
+        taken = set(self.log.measured()) | set(self.log.claimed())
+        taken |= {c.key() for c in running if c is not None}
+        skipped = {r.config.key() for r in self.log.records if r.status == "skipped" and r.config}
+        left = [c for c in every if c.key() not in taken]
+        if any(c.key() not in skipped for c in left):  # never decided: not worth predicting now
+            return False
+        base = {"number": 0, "role": "search"}
+        if any(self._decided(c, {**base, "config": c}) is None for c in left):
+            return False  # what was learned since would run it now
+        known = f"all {len(every)} of its configurations are measured (or being measured)"
+        if left:
+            known = (
+                f"of its {len(every)} configurations, {len(every) - len(left)} are measured (or "
+                f"being measured) and {len(left)} decided without running (the skipped trials "
+                "say why)"
+            )
+        self.reporter.phase(f"the search space is exhausted: {known}; the search stops proposing")
+        return True
 
     def race(self) -> list[TrainConfig]:
         """Race the best few, the baseline and the standard recipe in interleaved rounds until

@@ -840,6 +840,7 @@ def test_a_search_where_nothing_fits_says_each_skip_once_and_what_would_hold_the
     monkeypatch.setattr(tuner_module, "MAX_UNPRODUCTIVE_PROPOSALS", 30)
     tuner = make_tuner(FakeExecutor(outcome), SPACE, limit_mib=90, trials=20)
     monkeypatch.setattr(tuner, "decide", predicted_over)
+    monkeypatch.setattr(tuner.proposer, "every_config", lambda: None)  # as a large space's
     tuner.reporter = said = _Finished()
     with pytest.raises(SearchError) as raised:
         tuner.run([], "s.db", "s")
@@ -853,3 +854,43 @@ def test_a_search_where_nothing_fits_says_each_skip_once_and_what_would_hold_the
     assert "a budget of at least 0.10 GiB would hold it" in text
     assert text.endswith(", or allow checkpoint_segments in the search space")  # not accum
     assert "grad_accum_steps" not in text and "\n" not in text
+
+
+@pytest.mark.parametrize(("limit_mib", "measured"), [(1000, 6), (300, 4)])
+def test_a_search_stops_once_every_configuration_of_a_small_space_is_known(
+    limit_mib: float, measured: int
+) -> None:
+    # Six configurations and a budget of twenty trials: once each is measured, or skipped as
+    # over the limit by what the measured ones showed, every further proposal is a repeat;
+    # these were proposed 200 more times, stored as duplicates, about 15 s.
+    tuner = make_tuner(FakeExecutor(steady), SPACE, limit_mib=limit_mib, trials=20)
+    tuner.reporter = phases = Said()
+    tuner.baseline()
+    tuner.search()
+    records = tuner.log.records
+    assert sum(r.counts_toward_budget for r in records) == measured
+    keys = [r.config.key() for r in records if r.config]
+    whole = next(i for i in range(len(keys)) if len(set(keys[: i + 1])) == 6)
+    assert len(records) - whole <= 2  # at most one repeat once every configuration is known
+    said = [line for line in phases.lines if "exhausted" in line]
+    known = {
+        6: "all 6 of its configurations are measured (or being measured)",
+        4: "of its 6 configurations, 4 are measured (or being measured) and 2 decided without "
+        "running (the skipped trials say why)",
+    }[measured]
+    assert said == [f"the search space is exhausted: {known}; the search stops proposing"]
+
+
+def test_a_large_space_is_not_counted_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.search.proposer as proposer_module
+    from autotune.search.space import load_space, space_points
+
+    assert space_points(load_space("default"), proposer_module.SMALL_SPACE) is None  # billions
+    every = make_tuner(FakeExecutor(steady), SPACE).proposer.every_config()
+    assert every is not None and len(every) == 6
+    monkeypatch.setattr(proposer_module, "SMALL_SPACE", 5)
+    tuner = make_tuner(FakeExecutor(steady), SPACE, trials=20)
+    assert tuner.proposer.every_config() is None
+    tuner.baseline()
+    tuner.search()  # proposes on until MAX_UNPRODUCTIVE_PROPOSALS, as before
+    assert sum(r.status == "duplicate" for r in tuner.log.records) >= 100
