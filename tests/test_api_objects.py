@@ -151,6 +151,66 @@ def test_a_pickled_objects_reference_follows_its_content_not_the_run(
         pickled_reference([_Scripted()], "data=a list object", None)
 
 
+def test_pickled_objects_unused_for_a_week_are_deleted_and_those_in_use_kept_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every search of a changed dataset left its whole pickle in the temporary directory.
+    import os
+    import tempfile
+    import time
+
+    from autotune.runner import pickled
+    from autotune.runner.references import import_location
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    objects = tmp_path / "autotune-objects"
+    objects.mkdir()
+    week_ago = time.time() - pickled.UNUSED_FOR_S - 60
+    stale, died, recent = objects / "A-1.pkl", objects / "A-2.12.part", objects / "A-3.pkl"
+    for path in (stale, died, recent):
+        path.write_bytes(b"x")
+    for path in (stale, died):
+        os.utime(path, (week_ago, week_ago))
+    reference = pickled.pickled_reference(_pairs(), "data", None)
+    path = Path(reference.removeprefix(pickled.PREFIX))
+    assert sorted(p.name for p in objects.iterdir()) == sorted([recent.name, path.name])
+    os.utime(path, (week_ago, week_ago))
+    assert pickled.pickled_reference(_pairs(), "data", None) == reference  # reused, not pruned
+    assert time.time() - path.stat().st_mtime < 60
+    os.utime(path, (week_ago, week_ago))
+    del pickled._HELD[reference]  # as a rank loads it: from the file
+    _, loaded = pickled.load_pickled(reference, "data", import_location)
+    assert torch.equal(loaded.tensors[0], _pairs().tensors[0])
+    assert time.time() - path.stat().st_mtime < 60  # loaded: in use
+
+
+def test_a_large_object_is_not_held_twice_while_it_is_pickled_or_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its identity was pickled whole to memory to be hashed, and a rank read the file whole
+    # and copied its body before unpickling it.
+    import tempfile
+    import tracemalloc
+
+    from autotune.runner import pickled
+    from autotune.runner.references import import_location
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    size = 64 * 2**20
+    value = [bytes(size)]
+    tracemalloc.start()
+    try:
+        reference = pickled.pickled_reference(value, "data", None)
+        assert tracemalloc.get_traced_memory()[1] < size // 4
+        del pickled._HELD[reference]
+        tracemalloc.reset_peak()
+        _, loaded = pickled.load_pickled(reference, "data", import_location)
+        assert tracemalloc.get_traced_memory()[1] < size * 5 // 4  # the object, once
+    finally:
+        tracemalloc.stop()
+    assert loaded == value
+
+
 def test_a_pickled_object_is_refused_for_a_ray_cluster_whose_nodes_cannot_read_it() -> None:
     from autotune.search.driver import _check_objects_reach
 

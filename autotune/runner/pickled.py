@@ -11,24 +11,28 @@ script, imported as ``autotune.runner.references`` imports any file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-import io
 import json
 import os
 import pickle
 import sys
 import tempfile
+import time
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from autotune.errors import ConfigError, WorkloadError
 
 PREFIX = "pickled:"
 """How a reference to a pickled object starts (then the file: ``<tmp>/autotune-objects/
 <type>-<hash>.pkl``)."""
+UNUSED_FOR_S = 7 * 24 * 3600.0
+"""A pickled object's file not written, reused or loaded for this long is deleted the next time
+an object is pickled (each search or trial writes its own again: only a week-old one goes)."""
 _HELD: dict[str, tuple[Any, str, str | None]] = {}
 """The objects this process pickled, by reference, with their module and the script's
 location: loaded here without a copy."""
@@ -57,7 +61,7 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
         {"script": script, "type": type(value).__qualname__, "module": origin}
     ).encode()
     try:
-        identity, from_main = _identity(value)
+        digest, from_main = _identity(header, value)
     except Exception as error:  # a lambda, an open file, a generator, a lock
         raise ConfigError(
             f"{where}: the ranks get an object by pickling it, and it cannot be pickled "
@@ -70,10 +74,12 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
             "(a notebook), which the ranks cannot import; move it to a .py file and import it "
             "from there"
         )
-    digest = hashlib.sha256(header + identity).hexdigest()[:24]
     directory = Path(tempfile.gettempdir()) / "autotune-objects"
-    path = directory / f"{type(value).__name__}-{digest}.pkl"
-    if not path.exists():  # the same content pickled before (a resumed search): kept
+    path = directory / f"{type(value).__name__}-{digest[:24]}.pkl"
+    _prune(directory)
+    if path.exists():  # the same content pickled before (a resumed search): kept, and fresh
+        _touch(path)
+    else:
         directory.mkdir(exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.part")
         with partial.open("wb") as file:
@@ -85,19 +91,38 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
     return reference
 
 
-def _identity(value: Any) -> tuple[bytes, set[str]]:
-    """``value``'s pickle with each tensor in it replaced by its dtype, shape and a hash of its
-    bytes (torch pickles a tensor's storage with a random serialization id, so the same data
-    would pickle to other bytes in every run, and a resumed study would not know it), and the
-    names of the classes and functions it holds from ``__main__``."""
-    buffer = io.BytesIO()
-    pickler = _IdentityPickler(buffer, sys.modules.get("torch"))  # torch only if in use
+def _prune(directory: Path) -> None:
+    """Delete the files of ``directory`` unused for ``UNUSED_FOR_S`` (a search's objects would
+    pile up in the temporary directory, a dataset's whole each time it changes)."""
+    now = time.time()
+    for old in directory.glob("*.p*"):  # a .pkl, or the .part of a process that died writing
+        try:
+            if now - old.stat().st_mtime > UNUSED_FOR_S:
+                old.unlink()
+        except OSError:  # another process pruned it first, or it is not ours
+            pass
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):  # read-only, or pruned: the next pickling writes it
+        os.utime(path)
+
+
+def _identity(header: bytes, value: Any) -> tuple[str, set[str]]:
+    """The sha256 of ``header`` and ``value``'s pickle with each tensor in it replaced by its
+    dtype, shape and a hash of its bytes (torch pickles a tensor's storage with a random
+    serialization id, so the same data would pickle to other bytes in every run, and a resumed
+    study would not know it), hashed as it is pickled (a large dataset is not held twice); and
+    the names of the classes and functions it holds from ``__main__``."""
+    digest = hashlib.sha256(header)
+    pickler = _IdentityPickler(digest, sys.modules.get("torch"))  # torch only if in use
     pickler.dump(value)
-    return buffer.getvalue(), pickler.from_main
+    return digest.hexdigest(), pickler.from_main
 
 
 class _IdentityPickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, torch: Any) -> None:
+    def __init__(self, digest: Any, torch: Any) -> None:
+        file = types.SimpleNamespace(write=digest.update)  # all a pickler writes to
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.torch = torch
         self.from_main: set[str] = set()
@@ -130,25 +155,34 @@ def load_pickled(
         return _module(origin, script, import_location), value
     path = Path(reference.removeprefix(PREFIX))
     try:
-        header, _, body = path.read_bytes().partition(b"\n")
-        fields = json.loads(header)
-        script, origin = fields["script"], fields["module"]
-    except (OSError, ValueError, KeyError) as error:
-        raise WorkloadError(
-            f"{what} {reference!r}: the object pickled for the ranks cannot be read ({error}); "
-            "run the search or trial again from the object"
-        ) from None
-    try:
-        value = _Unpickler(io.BytesIO(body), script, import_location).load()
-        return _module(origin, script, import_location), value
-    except WorkloadError:
-        raise
-    except Exception as error:
-        raise WorkloadError(
-            f"{what}: the object pickled for the ranks does not load in a rank "
-            f"({type(error).__name__}: {error}); give the class or factory that builds it, as "
-            "'pkg.module:Name'"
-        ) from None
+        file = path.open("rb")  # read as it is unpickled: a large dataset is not held twice
+    except OSError as error:
+        raise _unreadable(what, reference, error) from None
+    with file:
+        try:
+            fields = json.loads(file.readline())
+            script, origin = fields["script"], fields["module"]
+        except (OSError, ValueError, KeyError) as error:
+            raise _unreadable(what, reference, error) from None
+        try:
+            value = _Unpickler(file, script, import_location).load()
+        except WorkloadError:
+            raise
+        except Exception as error:
+            raise WorkloadError(
+                f"{what}: the object pickled for the ranks does not load in a rank "
+                f"({type(error).__name__}: {error}); give the class or factory that builds it, "
+                "as 'pkg.module:Name'"
+            ) from None
+    _touch(path)  # in use: not pruned while a long search goes on loading it
+    return _module(origin, script, import_location), value
+
+
+def _unreadable(what: str, reference: str, error: Exception) -> WorkloadError:
+    return WorkloadError(
+        f"{what} {reference!r}: the object pickled for the ranks cannot be read ({error}); "
+        "run the search or trial again from the object"
+    )
 
 
 def _module(origin: str, script: str | None, import_location: Callable[[str, str], Any]) -> Any:
@@ -167,7 +201,7 @@ class _Unpickler(pickle.Unpickler):
     """Takes what the caller's script defined (``__main__``) from that script."""
 
     def __init__(
-        self, file: io.BytesIO, script: str | None, importer: Callable[[str, str], Any]
+        self, file: BinaryIO, script: str | None, importer: Callable[[str, str], Any]
     ) -> None:
         super().__init__(file)
         self.script = script
