@@ -28,8 +28,8 @@ from autotune.report import (
     throughput_cell,
     verification_line,
 )
-from autotune.search.driver import load_recommendation
-from autotune.search.storage import open_storage
+from autotune.search.driver import finished_recommendation
+from autotune.search.storage import load_stored_study
 from autotune.secrets import mask_url
 from autotune.units import format_bytes
 
@@ -280,10 +280,8 @@ def write_report(storage: str, study_name: str | None, path: str, costs: str | N
     """Write the HTML report of a stored study to ``path``; return the path."""
     from pathlib import Path
 
-    import optuna
-
-    recommendation = load_recommendation(storage, study_name)
-    study = optuna.load_study(study_name=recommendation.study_name, storage=open_storage(storage))
+    study, summary = load_stored_study(storage, study_name)
+    recommendation = finished_recommendation(summary)
     document = render_html(recommendation, parameter_importances(study))
     if costs:
         document = document.replace(

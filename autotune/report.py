@@ -13,7 +13,7 @@ from autotune.search.log import stored_records
 from autotune.search.memory_model import budget_scope
 from autotune.search.plan import Plan
 from autotune.search.race import race_runs
-from autotune.search.storage import abandoned, pick_study, stored_studies
+from autotune.search.storage import abandoned, load_stored_study, pick_study, stored_studies
 from autotune.secrets import mask_url
 from autotune.units import format_bytes
 
@@ -453,11 +453,7 @@ def running_trials(study: Any) -> list[tuple[int, bool]]:
 def study_json(storage: str, study_name: str | None) -> dict[str, Any]:
     """A stored study as one object (``autotune show --json``): its trials' records, the
     trials it holds as running, and the recommendation where the search finished."""
-    import optuna
-
-    backend, summaries = stored_studies(storage)
-    summary = pick_study(storage, summaries, study_name)
-    study = optuna.load_study(study_name=summary.study_name, storage=backend)
+    study, summary = load_stored_study(storage, study_name)
     recommendation = stored_recommendation(summary)
     return {
         "study": summary.study_name,

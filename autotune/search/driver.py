@@ -368,7 +368,12 @@ def verification_optimizer(recommendation: Recommendation) -> str:
 
 def load_recommendation(storage: str, study_name: str | None) -> Recommendation:
     """The recommendation stored by a finished search."""
-    summary = pick_study(storage, stored_studies(storage)[1], study_name)
+    return finished_recommendation(pick_study(storage, stored_studies(storage)[1], study_name))
+
+
+def finished_recommendation(summary: Any) -> Recommendation:
+    """The recommendation stored in the study (``summary``); one line where its search did not
+    finish."""
     recommendation = stored_recommendation(summary)
     if recommendation is None:
         raise ConfigError(

@@ -260,6 +260,16 @@ def stored_studies(storage: str) -> tuple[Any, list[Any]]:
     return backend, summaries
 
 
+def load_stored_study(storage: str, study_name: str | None) -> tuple[Any, Any]:
+    """(study, summary) of ``study_name`` in a storage a search wrote, or of its one study where
+    none is named, the storage opened once; one line where it holds no such study."""
+    import optuna
+
+    backend, summaries = stored_studies(storage)
+    summary = pick_study(storage, summaries, study_name)
+    return optuna.load_study(study_name=summary.study_name, storage=backend), summary
+
+
 def pick_study(storage: str, summaries: list[Any], study_name: str | None) -> Any:
     """The summary of ``study_name``, or of the storage's one study where none is named; one
     line naming the studies there where that is not one."""
