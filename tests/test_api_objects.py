@@ -113,6 +113,33 @@ def test_a_built_model_or_a_partial_of_its_class_trains_with_what_its_module_dec
     assert name.startswith("Wide-" if built else "partial-") and name.endswith("-gbs8")
 
 
+def test_the_checks_before_any_trial_leave_the_callers_model_as_it_was() -> None:
+    # A built model given to the API is, in the caller's process, the caller's own model: the
+    # coupling check cast it to float64, the bf16 check to bf16 (its weights rounded), and the
+    # memory trace swapped its parameters for fake tensors, so the pipeline trained nothing.
+    from autotune.runner.fake_memory import trace_step
+    from autotune.search import probe, refusals
+    from tests.fixtures.models import Small
+
+    model = Small()
+    model.head.weight.data[0, 0] = 1 + 2**-20  # what bf16 cannot hold
+    held = {name: (t, t.detach().clone()) for name, t in model.state_dict(keep_vars=True).items()}
+    workload = _workload(model, _pairs(), None, None, "float32", None, None)
+    assert probe.built_for_real(workload) is not None  # the checks below build and run it
+    probe.coupling(workload)
+    refusals.fsdp_bf16_failure(workload)
+    assert trace_step(workload, 4, amp="bf16", checkpoint_segments=1).total_bytes > 0
+    meta = probe.meta_model(workload.model)
+    assert meta is not None and all(p.is_meta for p in meta[1].parameters())  # a copy, on meta
+    now = model.state_dict(keep_vars=True)
+    assert now.keys() == held.keys()
+    for name, (tensor, values) in held.items():
+        assert now[name] is tensor, name
+        assert tensor.dtype == torch.float32 and not tensor.is_meta, name
+        assert type(tensor.data) is torch.Tensor and torch.equal(tensor.data, values), name
+    assert model.training
+
+
 def test_a_dataloader_given_as_data_gives_its_dataset_and_its_collate_function() -> None:
     from torch.utils.data import DataLoader
 

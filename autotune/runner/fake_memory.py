@@ -29,6 +29,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
 from autotune.runner.fake_batch import fake_batch, varying
+from autotune.runner.instances import copy_with_tensors
 from autotune.runner.loss import call_loss
 from autotune.runner.optimizer import chosen_optimizer, device_default, with_implementation
 from autotune.runner.workload import (
@@ -124,14 +125,14 @@ def _fake_model(spec: WorkloadSpec, mode: Any, routing: Any) -> tuple[Any, Any]:
                 module, model = load_model(spec.model)
         except WorkloadError:
             raise error from error.__cause__
-    _fake_copy(model, mode)
-    return module, model
+    return module, _fake_copy(model, mode, spec.model)
 
 
-def _fake_copy(model: Any, mode: Any) -> None:
-    """Make every parameter and buffer of ``model`` a fake tensor in place, where they are not:
-    the reference named an instance built before, or it was built on the meta device. Lazy
-    ones stay as they are until ``_materialized``."""
+def _fake_copy(model: Any, mode: Any, reference: str) -> Any:
+    """``model`` with every parameter and buffer a fake tensor: itself where it was built under
+    the fake mode, else a copy (``instances.copy_with_tensors``): the reference named an
+    instance built before (the user's own model, left as it was), or it was built on the meta
+    device. Lazy ones stay as they are until ``_materialized``."""
     import torch
     from torch.nn.parameter import is_lazy
 
@@ -143,32 +144,28 @@ def _fake_copy(model: Any, mode: Any) -> None:
 
     fakes = _fake_tensor_class()
     if all((not p.is_meta and isinstance(p, fakes)) or is_lazy(p) for p in model.parameters()):
-        return  # built under the fake mode: its buffers are as the constructor made them
+        return model  # built under the fake mode: its buffers are as the constructor made them
     # else an instance built before, or a factory that builds on the meta device itself (as
     # a large model's is written: ``with torch.device("meta")``), whose fakes are on it
-    for sub in model.modules():
-        for name, p in list(sub.named_parameters(recurse=False)):
-            if not is_lazy(p):
-                copy = fake(p.detach())
-                sub._parameters[name] = torch.nn.Parameter(copy, requires_grad=p.requires_grad)
-        for name, b in list(sub.named_buffers(recurse=False)):
-            if b is not None and not is_lazy(b):
-                sub._buffers[name] = fake(b)
+    from autotune.runner.fake_shadows import FakeDeepcopies  # imports torch
+
+    with FakeDeepcopies():  # a fake tensor the constructor kept outside its parameters
+        return copy_with_tensors(model, fake, reference)
 
 
-def _materialized(model: Any, batch: Any, mode: Any) -> None:
-    """Give a model built on the meta device its lazy modules' shapes, by a forward of
-    ``batch``'s shapes on the meta device, and fake what that made."""
+def _materialized(model: Any, batch: Any, mode: Any, reference: str) -> Any:
+    """``model`` with its lazy modules' shapes, given by a forward of ``batch``'s shapes on the
+    meta device, and what that made faked."""
     import torch
 
     from autotune.runner.lazy_modules import has_lazy_parameters, materialize  # imports torch
     from autotune.runner.training import map_tensors  # imports torch
 
     if not has_lazy_parameters(model):
-        return
+        return model
     shapes = map_tensors(batch, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
     materialize(model, shapes)
-    _fake_copy(model, mode)
+    return _fake_copy(model, mode, reference)
 
 
 def _dense_parts(tensor: Any) -> tuple[Any, ...]:
@@ -605,7 +602,7 @@ def _trace(
     factory, _ = load_optimizer(spec, module)
     collate, _ = load_collate(spec, module)
     batch, observed = fake_batch(dataset, micro_batch, mode, collate)
-    _materialized(model, batch, mode)  # lazy modules take their shapes, as on a rank
+    model = _materialized(model, batch, mode, spec.model)  # lazy modules' shapes, as on a rank
     config = TrainConfig(
         global_batch_size=micro_batch, amp=amp, checkpoint_segments=segments, device="cpu"
     )

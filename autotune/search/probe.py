@@ -20,6 +20,7 @@ from autotune.errors import WorkloadError, error_line
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.compile_state import was_compiled
+from autotune.runner.instances import copy_with_tensors, names_an_instance, real_copy
 from autotune.runner.launch import run_trial
 from autotune.runner.optimizer import accepted_implementations, chosen_optimizer
 from autotune.runner.outcome import collate_hint
@@ -268,7 +269,10 @@ def meta_model(model_reference: str) -> tuple[Any, Any] | None:
 
     try:
         with torch.device("meta"):
-            return load_model(model_reference)
+            module, model = load_model(model_reference)
+        if names_an_instance(model_reference):  # built before: a copy of it on meta
+            model = copy_with_tensors(model, lambda t: t.to("meta"), model_reference)
+        return module, model
     except Exception:  # a model that cannot be built on meta: trials will report it
         return None
 
@@ -488,6 +492,8 @@ def built_for_real(workload: WorkloadSpec) -> tuple[Any, Any, list[Any], Any] | 
                 f"{COUPLING_FORWARD_FLOPS:.0e} the check runs"
             )
         module, model = load_model(workload.model)
+        if names_an_instance(workload.model):  # the caller's own: the checks change it
+            model = real_copy(model, workload.model)
         loss, _ = load_loss(workload, module)
     except Exception as error:  # the trials will say
         return f"the model or its loss did not load here: {error_line(error)}"
