@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, ParamSpec, TextIO, TypeVar
 
 from autotune.config import TrainConfig, load_config, make_config
 from autotune.errors import ConfigError, validated
 from autotune.recommendation import Recommendation
 from autotune.result import TrialResult
 from autotune.runner.launch import run_trial as launch
-from autotune.runner.pickled import pickled_reference
+from autotune.runner.pickled import pickled_reference, release
 from autotune.runner.platform import resolve_device
 from autotune.runner.references import running_user_code
 from autotune.runner.request import TrialOptions
@@ -29,7 +30,7 @@ from autotune.search.log import memory_used
 from autotune.search.plan import Plan, make_plan
 from autotune.search.probe import check_batches, check_optimizer, check_segments
 from autotune.search.progress import LineReporter, Reporter
-from autotune.search.refusals import check_refusals
+from autotune.search.refusals import check_refusals, forget
 from autotune.search.settings import make_settings
 from autotune.search.space import load_space
 from autotune.units import parse_bytes
@@ -189,6 +190,25 @@ def _unloaded(data: Any, collate: Any) -> tuple[Any, Any]:
     return data.dataset, collate
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _keeps_no_objects(call: Callable[P, R]) -> Callable[P, R]:
+    """``call`` keeps nothing it was given past its return: a pipeline that tunes dataset after
+    dataset (or model after model) in one process would otherwise hold every one of them."""
+
+    @functools.wraps(call)
+    def released(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return call(*args, **kwargs)
+        finally:
+            forget()
+            release()
+
+    return released
+
+
 def _check_not_launched(call: str) -> None:
     """Refuse a call made in one process of a distributed launch (``torchrun train.py`` whose
     script tunes before it trains): each of its processes would run trials of its own, on the
@@ -203,6 +223,7 @@ def _check_not_launched(call: str) -> None:
         )
 
 
+@_keeps_no_objects
 def run_trial(
     model: Reference,
     config: TrainConfig | dict[str, Any] | str | Path,
@@ -247,6 +268,7 @@ def run_trial(
     return launch(chosen, workload, as_options(options, option_overrides), rank_output)
 
 
+@_keeps_no_objects
 def declared_global_batch_size(model: str) -> int:
     """The model module's ``autotune_global_batch_size``, for a trial given no global batch: a
     trial measures the user's training, so it never assumes one (a search says when it does)."""
@@ -259,6 +281,7 @@ def declared_global_batch_size(model: str) -> int:
     return declared
 
 
+@_keeps_no_objects
 def tune(
     model: Reference,
     *,
@@ -294,6 +317,7 @@ def tune(
     return run_search(workload, checked, reporter, rank_output)
 
 
+@_keeps_no_objects
 def plan(
     model: Reference,
     *,

@@ -140,6 +140,27 @@ def test_the_checks_before_any_trial_leave_the_callers_model_as_it_was() -> None
     assert model.training
 
 
+def test_an_api_call_keeps_none_of_the_objects_it_was_given() -> None:
+    # The pickling's own record of the caller's objects and the probe's caches held every
+    # model and dataset a pipeline ever gave: one that tunes dataset after dataset grew.
+    import gc
+    import weakref
+
+    from autotune import api
+    from tests.fixtures.models import Small
+
+    model, data = Small(), _pairs()
+    given = weakref.ref(model), weakref.ref(data)
+    config = {"global_batch_size": 8, "device": "cpu"}
+    found = api.plan(model, data=data, devices=1, device_memory="4GiB", config=config)
+    assert found.rows and found.trace_error is None  # traced: the caches were filled
+    del model, data
+    gc.collect()
+    assert [ref() for ref in given] == [None, None]
+    for call in (api.run_trial, api.tune, api.plan, api.declared_global_batch_size):
+        assert call.__wrapped__ is not None  # type: ignore[attr-defined]  # each releases
+
+
 def test_a_dataloader_given_as_data_gives_its_dataset_and_its_collate_function() -> None:
     from torch.utils.data import DataLoader
 

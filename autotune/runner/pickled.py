@@ -91,6 +91,14 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
     return reference
 
 
+def release() -> None:
+    """Forget the objects this process pickled and loaded: an API call keeps none of its
+    caller's objects past its return (a pipeline that tunes dataset after dataset would hold
+    every one); a later load reads the file."""
+    _HELD.clear()
+    load_pickled.cache_clear()
+
+
 def _prune(directory: Path) -> None:
     """Delete the files of ``directory`` unused for ``UNUSED_FOR_S`` (a search's objects would
     pile up in the temporary directory, a dataset's whole each time it changes)."""

@@ -277,6 +277,13 @@ def meta_model(model_reference: str) -> tuple[Any, Any] | None:
         return None
 
 
+def forget() -> None:
+    """Drop what the probe keeps of the workloads it was asked about (the model built on the
+    meta device, the dataset and its first samples: a caller's objects, where given as such)."""
+    for cached in (meta_model, _dataset, _first_samples):
+        cached.cache_clear()
+
+
 def configures_optimizer(model_reference: str) -> bool:
     """Whether the model configures its own optimizer (a LightningModule, named as its class or
     built by a factory); False where it cannot be built on the meta device."""

@@ -23,6 +23,7 @@ from autotune.records import Value
 from autotune.runner.tensor_hooks import fsdp_drops_hooks
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.probe import built_for_real, meta_model, parameters_dtype
+from autotune.search.probe import forget as forget_probed
 
 
 def fsdp_refusal(model_reference: str) -> str | None:
@@ -183,6 +184,13 @@ def fsdp_bf16_failure(workload: WorkloadSpec) -> tuple[str, bool] | None:
     if any(words in text for words in MIXED_DTYPES):
         return error_line(error), False
     return None
+
+
+def forget() -> None:
+    """Drop what is kept of the workloads refused here, and of their probing."""
+    fsdp_bf16_refusals.cache_clear()
+    model_refusals.cache_clear()
+    forget_probed()
 
 
 @functools.cache
