@@ -137,8 +137,8 @@ def _fake_copy(model: Any, mode: Any, reference: str) -> Any:
     from torch.nn.parameter import is_lazy
 
     def fake(tensor: Any) -> Any:
-        if tensor.is_meta:  # shapes only: an empty fake tensor of the same shape, on the CPU
-            with mode:
+        if tensor.device.type != "cpu":  # shapes only (meta, or the caller's model on its GPU):
+            with mode:  # an empty fake tensor of the same shape, on the CPU, as traces are
                 return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
         return mode.from_tensor(tensor)
 

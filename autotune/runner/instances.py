@@ -25,12 +25,11 @@ def names_an_instance(reference: str) -> bool:
 
 
 def real_copy(model: Any, reference: str) -> Any:
-    """A deep copy of ``model``, for a check that changes it; a ``WorkloadError`` naming
-    ``reference`` where the model cannot be copied (it holds a lock, an open file)."""
-    try:
-        return copy.deepcopy(model)
-    except Exception as error:
-        raise _uncopyable(reference, error) from None
+    """A deep copy of ``model`` in host memory, for a check that runs it on the CPU and changes
+    it (a model the caller moved to its GPU is copied from there, not on it); a
+    ``WorkloadError`` naming ``reference`` where it cannot be copied (it holds a lock, an open
+    file)."""
+    return copy_with_tensors(model, lambda t: t.to("cpu", copy=True), reference)
 
 
 def copy_with_tensors(model: Any, convert: Callable[[Any], Any], reference: str) -> Any:
@@ -48,6 +47,10 @@ def copy_with_tensors(model: Any, convert: Callable[[Any], Any], reference: str)
     for tensor in model.buffers():
         if tensor is not None and id(tensor) not in memo and not is_lazy(tensor):
             memo[id(tensor)] = convert(tensor)
+    for module in model.modules():  # a tensor kept as a plain attribute: weight_norm's weight,
+        for value in vars(module).values():  # computed, which deepcopy refuses to copy
+            if isinstance(value, torch.Tensor) and id(value) not in memo and not is_lazy(value):
+                memo[id(value)] = convert(value.detach())
     try:
         return copy.deepcopy(model, memo)
     except Exception as error:

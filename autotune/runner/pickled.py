@@ -84,7 +84,7 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
         partial = path.with_suffix(f".{os.getpid()}.part")
         with partial.open("wb") as file:
             file.write(header + b"\n")
-            pickle.dump(value, file, protocol=pickle.HIGHEST_PROTOCOL)
+            _HostPickler(file, sys.modules.get("torch")).dump(value)
         partial.replace(path)  # whole or absent: another process may read it now
     reference = PREFIX + str(path)
     _HELD[reference] = (value, origin, script)
@@ -126,6 +126,34 @@ def _identity(header: bytes, value: Any) -> tuple[str, set[str]]:
     pickler = _IdentityPickler(digest, sys.modules.get("torch"))  # torch only if in use
     pickler.dump(value)
     return digest.hexdigest(), pickler.from_main
+
+
+class _HostPickler(pickle.Pickler):
+    """Pickles a tensor on a device (a model the caller moved to its GPU) as a copy in host
+    memory: unpickled as it was, every rank would put its copy on the device it came from (the
+    first GPU), not on its own; each rank moves the model to its device itself."""
+
+    def __init__(self, file: Any, torch: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.torch = torch
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = self.torch
+        if torch is None or not isinstance(obj, torch.Tensor) or not _on_a_device(obj):
+            return NotImplemented
+        host = obj.detach().to("cpu", copy=True)
+        if isinstance(obj, torch.nn.Parameter):
+            return torch.nn.Parameter, (host, obj.requires_grad)
+        return _as_given, (host.requires_grad_(obj.requires_grad),)
+
+
+def _on_a_device(tensor: Any) -> bool:
+    """Whether ``tensor`` lives in a device's memory, not the host's (nor on meta)."""
+    return tensor.device.type not in ("cpu", "meta")
+
+
+def _as_given(value: Any) -> Any:
+    return value
 
 
 class _IdentityPickler(pickle.Pickler):

@@ -351,3 +351,22 @@ def test_a_cuda_step_holds_what_its_trace_for_cuda_says_through_fused_attention(
     real = real_step_peak(model, torch.randn(8, 256, WIDTH, device="cuda"), amp=amp)
     assert traced.total_bytes == pytest.approx(real, rel=0.02)
     assert cpu.total_bytes > 1.2 * real  # the CPU's math path: what the fix took away
+
+
+def test_a_model_the_caller_moved_to_the_gpu_is_pickled_in_host_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Unpickled as it was, every rank would have put its copy on the first GPU.
+    import tempfile
+
+    from autotune.runner import pickled
+    from autotune.runner.references import import_location
+    from tests.fixtures.models import Small
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model = Small().cuda()
+    reference = pickled.pickled_reference(model, "--model", None)
+    del pickled._HELD[reference]
+    _, loaded = pickled.load_pickled(reference, "--model", import_location)
+    assert all(t.device.type == "cpu" for t in loaded.state_dict().values())
+    assert all(t.is_cuda for t in model.state_dict().values())  # the caller's, where it was
