@@ -189,6 +189,14 @@ def load_pickled(
     if reference in _HELD:
         value, origin, script = _HELD[reference]
         return _module(origin, script, import_location), value
+    return read_pickled(reference, what, import_location)
+
+
+def read_pickled(
+    reference: str, what: str, import_location: Callable[[str, str], Any]
+) -> tuple[Any, Any]:
+    """``load_pickled`` from the file every time: another copy of the object at each call (a
+    rank's fresh model for each trial, where the model cannot be copied)."""
     path = Path(reference.removeprefix(PREFIX))
     try:
         file = path.open("rb")  # read as it is unpickled: a large dataset is not held twice

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import WorkloadError, closest
-from autotune.runner.pickled import is_pickled, load_pickled
+from autotune.runner.pickled import is_pickled, load_pickled, read_pickled
 
 FILE_MODULE_PREFIX = "autotune_user_"
 """What the name of a module imported from a file outside any package starts with."""
@@ -145,11 +145,13 @@ def _import_module(name: str, what: str, location: str | None = None) -> Any:
         ) from error
 
 
-def resolve_reference(reference: str, what: str) -> tuple[Any, Any]:
+def resolve_reference(reference: str, what: str, fresh: bool = False) -> tuple[Any, Any]:
     """Return (module, attribute) for 'module:attr' (attr may be dotted); for an object the
-    caller pickled (``autotune.runner.pickled``), the module of its class and the object."""
+    caller pickled (``autotune.runner.pickled``), the module of its class and the object
+    (``fresh``: another copy of it, read from its file again)."""
     if is_pickled(reference):
-        return load_pickled(reference, what, import_location)
+        load = read_pickled if fresh else load_pickled
+        return load(reference, what, import_location)
     location, attribute = _split_reference(reference, what)
     module = import_location(location, what)
     value: Any = module

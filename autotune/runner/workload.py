@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import WorkloadError, error_line, first_three
 from autotune.runner.compile_state import compiled_module
+from autotune.runner.instances import copy_with_tensors
 from autotune.runner.loss import default_loss
 from autotune.runner.optimizer import MODEL_ARGUMENTS, takes_model
 from autotune.runner.pickled import described, is_pickled
@@ -195,14 +196,16 @@ def declared_global_batch(spec: WorkloadSpec) -> int | None:
     return value
 
 
-def load_model(reference: str) -> tuple[Any, Any]:
+def load_model(reference: str, fresh: bool = False) -> tuple[Any, Any]:
     """Build the model named by ``reference``; return (module it came from, model). A
-    LightningModule comes as ``lightning.LightningStep``: its training step is the forward."""
+    LightningModule comes as ``lightning.LightningStep``: its training step is the forward.
+    ``fresh``: a model given as an object is read from its file again, not the one loaded
+    before."""
     import torch.nn as nn
 
     from autotune.runner.lightning import trained_as  # imports torch
 
-    module, target = resolve_reference(reference, "--model")
+    module, target = resolve_reference(reference, "--model", fresh)
     _check_model_target(target, reference)
     model = target if isinstance(target, nn.Module) else call_factory(target, reference, "--model")
     if not isinstance(model, nn.Module):
@@ -571,6 +574,17 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     )  # fmt: skip
 
 
+def _copied(model: Any, reference: str) -> Any:
+    """A deep copy of ``model``; where ``deepcopy`` refuses a tensor the model computed
+    (``weight_norm``'s weight), a copy with every tensor cloned (``instances``)."""
+    import copy
+
+    try:
+        return copy.deepcopy(model)
+    except RuntimeError:  # "Only Tensors created explicitly by the user ... support deepcopy"
+        return copy_with_tensors(model, lambda t: t.clone(), reference)
+
+
 class WorkloadCache:
     """Builds each workload once per process and hands out a fresh model copy per trial.
 
@@ -584,7 +598,6 @@ class WorkloadCache:
         self._uncopyable: set[str] = set()
 
     def get(self, spec: WorkloadSpec) -> Workload:
-        import copy
         import dataclasses
 
         key = spec.model_dump_json()
@@ -593,9 +606,9 @@ class WorkloadCache:
         pristine = self._built[key]
         if key not in self._uncopyable:
             try:
-                return dataclasses.replace(pristine, model=copy.deepcopy(pristine.model))
+                return dataclasses.replace(pristine, model=_copied(pristine.model, spec.model))
             except Exception:  # it holds what cannot be copied: a lock, an open file
                 self._uncopyable.add(key)
-        _, model = load_model(spec.model)  # built again, as a process of its own would
+        _, model = load_model(spec.model, fresh=True)  # as a process of its own would build it
         _materialize(model, pristine.dataset, pristine.collate, spec.model)
         return dataclasses.replace(pristine, model=model)

@@ -13,6 +13,7 @@ from torch import nn
 from autotune.runner import pickled
 from autotune.runner.instances import copy_with_tensors, real_copy
 from autotune.runner.references import import_location
+from tests.fixtures.models import Small
 
 
 class Tied(nn.Module):
@@ -92,3 +93,35 @@ def test_tensors_on_a_device_are_pickled_in_host_memory_as_they_were(
     assert loaded.head.weight is loaded.embed.weight
     _same_tensors(loaded, model)
     assert torch.equal(loaded(torch.arange(3)), model(torch.arange(3)))
+
+
+class RefusesDeepcopy(Small):
+    """Pickles, but ``copy.deepcopy`` refuses it (a library's guard)."""
+
+    def __deepcopy__(self, memo: dict[int, object]) -> RefusesDeepcopy:
+        raise TypeError("cannot be deep-copied")
+
+
+def test_a_reused_rank_gives_each_trial_its_own_model_given_as_an_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A model given as an object that could not be copied was loaded again for each trial of a
+    # reused rank: the same object, so a trial started from what the one before left. One
+    # whose weight_norm'd layer deepcopy refused was not copied either, and a factory's was
+    # built again (other weights) for each trial.
+    import tempfile
+
+    from autotune.runner.workload import WorkloadCache, WorkloadSpec, _copied
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    reference = pickled.pickled_reference(RefusesDeepcopy(), "--model", None)
+    del pickled._HELD[reference]  # as a rank has it: from the file
+    cache = WorkloadCache()
+    spec = WorkloadSpec(model=reference, data="tests.fixtures.models:autotune_dataset")
+    first, second = cache.get(spec).model, cache.get(spec).model
+    assert first is not second and first.head.weight is not second.head.weight
+    assert torch.equal(first.head.weight, second.head.weight)  # the same model, read again
+    model = Tied()
+    copied = _copied(model, "m")
+    assert copied.normed.weight_v is not model.normed.weight_v
+    assert torch.equal(copied.normed.weight_v, model.normed.weight_v)
