@@ -4,7 +4,8 @@ the caller's model itself (``autotune.runner.pickled``). Loading such a referenc
 object every time, so whatever the search does to it before any trial (the coupling check casts
 it to float64, the bf16 check to bf16, the memory trace swaps its tensors for fake ones) would
 be done to the user's model. Those steps work on a copy: a real one where they run the model, one
-whose tensors are meta or fake where they only trace it (no parameter memory).
+whose tensors are meta or fake where they only trace it (no parameter memory). A rank copies its
+model for each trial the same way where ``copy.deepcopy`` refuses it (``WorkloadCache``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ def real_copy(model: Any, reference: str) -> Any:
 
 
 def copy_with_tensors(model: Any, convert: Callable[[Any], Any], reference: str) -> Any:
-    """A copy of ``model``'s modules whose parameters and buffers are ``convert`` of the
-    original's (a meta or fake tensor: nothing of the original's memory is copied); tied ones
-    stay tied, lazy ones are copied as they are. The original is left as it was."""
+    """A copy of ``model``'s modules whose parameters, buffers and tensors kept as plain
+    attributes are ``convert`` of the original's (a meta or fake tensor, which copies none of
+    its memory; a host copy; a clone); tied ones stay tied, lazy ones are copied as they are,
+    a Parameter subclass becomes a Parameter. The original is left as it was."""
     import torch
     from torch.nn.parameter import is_lazy
 
