@@ -56,7 +56,9 @@ itself where it lives in an importable module (or the script being run); for the
 than the model, also an object (a dataset, a loss module), pickled for the ranks."""
 
 
-def _reference(value: Reference | None, what: str, paths: list[str]) -> str | None:
+def _reference(
+    value: Reference | None, what: str, paths: list[str], say: Callable[[str], None] | None
+) -> str | None:
     """``value`` as the reference every rank imports it by, adding to ``paths`` the directory
     its module is imported from. A class or function of the script being run (``__main__``)
     is imported from the script's file; one defined inside a function has no name the ranks
@@ -77,7 +79,7 @@ def _reference(value: Reference | None, what: str, paths: list[str]) -> str | No
             )
         # a dataset, a loss module, a collator, a partial of a factory, a built model: each
         # rank loads its own copy
-        return pickled_reference(value, where, _script_location(sys.modules["__main__"]))
+        return pickled_reference(value, where, _script_location(sys.modules["__main__"]), say)
     if "<locals>" in name:
         raise ConfigError(
             f"{where}: defined in a function, which the ranks cannot import; move it to the "
@@ -142,11 +144,13 @@ def _workload(
     input_dtype: str,
     optimizer: Reference | None = None,
     collate: Reference | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> WorkloadSpec:
     """The workload references, importable from ranks as from the caller's directory (and
     from where the modules of parts given as objects were imported). Refused where it is
     called from the user's code as autotune imports it: a script that calls the tuner outside
-    its ``__main__`` guard."""
+    its ``__main__`` guard. ``say``: told of a part given as an object that took seconds to
+    pickle."""
     if (program := running_user_code()) is not None:
         raise ConfigError(
             f"autotune was called again while it imported {program} for its ranks: put the call "
@@ -155,7 +159,7 @@ def _workload(
     data, collate = _unloaded(data, collate)
     paths = [os.getcwd()]
     parts = {
-        what: _reference(value, what, paths)
+        what: _reference(value, what, paths, say)
         for what, value in (
             ("model", model),
             ("data", data),
@@ -311,9 +315,10 @@ def tune(
     """
     _check_not_launched("tune")
     checked = make_settings({"global_batch_size": global_batch_size, **settings})
-    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
     if reporter is None:
         reporter = LineReporter(trials=checked.budget.trials) if progress else Reporter()
+    parts = (model, data, loss, input_shape, input_dtype, optimizer, collate)
+    workload = _workload(*parts, say=reporter.phase)
     return run_search(workload, checked, reporter, rank_output)
 
 
@@ -357,7 +362,8 @@ def plan(
         memory = parse_bytes(device_memory) if isinstance(device_memory, str) else device_memory
     except ValueError as error:
         raise ConfigError(f"--device-memory: {error}") from None
-    workload = _workload(model, data, loss, input_shape, input_dtype, optimizer, collate)
+    parts = (model, data, loss, input_shape, input_dtype, optimizer, collate)
+    workload = _workload(*parts, say=say)
     if say is not None:
         say(f"reading {workload.model} and its data: imports, a build on the meta device")
     check_workload(workload)

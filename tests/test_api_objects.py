@@ -259,6 +259,32 @@ def test_a_large_object_is_not_held_twice_while_it_is_pickled_or_loaded(
     assert loaded == value
 
 
+def test_pickling_that_takes_seconds_is_said_with_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A large in-memory dataset took its seconds before a search's first line, in silence.
+    import tempfile
+
+    from autotune.runner import pickled
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(pickled, "SAID_AFTER_S", 0.0)  # as a large one takes
+    said: list[str] = []
+    parts = ("tests.fixtures.models:Small", _pairs(), None, None, "float32")
+    spec = _workload(*parts, say=said.append)
+    path = spec.data.removeprefix(pickled.PREFIX) if spec.data else ""
+    _workload(*parts, say=said.append)
+    size = Path(path).stat().st_size
+    what = "data=a TensorDataset object"
+    assert said == [
+        f"{what}: pickled for the ranks, {size / 1024:.1f} KiB in 0 s ({path})",
+        f"{what}: hashed: the same content was pickled before in 0 s ({path})",
+    ]
+    monkeypatch.setattr(pickled, "SAID_AFTER_S", 60.0)
+    _workload(*parts, say=said.append)
+    assert len(said) == 2  # quick: nothing said
+
+
 def test_a_pickled_object_is_refused_for_a_ray_cluster_whose_nodes_cannot_read_it() -> None:
     from autotune.search.driver import _check_objects_reach
 

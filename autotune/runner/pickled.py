@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from autotune.errors import ConfigError, WorkloadError
+from autotune.units import format_bytes
 
 PREFIX = "pickled:"
 """How a reference to a pickled object starts (then the file: ``<tmp>/autotune-objects/
@@ -33,6 +34,9 @@ PREFIX = "pickled:"
 UNUSED_FOR_S = 7 * 24 * 3600.0
 """A pickled object's file not written, reused or loaded for this long is deleted the next time
 an object is pickled (each search or trial writes its own again: only a week-old one goes)."""
+SAID_AFTER_S = 2.0
+"""Pickling that takes this long is said (with ``say``): otherwise a large dataset's seconds
+pass in silence before the first line of a search."""
 _HELD: dict[str, tuple[Any, str, str | None]] = {}
 """The objects this process pickled, by reference, with their module and the script's
 location: loaded here without a copy."""
@@ -53,9 +57,13 @@ def described(reference: str, flag: str) -> str:
     return f"{article} {kind} object given to the API (pickled to {path})"
 
 
-def pickled_reference(value: Any, where: str, script: str | None) -> str:
+def pickled_reference(
+    value: Any, where: str, script: str | None, say: Callable[[str], None] | None = None
+) -> str:
     """The reference of ``value`` pickled for the ranks (``where`` names it in an error);
-    ``script``: the location the ranks import the script being run by, if any."""
+    ``script``: the location the ranks import the script being run by, if any. ``say`` is told
+    how long it took where that was ``SAID_AFTER_S`` or more (a large dataset, written whole)."""
+    started = time.monotonic()
     origin = (value.func if isinstance(value, functools.partial) else type(value)).__module__
     header = json.dumps(
         {"script": script, "type": type(value).__qualname__, "module": origin}
@@ -77,6 +85,7 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
     directory = Path(tempfile.gettempdir()) / "autotune-objects"
     path = directory / f"{type(value).__name__}-{digest[:24]}.pkl"
     _prune(directory)
+    done = "hashed: the same content was pickled before"
     if path.exists():  # the same content pickled before (a resumed search): kept, and fresh
         _touch(path)
     else:
@@ -86,6 +95,10 @@ def pickled_reference(value: Any, where: str, script: str | None) -> str:
             file.write(header + b"\n")
             _HostPickler(file, sys.modules.get("torch")).dump(value)
         partial.replace(path)  # whole or absent: another process may read it now
+        done = f"pickled for the ranks, {format_bytes(path.stat().st_size)}"
+    took = time.monotonic() - started
+    if say is not None and took >= SAID_AFTER_S:
+        say(f"{where}: {done} in {took:.0f} s ({path})")
     reference = PREFIX + str(path)
     _HELD[reference] = (value, origin, script)
     return reference
