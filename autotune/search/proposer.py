@@ -8,6 +8,7 @@ a proposal is worth running, and running it, are not its business.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from autotune.records import TrialRecord
 from autotune.search.climb import Complete, Seen, next_move
 from autotune.search.lessons import needs_unused_parameters
 from autotune.search.log import StudyLog
-from autotune.search.space import SearchSpace, space_points
+from autotune.search.space import SearchSpace, space_points, valid_configs
 from autotune.search.storage import UNCLAIMED_S, owner
 from autotune.search.study import ask_fixed, ask_owned
 
@@ -69,7 +70,6 @@ class Proposer:
         self.hold_s = hold_s
         """How long a proposal is claimed for (another driver of the study leaves it alone)."""
         self._proposed: set[str] = set()
-        self._points: list[dict[str, Any]] | bool | None = False  # False: not counted yet
         self._every: dict[bool, list[TrainConfig]] = {}  # by find_unused_parameters
         self.traced_unused = False
         """Set when the memory trace showed a step to leave parameters without a gradient."""
@@ -110,23 +110,21 @@ class Proposer:
 
         return complete
 
+    @functools.cached_property
+    def _points(self) -> list[dict[str, Any]] | None:
+        """The space's combinations, counted once; None for more than ``SMALL_SPACE``."""
+        return space_points(self.space, SMALL_SPACE)
+
     def every_config(self) -> list[TrainConfig] | None:
         """Every valid configuration ``propose`` could return, completed as it completes them;
         None for a space of more than ``SMALL_SPACE`` combinations."""
-        if self._points is False:
-            self._points = space_points(self.space, SMALL_SPACE)
-        if not isinstance(self._points, list):
+        if self._points is None:
             return None
         unused = self.find_unused_parameters
         if unused not in self._every:
-            complete, found = self.completer(), dict[str, TrainConfig]()
-            for values in self._points:
-                try:
-                    config = TrainConfig(**complete(values))
-                except ValueError:
-                    continue
-                found.setdefault(config.key(), config)
-            self._every[unused] = list(found.values())
+            complete = self.completer()
+            made = valid_configs(self._points, lambda values: TrainConfig(**complete(values)))
+            self._every[unused] = made
         return self._every[unused]
 
     def propose(self) -> Proposal:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -240,14 +241,22 @@ def space_points(space: SearchSpace, most: int | None = None) -> list[dict[str, 
     return points
 
 
-def enumerate_configs(space: SearchSpace, fixed: dict[str, Any]) -> list[TrainConfig]:
-    """Every valid configuration of ``space`` (with ``fixed`` fields such as the global batch),
-    in the order the knobs are listed; combinations TrainConfig refuses are left out."""
+def valid_configs(
+    points: Iterable[dict[str, Any]], make: Callable[[dict[str, Any]], TrainConfig]
+) -> list[TrainConfig]:
+    """The configurations ``make`` builds of ``points``, each once, in order; the points it
+    refuses (a combination TrainConfig's validation rules out) left out."""
     found: dict[str, TrainConfig] = {}
-    for values in space_points(space) or []:
+    for values in points:
         try:
-            config = TrainConfig(**values, **fixed)
+            config = make(values)
         except ValueError:
             continue
         found.setdefault(config.key(), config)
     return list(found.values())
+
+
+def enumerate_configs(space: SearchSpace, fixed: dict[str, Any]) -> list[TrainConfig]:
+    """Every valid configuration of ``space`` (with ``fixed`` fields such as the global batch),
+    in the order the knobs are listed; combinations TrainConfig refuses are left out."""
+    return valid_configs(space_points(space) or [], lambda values: TrainConfig(**values, **fixed))
