@@ -189,10 +189,12 @@ def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_r
     ("model", "says"),
     [
         ("tests.fixtures.spectral:Spectral", "uniform original parameter dtype"),
-        ("tests.fixtures.sparse:Lookups", "SparseCPU"),
-        ("tests.fixtures.scripted:ScriptedBlocks", "is not supported on ScriptModules"),
+        # ~5 s a case: the default run keeps one (the probe's side of each: test_probe)
+        pytest.param("tests.fixtures.sparse:Lookups", "SparseCPU", marks=pytest.mark.slow),
+        pytest.param("tests.fixtures.scripted:ScriptedBlocks", "is not supported on ScriptModules",
+                     marks=pytest.mark.slow),
     ],
-)
+)  # fmt: skip
 def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None:
     # What ``refusals.fsdp_refusal`` foresees, pinned on this torch: should FSDP learn to shard a
     # unit of two dtypes or a sparse gradient, this fails, and the refusal should go. (The
@@ -258,7 +260,8 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
     [
         ("Codebook", "expected m1 and m2 to have the same dtype", None),
         ("Positional", None, None),
-        ("Distances", '"cdist" not implemented for', "cpu"),
+        pytest.param("Distances", '"cdist" not implemented for', "cpu",
+                     marks=pytest.mark.slow),  # ~5 s: the default run keeps a failure and a pass
     ],
 )  # fmt: skip
 def test_a_forward_held_as_fsdps_bf16_parameters_hold_it_foresees_their_trial(
