@@ -220,12 +220,24 @@ def test_example_config_in_the_repo_is_valid() -> None:
     assert config.global_batch_size > 0
 
 
-@pytest.mark.parametrize("command", ["trial", "search", "export", "show", "report"])
+@pytest.mark.parametrize("command", ["trial", "search", "export", "show", "report", "plan"])
 def test_every_command_prints_its_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as raised:  # a '%' in a description once broke it
         main([command, "--help"])
     assert raised.value.code == 0
     assert "--" in capsys.readouterr().out
+
+
+def test_the_top_level_help_says_what_the_tool_does_and_how_to_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # it printed the module's docstring: "Command line: a thin layer over ``autotune.api``."
+    with pytest.raises(SystemExit) as raised:
+        main(["--help"])
+    assert raised.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fastest training configuration" in out and "``" not in out
+    assert "autotune search --model mymodule:Model" in out and "Exit codes: 0 ok" in out
 
 
 @pytest.mark.parametrize("command", ["show", "report", "export"])

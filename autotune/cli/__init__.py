@@ -51,10 +51,22 @@ from autotune.search.progress import make_reporter
 from autotune.search.settings import SECTIONS, SearchSettings, StorageSettings, make_settings
 from autotune.secrets import redact
 
+DESCRIPTION = (
+    "Find the fastest training configuration of a PyTorch model whose peak memory stays inside "
+    "its budget, by short real training trials."
+)
+EPILOG = (
+    "Start with: autotune search --model mymodule:Model --global-batch-size 32 --devices 2 "
+    "--out best.yaml (autotune plan predicts memory without running; autotune COMMAND -h for "
+    "each command). Exit codes: 0 ok; 1 a trial ended otherwise (oom, crashed, timed out, "
+    "error) or a plan with no configuration; 2 bad input, or a search that cannot recommend "
+    "(one line saying why); 130 and 143 stopped by Ctrl-C and SIGTERM."
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
 
-    parser = Parser(prog="autotune", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = Parser(prog="autotune", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
