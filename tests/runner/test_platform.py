@@ -59,7 +59,7 @@ def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports(
 def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path: Path) -> None:
     # The first guess counts what a rank holds beside its tensors: the dataset (64 MiB here) is
     # held, the model (256 MiB of parameters, which the trace counts) is built on meta.
-    from autotune.runner.memory import bare_rank_bytes
+    from autotune.runner.memory import bare_rank_bytes, start_bare_rank
     from autotune.runner.workload import WorkloadSpec
 
     (tmp_path / "held.py").write_text(
@@ -71,11 +71,13 @@ def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path:
         "def autotune_dataset(model):\n"
         "    return torch.utils.data.TensorDataset(torch.ones(16 * 2**20 // 64, 64))\n"
     )
-    spec = WorkloadSpec(model=f"{tmp_path}/held.py:Wide")
-    held = bare_rank_bytes(spec.model_dump_json()) - bare_rank_bytes()
+    spec = WorkloadSpec(model=f"{tmp_path}/held.py:Wide").model_dump_json()
+    missing = WorkloadSpec(model=f"{tmp_path}/missing.py:Wide").model_dump_json()
+    for workload in (spec, "", missing):  # measured side by side, as a search starts them early
+        start_bare_rank(workload)
+    held = bare_rank_bytes(spec) - bare_rank_bytes()
     assert 60 * 2**20 < held < 160 * 2**20
     # a reference that cannot load leaves the rank without it, measured all the same
-    missing = WorkloadSpec(model=f"{tmp_path}/missing.py:Wide").model_dump_json()
     assert bare_rank_bytes(missing) == bare_rank_bytes()
 
 
