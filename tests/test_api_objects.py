@@ -118,15 +118,15 @@ def test_the_checks_before_any_trial_leave_the_callers_model_as_it_was() -> None
     # coupling check cast it to float64, the bf16 check to bf16 (its weights rounded), and the
     # memory trace swapped its parameters for fake tensors, so the pipeline trained nothing.
     from autotune.runner.fake_memory import trace_step
-    from autotune.search import probe, refusals
+    from autotune.search import coupled, probe, refusals
     from tests.fixtures.models import Small
 
     model = Small()
     model.head.weight.data[0, 0] = 1 + 2**-20  # what bf16 cannot hold
     held = {name: (t, t.detach().clone()) for name, t in model.state_dict(keep_vars=True).items()}
     workload = _workload(model, _pairs(), None, None, "float32", None, None)
-    assert probe.built_for_real(workload) is not None  # the checks below build and run it
-    probe.coupling(workload)
+    assert coupled.built_for_real(workload) is not None  # the checks below build and run it
+    coupled.coupling(workload)
     refusals.fsdp_bf16_failure(workload)
     assert trace_step(workload, 4, amp="bf16", checkpoint_segments=1).total_bytes > 0
     meta = probe.meta_model(workload.model)

@@ -30,6 +30,7 @@ from autotune.runner.workload import (
     describe_optimizer,
     model_location,
 )
+from autotune.search.coupled import coupling
 from autotune.search.memory_model import budget_scope, start_prior
 from autotune.search.probe import (
     batch_source_note,
@@ -37,7 +38,6 @@ from autotune.search.probe import (
     check_dataset_size,
     check_optimizer,
     configures_optimizer,
-    coupling,
     data_source,
     every_block,
     feeds_images,

@@ -20,7 +20,7 @@ from autotune.errors import WorkloadError, error_line
 from autotune.records import Exclusion, Value
 from autotune.result import Platform
 from autotune.runner.compile_state import was_compiled
-from autotune.runner.instances import copy_with_tensors, names_an_instance, real_copy
+from autotune.runner.instances import copy_with_tensors, names_an_instance
 from autotune.runner.launch import run_trial
 from autotune.runner.optimizer import accepted_implementations, chosen_optimizer
 from autotune.runner.outcome import collate_hint
@@ -30,13 +30,12 @@ from autotune.runner.workload import (
     first_samples,
     load_collate,
     load_dataset,
-    load_loss,
     load_model,
     load_optimizer,
     model_optimizer,
     parameter_dtype,
 )
-from autotune.search.recipe import BatchNorm, Coupling
+from autotune.search.recipe import BatchNorm
 from autotune.search.space import EVERY_BLOCK, SearchSpace
 
 if TYPE_CHECKING:
@@ -280,7 +279,7 @@ def meta_model(model_reference: str) -> tuple[Any, Any] | None:
 def forget() -> None:
     """Drop what the probe keeps of the workloads it was asked about (the model built on the
     meta device, the dataset and its first samples: a caller's objects, where given as such)."""
-    for cached in (meta_model, _dataset, _first_samples):
+    for cached in (meta_model, _dataset, read_samples):
         cached.cache_clear()
 
 
@@ -339,7 +338,7 @@ def idle_blocks(workload: WorkloadSpec) -> int:
     from autotune.runner.training import map_tensors  # imports torch
 
     built = meta_model(workload.model)
-    first = _first_samples(workload, 2)
+    first = read_samples(workload, 2)
     if built is None or not first:
         return 0
     model = built[1]
@@ -357,7 +356,7 @@ def idle_blocks(workload: WorkloadSpec) -> int:
     handles = [block.register_forward_hook(seen) for block in blocks]
     try:
         collate = load_collate(workload, built[0])[0] or default_collate
-        args, kwargs = _meta_inputs(model, collate(list(first)))
+        args, kwargs = meta_inputs(model, collate(list(first)))
         with torch.enable_grad():
             model(*args, **kwargs)
     except Exception:  # a model the meta device cannot run: nothing is left out
@@ -423,12 +422,12 @@ def checkpoint_units(workload: WorkloadSpec) -> Any:
     if built is None:
         return None
     model = built[1]
-    first = _first_samples(workload, 2) if blocks.may_loop(model) else None
+    first = read_samples(workload, 2) if blocks.may_loop(model) else None
     calls = None
     try:
         if first:
             collate = load_collate(workload, built[0])[0] or default_collate
-            args, kwargs = _meta_inputs(model, collate(list(first)))
+            args, kwargs = meta_inputs(model, collate(list(first)))
             calls = checkpointing.count_calls(model, lambda: model(*args, **kwargs))
     except Exception:  # samples the meta device cannot take: the structure alone decides
         calls = None
@@ -450,102 +449,7 @@ def batch_norm(model_reference: str) -> BatchNorm | None:
     return "synced" if all(isinstance(m, nn.SyncBatchNorm) for m in norms) else "local"
 
 
-COUPLING_BUILD_BYTES = 2**30
-"""The largest model (bytes of parameters and buffers) the coupling check builds for real on
-this machine; a larger one is not checked, and its loss is taken as its samples' mean (the
-README says so)."""
-
-COUPLING_FORWARD_FLOPS = 3e9
-"""The most floating-point operations (counted on the meta device in under 0.1 s, before
-anything runs) a forward of two samples may take for the coupling check to run it: four such
-forwards in float64 on the search's own CPU. On the AMD EPYC of docs/benchmarks.md,
-``gpt_small`` counts 1.7e9 and its whole check took 0.9 s; GPT-2 small at 1,024 tokens counts
-5.8e11 (5 s a forward in float32) and is not checked."""
-
-COUPLING_FORWARD_S = 1.0
-"""The longest first forward of two samples the coupling check goes on after: it runs four on
-the search's own CPU before any trial (GPT-2 small at 1,024 tokens: 5 s each on the AMD EPYC of
-docs/benchmarks.md), and a longer one leaves the loss unchecked."""
-
-
-def built_for_real(workload: WorkloadSpec) -> tuple[Any, Any, list[Any], Any] | str:
-    """(model, loss, the dataset's first two samples, collate), the model and its loss built
-    for real here for a check that runs it on the search's own CPU; where that is not done, why,
-    in a few words: a model over ``COUPLING_BUILD_BYTES`` or a forward counted over
-    ``COUPLING_FORWARD_FLOPS``, one that does not build here, fewer than two samples."""
-    from torch.nn.parameter import is_lazy
-    from torch.utils.data import default_collate
-
-    built = meta_model(workload.model)
-    if built is None:
-        return "the model does not build on the meta device"
-    first = _first_samples(workload, BATCH_CHECKED)  # read once for every probe
-    if not first or len(first) < 2:
-        return "the dataset gives fewer than two samples here"
-    samples = list(first[:2])
-    held = [t for t in (*built[1].parameters(), *built[1].buffers()) if not is_lazy(t)]
-    size = sum(t.numel() * t.element_size() for t in held)
-    if size > COUPLING_BUILD_BYTES:
-        return (
-            f"the model holds {size / 2**30:.1f} GiB, over the {COUPLING_BUILD_BYTES / 2**30:g} "
-            "GiB the check builds"
-        )
-    try:
-        collate = load_collate(workload, built[0])[0] or default_collate
-        flops = _meta_forward_flops(built[1], collate(samples))
-        if flops is not None and flops > COUPLING_FORWARD_FLOPS:  # before it is built for real
-            return (
-                f"a forward of two samples counts {flops:.1e} operations, over the "
-                f"{COUPLING_FORWARD_FLOPS:.0e} the check runs"
-            )
-        module, model = load_model(workload.model)
-        if names_an_instance(workload.model):  # the caller's own: the checks change it
-            model = real_copy(model, workload.model)
-        loss, _ = load_loss(workload, module)
-    except Exception as error:  # the trials will say
-        return f"the model or its loss did not load here: {error_line(error)}"
-    return model, loss, samples, collate
-
-
-def loss_coupling(workload: WorkloadSpec) -> bool | str:
-    """Whether the workload's loss of a micro-batch couples its samples
-    (``runner.coupling.loss_couples_samples``), from the model built for real here and the
-    dataset's first two samples (``built_for_real``); where that cannot be told, why, in a few
-    words: what ``built_for_real`` says, a loss that draws at random, a forward over
-    ``COUPLING_FORWARD_S``."""
-    from autotune.runner.coupling import loss_couples_samples  # imports torch
-
-    built = built_for_real(workload)
-    if isinstance(built, str):
-        return built
-    model, loss, samples, collate = built
-    return loss_couples_samples(
-        model,
-        samples,
-        collate,
-        loss,
-        budget_s=COUPLING_FORWARD_S,
-        float64=True,  # the model was built for this check alone
-    )
-
-
-def _meta_forward_flops(model: Any, batch: Any) -> int | None:
-    """The floating-point operations of a forward of ``batch`` through ``model`` (built on the
-    meta device), counted by torch's ``FlopCounterMode`` on the batch's shapes; None where the
-    model cannot run on the meta device (a size the data decides)."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    args, kwargs = _meta_inputs(model, batch)
-    try:
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            model(*args, **kwargs)
-    except Exception:  # the forwards themselves are timed instead
-        return None
-    return int(counter.get_total_flops())
-
-
-def _meta_inputs(model: Any, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def meta_inputs(model: Any, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """(positional, keyword) inputs of ``model``'s forward from ``batch``, its tensors on the
     meta device, split as a trial splits it."""
     from autotune.runner.training import forward_keywords, map_tensors, split_batch  # imports torch
@@ -554,15 +458,6 @@ def _meta_inputs(model: Any, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any
         map_tensors(batch, lambda t: t.to("meta")), forward_keywords(model)
     )
     return args, kwargs
-
-
-def coupling(workload: WorkloadSpec) -> Coupling | None:
-    """What makes the workload's forward follow the micro-batch (``recipe.Coupling``), and why
-    the loss's part could not be told; None where nothing does and all was told."""
-    told = loss_coupling(workload)
-    untold = "" if isinstance(told, bool) else told
-    found = Coupling(batch_norm(workload.model), loss=told is True, loss_untold=untold)
-    return found if found or untold else None
 
 
 def scalar_parameters(model_reference: str) -> list[str]:
@@ -599,7 +494,7 @@ def data_source(workload: WorkloadSpec) -> str | None:
 
 
 @functools.cache
-def _first_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None:
+def read_samples(workload: WorkloadSpec, count: int) -> tuple[Any, ...] | None:
     """The dataset's first ``count`` samples (fewer if it holds fewer); None when the dataset
     cannot be built or read here (the trials will say)."""
     dataset = _dataset(workload)
@@ -623,7 +518,7 @@ def feeds_images(workload: WorkloadSpec) -> bool | None:
     build on the meta device and one sample; None when that cannot be told here."""
     import torch
 
-    first = _first_samples(workload, BATCH_CHECKED)
+    first = read_samples(workload, BATCH_CHECKED)
     if not first:
         return None
     sample = first[0]
@@ -641,7 +536,7 @@ def batch_error(workload: WorkloadSpec) -> str | None:
     shape only), in one line; None when it can, or when that cannot be told here."""
     from torch.utils.data import default_collate
 
-    first = _first_samples(workload, BATCH_CHECKED)
+    first = read_samples(workload, BATCH_CHECKED)
     built = meta_model(workload.model)
     if not first or built is None:
         return None

@@ -22,8 +22,9 @@ from autotune.errors import ConfigError, error_line, first_three
 from autotune.records import Value
 from autotune.runner.tensor_hooks import fsdp_drops_hooks
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.probe import built_for_real, meta_model, parameters_dtype
+from autotune.search.coupled import built_for_real
 from autotune.search.probe import forget as forget_probed
+from autotune.search.probe import meta_model, parameters_dtype
 
 
 def fsdp_refusal(model_reference: str) -> str | None:
@@ -164,7 +165,7 @@ def fsdp_bf16_failure(workload: WorkloadSpec) -> tuple[str, bool] | None:
     of the dataset's first two samples through the model built for real on this CPU
     (``runner.bf16_forward``): (the error's line, whether it is a kernel this CPU lacks for
     bf16 rather than two dtypes meeting in one op). None where it runs, fails otherwise (the
-    trials will say), or the model is not built here (``probe.built_for_real``)."""
+    trials will say), or the model is not built here (``coupled.built_for_real``)."""
     from autotune.runner.bf16_forward import bf16_forward_error  # imports torch
     from autotune.runner.hints import MIXED_DTYPES  # imports torch
 

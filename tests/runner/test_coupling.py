@@ -9,7 +9,7 @@ from torch.utils.data import default_collate
 from autotune.config import TrainConfig
 from autotune.runner.coupling import loss_couples_samples
 from autotune.runner.workload import WorkloadSpec, build_workload, first_samples
-from autotune.search.probe import coupling, loss_coupling
+from autotune.search.coupled import coupling, loss_coupling
 from autotune.search.recipe import Coupling, numerics_changes, simplicity
 
 
@@ -115,14 +115,14 @@ def test_float64_tells_a_token_mean_that_float32_cannot() -> None:
 def test_a_forward_counted_over_the_operations_budget_is_not_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from autotune.search import probe
+    from autotune.search import coupled, probe
 
     towers = WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers")
-    batch = default_collate(list(probe._first_samples(towers, 2) or ()))
-    flops = probe._meta_forward_flops(probe.meta_model(towers.model)[1], batch)
-    assert flops is not None and 0 < flops < probe.COUPLING_FORWARD_FLOPS
-    monkeypatch.setattr(probe, "COUPLING_FORWARD_FLOPS", flops - 1)
+    batch = default_collate(list(probe.read_samples(towers, 2) or ()))
+    flops = coupled._meta_forward_flops(probe.meta_model(towers.model)[1], batch)
+    assert flops is not None and 0 < flops < coupled.COUPLING_FORWARD_FLOPS
+    monkeypatch.setattr(coupled, "COUPLING_FORWARD_FLOPS", flops - 1)
     told = loss_coupling(towers)
     assert isinstance(told, str) and f"counts {flops:.1e} operations, over the " in told
-    monkeypatch.setattr(probe, "COUPLING_BUILD_BYTES", 1)  # the model's size, before anything
+    monkeypatch.setattr(coupled, "COUPLING_BUILD_BYTES", 1)  # the model's size, before anything
     assert "the model holds 0.0 GiB, over the " in str(loss_coupling(towers))
