@@ -32,6 +32,7 @@ from typing import Literal
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
+from autotune.search.recipe import Coupling, simplicity
 from autotune.stats import mean_interval, ratio_interval
 
 DECIDE_CONFIDENCE = 0.90
@@ -195,3 +196,40 @@ def speedup(
     """Speed-up of ``config`` over ``baseline`` from their paired rounds: (estimate, low,
     high) at 95%; None without two paired rounds."""
     return ratio_interval(log_ratios(records, baseline, config))
+
+
+def prefer_simpler(
+    records: list[TrialRecord],
+    ranked: list[TrainConfig],
+    baseline: TrainConfig | None,
+    coupling: Coupling | None = None,
+    recipe: TrainConfig | None = None,
+) -> list[TrainConfig]:
+    """``ranked`` (the race's order) with the configuration that changes least first, among
+    those the race could not show slower than the fastest: fewer numerics changes, then fewer
+    knobs moved from the baseline (``search.recipe.simplicity``). A pick the race cannot tell
+    from a simpler configuration changes no more than that one.
+
+    The race decides at one-sided 95%, the speed-ups it reports are two-sided 95% intervals:
+    a pick that changes more numerics than the baseline (then the recipe) whose reported
+    speed-up over it reaches 1.0 gives way to it, so that no recommendation changes numerics
+    for a gain its own interval does not show (a bf16 model's amp=bf16 at 1.02x [0.99, 1.05]
+    the baseline)."""
+    if len(ranked) < 2:
+        return ranked
+    fastest = ranked[0]
+    tied = [
+        c for c in ranked if c == fastest or compare(log_ratios(records, c, fastest)) != "faster"
+    ]
+    simplest = min(tied, key=lambda c: (simplicity(c, baseline, coupling), ranked.index(c)))
+    numerics = simplicity(simplest, baseline, coupling)[0]
+    for reference in (baseline, recipe):
+        if reference is None or reference not in ranked or reference == simplest:
+            continue
+        if simplicity(reference, baseline, coupling)[0] >= numerics:
+            continue
+        gain = speedup(records, simplest, reference)
+        if gain is not None and gain[1] <= 1.0:
+            simplest = reference
+            break
+    return [simplest, *[c for c in ranked if c != simplest]]

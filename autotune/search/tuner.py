@@ -50,7 +50,6 @@ from autotune.search.recipe import (
     recipe_candidates,
     recipe_fallback,
     recipe_values,
-    simplicity,
 )
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
@@ -655,7 +654,9 @@ class Tuner:
             if race.decided(alive, references, number):
                 break
         ranked = race.ranking(self.log.records, candidates)  # the search's order: best first
-        return prefer_simpler(self.log.records, ranked, baseline, self.coupling, self.recipe_config)
+        return race.prefer_simpler(
+            self.log.records, ranked, baseline, self.coupling, self.recipe_config
+        )
 
     def verify(self, ranked: list[TrainConfig]) -> tuple[TrainConfig, TrialResult]:
         """Confirm the race's winner in a longer run; a finalist whose longer run fails or
@@ -754,42 +755,3 @@ class Tuner:
             memory_caveats=self.gate.caveats(winner),
             coupling=self.coupling,
         )
-
-
-def prefer_simpler(
-    records: list[TrialRecord],
-    ranked: list[TrainConfig],
-    baseline: TrainConfig | None,
-    coupling: Coupling | None = None,
-    recipe: TrainConfig | None = None,
-) -> list[TrainConfig]:
-    """``ranked`` (the race's order) with the configuration that changes least first, among
-    those the race could not show slower than the fastest: fewer numerics changes, then fewer
-    knobs moved from the baseline (``search.recipe.simplicity``). A pick the race cannot tell
-    from a simpler configuration changes no more than that one.
-
-    The race decides at one-sided 95%, the speed-ups it reports are two-sided 95% intervals:
-    a pick that changes more numerics than the baseline (then the recipe) whose reported
-    speed-up over it reaches 1.0 gives way to it, so that no recommendation changes numerics
-    for a gain its own interval does not show (a bf16 model's amp=bf16 at 1.02x [0.99, 1.05]
-    the baseline)."""
-    if len(ranked) < 2:
-        return ranked
-    fastest = ranked[0]
-    tied = [
-        c
-        for c in ranked
-        if c == fastest or race.compare(race.log_ratios(records, c, fastest)) != "faster"
-    ]
-    simplest = min(tied, key=lambda c: (simplicity(c, baseline, coupling), ranked.index(c)))
-    numerics = simplicity(simplest, baseline, coupling)[0]
-    for reference in (baseline, recipe):
-        if reference is None or reference not in ranked or reference == simplest:
-            continue
-        if simplicity(reference, baseline, coupling)[0] >= numerics:
-            continue
-        gain = race.speedup(records, simplest, reference)
-        if gain is not None and gain[1] <= 1.0:
-            simplest = reference
-            break
-    return [simplest, *[c for c in ranked if c != simplest]]

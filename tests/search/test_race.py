@@ -10,7 +10,6 @@ from autotune.report import format_recommendation
 from autotune.result import TrialResult
 from autotune.search import race
 from autotune.search.evidence import runner_up_report, simpler_choice
-from autotune.search.tuner import prefer_simpler
 from tests.search.fakes import FakeExecutor, MiB, make_tuner, ok
 
 BASELINE = TrainConfig(global_batch_size=32, device="cpu", parallel="ddp", world_size=2)
@@ -111,7 +110,9 @@ def test_a_simpler_pick_names_what_the_faster_finalist_changes_beyond_it() -> No
     accumulating = single.model_copy(update={"grad_accum_steps": 2})
     records = runs({accumulating: [39.3, 38.8, 36.9, 38.3], single: [38.3, 39.8, 36.1, 36.3]})
     assert race.compare(race.log_ratios(records, single, accumulating)) != "faster"
-    assert prefer_simpler(records, race.ranking(records, race.raced(records)), None)[0] == single
+    assert (
+        race.prefer_simpler(records, race.ranking(records, race.raced(records)), None)[0] == single
+    )
     said = simpler_choice(records, single, None)
     assert said.endswith(
         "changes more (3 knobs moved from the defaults against 2; it sets grad_accum_steps=2): "
@@ -135,8 +136,8 @@ def test_a_numerics_change_whose_reported_speed_up_reaches_one_gives_way_to_the_
     assert race.compare(race.log_ratios(records, BASELINE, bf16)) == "faster"
     gain = race.speedup(records, bf16, BASELINE)
     assert gain is not None and gain[1] < 1.0 < gain[2]
-    assert prefer_simpler(records, ranked, BASELINE)[0] == BASELINE
-    assert prefer_simpler(records, ranked, None)[0] == bf16  # no baseline to give way to
+    assert race.prefer_simpler(records, ranked, BASELINE)[0] == BASELINE
+    assert race.prefer_simpler(records, ranked, None)[0] == bf16  # no baseline to give way to
     said = simpler_choice(records, BASELINE, BASELINE)
     assert said.startswith("ddpx2 amp=bf16") and "its numerics: amp=bf16" in said
     assert "but its 95% interval over this one reaches 1.0, and it changes more" in said
@@ -145,4 +146,4 @@ def test_a_numerics_change_whose_reported_speed_up_reaches_one_gives_way_to_the_
     assert other.rounds_to_split is None  # the race has told them apart: no projection
     clearer = runs({BASELINE: [1000.0] * 4, bf16: [1030.0, 1031.0, 1029.0, 1030.5]})
     ranked = race.ranking(clearer, race.raced(clearer))
-    assert prefer_simpler(clearer, ranked, BASELINE)[0] == bf16  # a gain its interval shows
+    assert race.prefer_simpler(clearer, ranked, BASELINE)[0] == bf16  # a gain its interval shows
