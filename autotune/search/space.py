@@ -84,6 +84,15 @@ class SearchSpace(BaseModel):
         """Each knob's choices, whatever its conditions."""
         return {name: list(param.choices) for name, param in self.params.items()}
 
+    def fewest_ranks(self) -> int:
+        """The fewest rank processes a configuration of the space may run: 1 where it offers one
+        process (a single device, DataParallel) or does not say, else its least world size."""
+        choices = self.choices()
+        if set(choices.get("parallel", ("single",))) & {"single", "dp"}:
+            return 1
+        sizes = [int(v) for v in choices.get("world_size", ()) if isinstance(v, int)]
+        return min(sizes, default=1)
+
     def replace_choices(self, name: str, choices: tuple[Value, ...]) -> SearchSpace:
         """This space with knob ``name``'s choices replaced (none: the knob disappears)."""
         if name not in self.params:

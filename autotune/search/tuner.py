@@ -63,6 +63,11 @@ MAX_PLACEMENT_FAILURES = 3
 """Trials the cluster refused in a row, with nothing running, before the search gives up."""
 
 
+BARE_RANK_NOISE = 0.05
+"""How far below its first measurement a rank without its tensors may measure again (its
+resident peak moves by a few MiB from run to run): a budget that close is still tried."""
+
+
 class SearchError(AutotuneError):
     """The search ended without a recommendation; every trial it ran is stored."""
 
@@ -91,6 +96,7 @@ class Tuner:
         """What makes the model's forward follow the micro-batch: its batch norms' statistics,
         a loss over the micro-batch together (None: nothing)."""
         self.platform, self.devices, self.reporter = platform, devices, reporter
+        self.space = space
         self.budget_bytes = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
         self.limit_bytes = int(self.budget_bytes * (1 - settings.memory.safety_margin))
         self.log = StudyLog(study, self.limit_bytes)
@@ -245,6 +251,30 @@ class Tuner:
             self._stop_if_the_step_fails(record)
             if self._learn_unused_parameters(record):
                 record = None  # the same baseline again, with find_unused_parameters
+
+    def _stop_if_nothing_can_fit(self) -> None:
+        """Stop before any trial where the limit lies below what the fewest ranks the space runs
+        hold before any tensor of the model: on CPU the memory model's first guess measures it
+        (``prior_for``: a rank with its imports, the model's module and dataset, no
+        parameters), and every trial's resident peak holds it. A 1 KiB budget ran its baseline
+        and turned 200 proposals down one by one, a minute, before it said what this says."""
+        model = self.memory
+        if model is None or self.platform.device_type != "cpu" or not model.prior.offset_bytes:
+            return
+        ranks = self.space.fewest_ranks()
+        floor = ranks * model.prior.offset_bytes
+        if floor * (1 - BARE_RANK_NOISE) <= self.limit_bytes:
+            return
+        margin = self.settings.memory.safety_margin
+        raise SearchError(
+            "no configuration fits the memory budget of "
+            f"{self.budget_bytes / 2**30:.2f} GiB (limit {self.limit_bytes / 2**30:.2f} GiB "
+            f"after the safety margin): the fewest ranks the space runs ({ranks}) hold "
+            f"{floor / 2**20:,.0f} MiB on this machine before any of the model's tensors "
+            "(measured, a rank without them); a budget over "
+            f"{floor / (1 - margin) / 2**30:.2f} GiB is needed before those (`autotune plan` "
+            "predicts them), and no trial was run"
+        )
 
     def _stop_if_the_step_fails(self, baseline: TrialRecord) -> None:
         """Stop the search when the baseline diverged (a loss not finite: every comparison with
@@ -738,6 +768,7 @@ class Tuner:
             self.reporter.resumed(stored)
             self._learn_failing_values(None)  # said again: the resumed search skips them
             self._resume_time_budget()
+        self._stop_if_nothing_can_fit()
         self.references()
         self.search()
         winner, verification = self.verify(self.race())

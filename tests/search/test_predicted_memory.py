@@ -13,7 +13,7 @@ from autotune.runner import memory
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.memory_model import CPU_HEAP_SHARE, MemoryModel, device_parts
 from autotune.search.progress import Reporter
-from autotune.search.tuner import Tuner
+from autotune.search.tuner import SearchError, Tuner
 from tests.search.fakes import FakeExecutor, MiB, Outcome, make_tuner, ok
 
 STACK = WorkloadSpec(model="tests.fixtures.traced:Stack")
@@ -117,6 +117,39 @@ def test_after_a_baseline_over_the_limit_its_accumulation_comes_from_the_calibra
         baseline = tuner.baseline()
         assert [r.config.grad_accum_steps for r in executor.runs] == expected
         assert baseline.fits == (expected[-1] == 8)
+
+
+@pytest.mark.parametrize(
+    ("space", "ranks"),
+    [({}, 2), ({"parallel": ["single", "ddp"], "world_size": [1, 2]}, 1)],
+)
+def test_a_limit_below_what_the_fewest_ranks_hold_without_tensors_runs_nothing(
+    space: dict[str, Any], ranks: int
+) -> None:
+    # A 1 KiB budget ran its baseline, then turned 200 proposals down one by one (a minute),
+    # before it said that nothing fits.
+    below = ranks * PROCESS_MIB * 0.9
+    executor = FakeExecutor(measured)
+    tuner = make_tuner(
+        executor,
+        {**SPACE, **space},
+        limit_mib=below,
+        workload=STACK,
+        predict_memory=True,
+        global_batch_size=16384,
+    )
+    with pytest.raises(SearchError) as raised:
+        tuner.run([], "s.db", "s")
+    assert executor.runs == [] and tuner.log.records == []
+    text = str(raised.value)
+    assert f"the fewest ranks the space runs ({ranks}) hold {ranks * PROCESS_MIB:,.0f} MiB" in text
+    assert "no trial was run" in text
+    # at the floor, trials tell: the process may measure a little lower than its first run
+    at = make_tuner(
+        FakeExecutor(measured), {**SPACE, **space}, limit_mib=ranks * PROCESS_MIB * 0.96,
+        workload=STACK, predict_memory=True, global_batch_size=16384,
+    )  # fmt: skip
+    at._stop_if_nothing_can_fit()
 
 
 class _Phases(Reporter):
