@@ -61,3 +61,14 @@ def format_bytes(value: float) -> str:
         if abs(value) >= size:
             return f"{value / size:.1f} {unit}"
     return f"{int(value)} B"
+
+
+def format_budget(value: float) -> str:
+    """A memory budget or limit in words: GiB to two places from 1 GiB, else whole MiB (a
+    budget of 92 MiB read "0.09 GiB", one of 1 KiB "0.00 GiB"), else what ``format_bytes``
+    says."""
+    if value >= 2**30:
+        return f"{value / 2**30:.2f} GiB"
+    if value >= 2**20:
+        return f"{value / 2**20:,.0f} MiB"
+    return format_bytes(value)

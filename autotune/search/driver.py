@@ -62,6 +62,7 @@ from autotune.search.storage import open_storage, pick_study, stored_studies
 from autotune.search.study import model_hash, open_study
 from autotune.search.tuner import Tuner
 from autotune.secrets import mask_url
+from autotune.units import format_budget
 
 RECOMMENDATION_ATTR = "autotune:recommendation"
 
@@ -321,7 +322,7 @@ def run_search(
             **({"checkpointing": own} if (own := own_checkpointing(workload.model)) else {}),
             **({"compile": compiled} if (compiled := own_compile(workload.model)) else {}),
             **_oversubscribed(settings, device, devices, count),
-            budget=f"{budget / 2**30:.2f} GiB {budget_scope(device)}, limit "
+            budget=f"{format_budget(budget)} {budget_scope(device)}, limit "
             f"{1 - settings.memory.safety_margin:.0%} of it",
             **({"excluded": "; ".join(exclusion_lines(exclusions))} if exclusions else {}),
             **({"added": added} if added else {}),

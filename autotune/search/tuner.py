@@ -53,6 +53,7 @@ from autotune.search.recipe import (
 )
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace
+from autotune.units import format_budget
 
 MAX_UNPRODUCTIVE_PROPOSALS = 200
 RECIPE_ATTR = "autotune:recipe"
@@ -268,11 +269,11 @@ class Tuner:
         margin = self.settings.memory.safety_margin
         raise SearchError(
             "no configuration fits the memory budget of "
-            f"{self.budget_bytes / 2**30:.2f} GiB (limit {self.limit_bytes / 2**30:.2f} GiB "
+            f"{format_budget(self.budget_bytes)} (limit {format_budget(self.limit_bytes)} "
             f"after the safety margin): the fewest ranks the space runs ({ranks}) hold "
             f"{floor / 2**20:,.0f} MiB on this machine before any of the model's tensors "
             "(measured, a rank without them); a budget over "
-            f"{floor / (1 - margin) / 2**30:.2f} GiB is needed before those (`autotune plan` "
+            f"{format_budget(floor / (1 - margin))} is needed before those (`autotune plan` "
             "predicts them), and no trial was run"
         )
 
@@ -705,8 +706,8 @@ class Tuner:
             if not candidates:
                 raise SearchError(
                     "no configuration fits the memory budget of "
-                    f"{self.budget_bytes / 2**30:.2f} GiB (limit "
-                    f"{self.limit_bytes / 2**30:.2f} GiB after the safety margin){self._least()}"
+                    f"{format_budget(self.budget_bytes)} (limit "
+                    f"{format_budget(self.limit_bytes)} after the safety margin){self._least()}"
                 )
             lost = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c in candidates)
             raise SearchError(
@@ -749,7 +750,7 @@ class Tuner:
         room = least / (1 - self.settings.memory.safety_margin)
         return (
             f": the least was {least / 2**20:,.0f} MiB, {how} ({record.config.summary()}, "
-            f"trial {record.number}); a budget of at least {room / 2**30:.2f} GiB would hold it"
+            f"trial {record.number}); a budget of at least {format_budget(room)} would hold it"
             + "".join(f", or {m}" for m in missing)
         )
 

@@ -12,6 +12,7 @@ from autotune.search import storage
 from autotune.search.settings import make_settings
 from autotune.search.storage import OWNER_ATTR, UNOWNED_S, claims, open_storage, owner
 from autotune.search.study import ask_fixed, open_study, requeue_abandoned
+from autotune.units import format_budget
 
 
 @pytest.mark.parametrize(
@@ -27,6 +28,15 @@ def test_bad_memory_budgets(budget: object, expected: str) -> None:
     with pytest.raises(ConfigError) as error:
         make_settings({"global_batch_size": 8, "memory_budget": budget})
     assert expected in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("size", "said"),
+    [(20 << 30, "20.00 GiB"), (int(0.09 * 2**30), "92 MiB"), (1 << 10, "1.0 KiB"), (0, "0 B")],
+)
+def test_a_budget_is_said_in_a_unit_it_reads_in(size: int, said: str) -> None:
+    # a 1 KiB budget read "0.00 GiB" in the search's budget line and its nothing-fits message
+    assert format_budget(size) == said
 
 
 def test_budget_forms() -> None:

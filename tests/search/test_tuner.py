@@ -848,10 +848,10 @@ def test_a_search_where_nothing_fits_says_each_skip_once_and_what_would_hold_the
     stored = sum(r.status == "skipped" for r in tuner.log.records)
     assert len(skipped) == len(set(skipped)) < stored == 30  # each said once, all stored
     text = str(raised.value)
-    assert text.startswith("no configuration fits the memory budget of 0.09 GiB")
+    assert text.startswith("no configuration fits the memory budget of 90 MiB (limit 90 MiB")
     # the baseline accumulated to micro-batch 1, beyond the space's accumulations
     assert ": the least was 100 MiB, measured (ddpx2 " in text and "accum=8 mbs=1" in text
-    assert "a budget of at least 0.10 GiB would hold it" in text
+    assert "a budget of at least 100 MiB would hold it" in text
     assert text.endswith(", or allow checkpoint_segments in the search space")  # not accum
     assert "grad_accum_steps" not in text and "\n" not in text
 
