@@ -3,8 +3,8 @@
     autotune trial --model workloads.gpt:gpt_tiny --global-batch-size 32 --parallel ddp \
         --world-size 2 --comm-hook fp16
 
-Exit codes: 0 the trial ran ok; 1 the trial ended otherwise (oom, crashed, timed out, error);
-2 bad input (one line on stderr, no traceback unless --debug).
+Exit codes: ``EPILOG`` below, which ``autotune --help`` prints; bad input is one line on
+stderr, no traceback unless --debug.
 """
 
 from __future__ import annotations

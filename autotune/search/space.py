@@ -90,7 +90,7 @@ class SearchSpace(BaseModel):
         choices = self.choices()
         if set(choices.get("parallel", ("single",))) & {"single", "dp"}:
             return 1
-        sizes = [int(v) for v in choices.get("world_size", ()) if isinstance(v, int)]
+        sizes = [v for v in choices.get("world_size", ()) if isinstance(v, int)]
         return min(sizes, default=1)
 
     def replace_choices(self, name: str, choices: tuple[Value, ...]) -> SearchSpace:

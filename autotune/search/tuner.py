@@ -267,14 +267,18 @@ class Tuner:
         if floor * (1 - BARE_RANK_NOISE) <= self.limit_bytes:
             return
         margin = self.settings.memory.safety_margin
-        raise SearchError(
-            "no configuration fits the memory budget of "
-            f"{format_budget(self.budget_bytes)} (limit {format_budget(self.limit_bytes)} "
-            f"after the safety margin): the fewest ranks the space runs ({ranks}) hold "
-            f"{floor / 2**20:,.0f} MiB on this machine before any of the model's tensors "
-            "(measured, a rank without them); a budget over "
-            f"{format_budget(floor / (1 - margin))} is needed before those (`autotune plan` "
+        raise self._nothing_fits(
+            f": the fewest ranks the space runs ({ranks}) hold {floor / 2**20:,.0f} MiB on this "
+            "machine before any of the model's tensors (measured, a rank without them); a budget "
+            f"over {format_budget(floor / (1 - margin))} is needed before those (`autotune plan` "
             "predicts them), and no trial was run"
+        )
+
+    def _nothing_fits(self, why: str) -> SearchError:
+        """The search's end where no configuration fits the budget, ``why`` after the limit."""
+        return SearchError(
+            f"no configuration fits the memory budget of {format_budget(self.budget_bytes)} "
+            f"(limit {format_budget(self.limit_bytes)} after the safety margin){why}"
         )
 
     def _stop_if_the_step_fails(self, baseline: TrialRecord) -> None:
@@ -704,11 +708,7 @@ class Tuner:
                     f"{shortened_keeping_hint(said)}); every trial is stored: see `autotune show`"
                 )
             if not candidates:
-                raise SearchError(
-                    "no configuration fits the memory budget of "
-                    f"{format_budget(self.budget_bytes)} (limit "
-                    f"{format_budget(self.limit_bytes)} after the safety margin){self._least()}"
-                )
+                raise self._nothing_fits(self._least())
             lost = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c in candidates)
             raise SearchError(
                 f"every finalist failed in the race ({lost}); all "
