@@ -11,6 +11,9 @@ space at 64 devices under 30 s).
     python scripts/bench_memory_prediction.py --rescore resnet18_cuda.json --out SCORED.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
+    python scripts/bench_memory_prediction.py --models --plan-model "" --search-predict on \
+        --search workloads.gpt:gpt_tiny --budget 400MiB --search-space default \
+        --out results/memory_bound_search_default.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --repeat workloads.gpt:gpt_tiny --rounds 6 --out results/memory_repeat.json
     python scripts/bench_memory_prediction.py --models --plan-model "" --rounds 5 \
@@ -32,9 +35,10 @@ baseline), ``left out`` on every other configuration of the grid. Then ``autotun
 measured against the allocator's reserved peak, each row also giving the traced tensors (the
 prediction a machine without a GPU makes) against the allocator's peak of allocated memory.
 
-``--search MODEL --budget SIZE``: a memory-bound search (quick space, 2 ranks, 10 trials, where
-most of the space does not fit the budget) run twice, without and with the prediction: the
-trials that ran and did not fit, and each search's wall time.
+``--search MODEL --budget SIZE``: a memory-bound search (``--search-space``, quick by default;
+2 ranks, 10 trials, where most of the space does not fit the budget) run twice, without and
+with the prediction (``--search-predict on``: with it only): the trials that ran and did not
+fit, and each search's wall time.
 
 ``--fresh MODEL... --rounds N``: one configuration run again and again, each time in fresh
 processes with the grid's own window: how far its peak moves when nothing about it changes.
@@ -118,6 +122,13 @@ def main() -> None:
         "(no trial runs); writes --out.",
     )
     parser.add_argument("--budget", default="700MiB", help="Its memory budget (all ranks).")
+    parser.add_argument("--search-space", default="quick", help="Its search space.")
+    parser.add_argument(
+        "--search-predict",
+        choices=("both", "on"),
+        default="both",
+        help="Run it without and with the prediction, or with it only.",
+    )
     parser.add_argument(
         "--repeat",
         help="A model whose configurations (fp32 and bf16, with and without a DataLoader worker, "
@@ -219,9 +230,11 @@ def main() -> None:
         print(f"autotune plan --model {args.plan_model} --devices 64: {seconds:.1f} s")
     if args.search:
         runs = []
-        for predict in (False, True):
+        for predict in (False, True) if args.search_predict == "both" else (True,):
             with tempfile.TemporaryDirectory() as tmp:
-                run = memory_bound_search(args.search, args.budget, predict, f"{tmp}/s.db")
+                run = memory_bound_search(
+                    args.search, args.budget, predict, f"{tmp}/s.db", space=args.search_space
+                )
             runs.append(run)
             spread = max(run["repeat_spread"].values(), default=0.0)
             print(f"  one configuration's peaks, first and later in a gang: spread <= {spread:.1%}")
@@ -231,7 +244,12 @@ def main() -> None:
                 f"{run['skipped_as_predicted']} skipped as predicted, {run['wall_s']:.0f} s; "
                 f"pick {run['recommended']}"
             )
-        report["search"] = {"model": args.search, "budget": args.budget, "runs": runs}
+        report["search"] = {
+            "model": args.search,
+            "budget": args.budget,
+            "space": args.search_space,
+            "runs": runs,
+        }
     if args.repeat:
         rows = repeated_peaks(args.repeat, args.rounds, configs_set=args.repeat_set)
         report["repeat"] = {

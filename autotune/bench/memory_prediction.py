@@ -303,17 +303,23 @@ def machine() -> dict[str, Any]:
 
 
 def memory_bound_search(
-    model: str, budget: str, predict: bool, storage: str, trials: int = 10, seed: int = 0
+    model: str,
+    budget: str,
+    predict: bool,
+    storage: str,
+    trials: int = 10,
+    seed: int = 0,
+    space: str = "quick",
 ) -> dict[str, Any]:
-    """One search of ``model`` over the quick space under ``budget`` (where most of it does not
-    fit), with or without the memory prediction: how many trials ran that did not fit, and the
-    wall time."""
+    """One search of ``model`` over ``space`` under ``budget`` (where most of it does not fit),
+    with or without the memory prediction: how many trials ran that did not fit, and the wall
+    time."""
     started = time.perf_counter()
     settings = make_settings(
         {
             "global_batch_size": 32,
             "devices": 2,
-            "space": "quick",
+            "space": space,
             "trials": trials,
             "memory_budget": budget,
             "predict_memory": predict,
