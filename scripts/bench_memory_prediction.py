@@ -242,7 +242,7 @@ def main() -> None:
                 f"search predict_memory={predict}: {run['measured']} trials ran, "
                 f"{run['ran_and_did_not_fit']} of them did not fit, "
                 f"{run['skipped_as_predicted']} skipped as predicted, {run['wall_s']:.0f} s; "
-                f"pick {run['recommended']}"
+                + (f"pick {run['recommended']}" if run["recommended"] else run["ended"])
             )
         report["search"] = {
             "model": args.search,

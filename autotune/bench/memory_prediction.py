@@ -30,10 +30,12 @@ from autotune.runner.platform import detect_platform
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.driver import run_search
-from autotune.search.log import memory_used
+from autotune.search.log import memory_used, stored_records
 from autotune.search.memory_model import MemoryModel, Point, fit, prior_for
 from autotune.search.progress import Reporter
 from autotune.search.settings import make_settings
+from autotune.search.storage import load_stored_study
+from autotune.search.tuner import SearchError
 
 GRIDS = {
     "workloads.gpt:gpt_tiny": (32, 4),
@@ -329,9 +331,14 @@ def memory_bound_search(
         }
     )
     spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
-    recommendation = run_search(spec, settings, Reporter())
+    try:
+        recommendation = run_search(spec, settings, Reporter())
+        records, ended = recommendation.trials, None
+    except SearchError as error:  # nothing fits: what ran is read back from the study
+        recommendation, ended = None, str(error)
+        records = stored_records(load_stored_study(storage, None)[0])
     wall = time.perf_counter() - started
-    ran = [t for t in recommendation.trials if t.is_measurement]
+    ran = [t for t in records if t.is_measurement]
     return {
         "predict_memory": predict,
         "wall_s": wall,
@@ -345,11 +352,11 @@ def memory_bound_search(
             if t.status in ("ok", "oom") and not t.fits
         ],
         "skipped_as_predicted": sum(
-            t.status == "skipped" and t.message.startswith("predicted not to fit")
-            for t in recommendation.trials
+            t.status == "skipped" and t.message.startswith("predicted not to fit") for t in records
         ),
-        "recommended": recommendation.config.summary(),
-        "samples_per_s": recommendation.samples_per_s,
+        "recommended": recommendation.config.summary() if recommendation else None,
+        "samples_per_s": recommendation.samples_per_s if recommendation else None,
+        "ended": ended,
         "repeat_spread": repeat_spread(ran),
         "prediction_errors": [t.prediction_error for t in ran if t.prediction_error is not None],
     }
