@@ -218,6 +218,8 @@ def render_html(r: Recommendation, importances: dict[str, float] | None = None) 
     ]
     if r.simpler_choice:
         summary.insert(3, ("chosen for changing less", r.simpler_choice, ""))
+    if r.made_room:
+        summary.insert(3, ("moved to fit", r.made_room, ""))
     if (rule := loss_rule(r)) is not None:
         summary.append(("loss", rule, ""))
     if r.config.compile != "off":

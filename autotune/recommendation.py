@@ -147,6 +147,12 @@ class Recommendation(BaseModel):
         description="Why a configuration that changes less was recommended over the fastest "
         "measured one the race could not tell from it (empty: the fastest was recommended).",
     )
+    made_room: str = Field(
+        "",
+        description="Where every finalist went over the memory limit in the race: which one "
+        "this is, and what it moved (more accumulation, or more checkpointed blocks) to leave "
+        "room (empty: a finalist as the search measured it).",
+    )
     memory_caveats: list[str] = Field(
         default_factory=list,
         description="What the measured peak does not cover on this device (memory that keeps "

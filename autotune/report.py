@@ -351,6 +351,8 @@ def format_recommendation(recommendation: Recommendation, out: str | None = None
     lines.extend(f"throughput caveat: {caveat}" for caveat in r.throughput_caveats)
     if r.simpler_choice:
         lines.append(f"chosen for changing less: {r.simpler_choice}")
+    if r.made_room:
+        lines.append(f"moved to fit: every finalist went over the memory limit; {r.made_room}")
     if (luck := selection_line(r)) is not None:
         lines.append(luck)
     if (close := runner_up_line(r)) is not None:

@@ -191,6 +191,7 @@ def recommend(
     recipe: TrainConfig | None = None,
     memory_caveats: list[str] | None = None,
     coupling: Coupling | None = None,
+    made_room: str = "",
 ) -> Recommendation:
     """The recommendation of ``winner``, from the records alone (and the verification run)."""
     reference = simplicity_reference(records)  # what its numerics and changes are counted from
@@ -276,6 +277,7 @@ def recommend(
         memory_caveats=memory_caveats or [],
         throughput_caveats=throughput_caveats(records, winner, verification),
         simpler_choice=simpler_choice(records, winner, reference, coupling),
+        made_room=made_room,
         runner_up=runner_up_report(records, winner, baseline.config if baseline else None),
         exclusions=exclusions,
         trials=sorted(records, key=lambda r: r.number),

@@ -31,7 +31,7 @@ from autotune.runner.fake_memory import MODEL_AT_FAULT
 from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import BUILDING, WorkloadSpec
-from autotune.search import race
+from autotune.search import race, room
 from autotune.search.evidence import finalists, recommend, simplicity_reference
 from autotune.search.lessons import (
     accumulation_cut_memory,
@@ -58,6 +58,9 @@ from autotune.units import format_budget
 MAX_UNPRODUCTIVE_PROPOSALS = 200
 RECIPE_ATTR = "autotune:recipe"
 """The study's standard recipe, as first settled (a resumed search races the same one)."""
+ROOM_ATTR = "autotune:room"
+"""The configurations raced where every finalist went over the memory limit (``race_with_room``),
+as first settled (a resumed search races the same)."""
 CLAIM_POLL_S = 2.0
 """How often a driver waiting for another driver's run of the same configuration looks."""
 MAX_PLACEMENT_FAILURES = 3
@@ -124,6 +127,9 @@ class Tuner:
         self.started = time.perf_counter()
         self.recipe_config: TrainConfig | None = None
         """The standard recipe as measured (None: not measured, or it fits nowhere)."""
+        self.rooms: list[tuple[TrainConfig, str]] = []
+        """Where every finalist went over the limit in the race: the configurations raced in
+        their place, each with what it moved (``race_with_room``)."""
         self._failing: set[str] = set()  # the failing values said, by label
 
     # -- running ----------------------------------------------------------------------------
@@ -661,15 +667,21 @@ class Tuner:
         the one that changes least among those the race could not tell from the fastest comes
         first (``prefer_simpler``). Rounds already stored (a resumed study) are not run
         again."""
-        finishing = self.settings.finishing
-        candidates = finalists(self.log.records, finishing.top_k)
+        candidates = finalists(self.log.records, self.settings.finishing.top_k)
         baseline = simplicity_reference(self.log.records)  # the baseline, where it fitted
         references = [baseline, self.recipe_config]
         for reference in references:
             if reference is not None and reference not in candidates:
                 candidates.append(reference)
+        return self._race(candidates, references)
+
+    def _race(
+        self, candidates: list[TrainConfig], references: list[TrainConfig | None]
+    ) -> list[TrainConfig]:
+        """The race's rounds among ``candidates`` (``references`` among them stay their
+        rounds), and its ranking (``race``'s docstring)."""
         alive = list(candidates)
-        for number in range(1, finishing.race_rounds + 1):
+        for number in range(1, self.settings.finishing.race_rounds + 1):
             # A resumed study keeps its stored rounds and runs only what they lack, so a
             # search run again with more --race-rounds goes on where its race stopped; so do
             # the rounds another driver of the study ran.
@@ -689,9 +701,48 @@ class Tuner:
             if race.decided(alive, references, number):
                 break
         ranked = race.ranking(self.log.records, candidates)  # the search's order: best first
+        baseline = simplicity_reference(self.log.records)
         return race.prefer_simpler(
             self.log.records, ranked, baseline, self.coupling, self.recipe_config
         )
+
+    def race_with_room(self) -> list[TrainConfig]:
+        """Where every finalist left the race for memory alone (measured over the limit in a
+        run after its search trial fitted): race each at the least larger accumulation, else
+        checkpointing, expected to leave room (``autotune.search.room``) instead, once; the
+        ranking as ``race``'s (empty: no finalist could be moved, or none of them fits)."""
+        dropped = finalists(self.log.records, self.settings.finishing.top_k)
+        if not dropped or not all(room.over_in_race(self.log.records, c) for c in dropped):
+            return []
+        stored = self.log.study.user_attrs.get(ROOM_ATTR)
+        if stored is None:  # chosen once: a resumed search races the same
+            moves = self._rooms(dropped)
+            stored = [
+                {"config": m.config.model_dump(mode="json"), "said": m.describe()} for m in moves
+            ]
+            self.log.study.set_user_attr(ROOM_ATTR, stored)
+            if moves:
+                self.reporter.phase(
+                    f"every finalist went over the memory limit "
+                    f"{self.limit_bytes / 2**20:,.0f} MiB in the race; racing each where it is "
+                    "expected to leave room instead: " + "; ".join(m.describe() for m in moves)
+                )
+        self.rooms = [(TrainConfig.model_validate(m["config"]), str(m["said"])) for m in stored]
+        configs = list(dict.fromkeys(c for c, _ in self.rooms))
+        return self._race(configs, []) if configs else []
+
+    def _rooms(self, dropped: list[TrainConfig]) -> list[room.Room]:
+        """Each of ``dropped`` where it is expected to leave room (``room.make_room``)."""
+
+        def predict(config: TrainConfig) -> int | None:
+            found = self.gate.predict(config)
+            return found.peak_bytes if found is not None else None
+
+        choices = self.proposer.space.choices()
+        found = [
+            room.make_room(c, self.log.records, choices, predict, self.limit_bytes) for c in dropped
+        ]
+        return [m for m in found if m is not None]
 
     def verify(self, ranked: list[TrainConfig]) -> tuple[TrainConfig, TrialResult]:
         """Confirm the race's winner in a longer run; a finalist whose longer run fails or
@@ -710,8 +761,11 @@ class Tuner:
             if not candidates:
                 raise self._nothing_fits(self._least())
             lost = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c in candidates)
+            moved = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c, _ in self.rooms)
+            if moved:
+                moved = f"; raced again where each was expected to leave room, none fit ({moved})"
             raise SearchError(
-                f"every finalist failed in the race ({lost}); all "
+                f"every finalist failed in the race ({lost}){moved}; all "
                 f"{len(self.log.records)} trials are stored: see `autotune show`"
             )
         fallback: tuple[TrainConfig, TrialResult] | None = None
@@ -772,7 +826,7 @@ class Tuner:
         self._stop_if_nothing_can_fit()
         self.references()
         self.search()
-        winner, verification = self.verify(self.race())
+        winner, verification = self.verify(self.race() or self.race_with_room())
         return recommend(
             self.log.records,
             winner,
@@ -786,4 +840,5 @@ class Tuner:
             recipe=self.recipe_config,
             memory_caveats=self.gate.caveats(winner),
             coupling=self.coupling,
+            made_room=next((said for c, said in self.rooms if c == winner), ""),
         )

@@ -22,7 +22,7 @@ from autotune.search import race
 from autotune.search.lessons import failing_values
 from autotune.search.proposer import Proposal
 from autotune.search.study import make_sampler
-from autotune.search.tuner import SearchError
+from autotune.search.tuner import ROOM_ATTR, SearchError
 from tests.search.fakes import PLATFORM, FakeExecutor, MiB, Said, failed, make_tuner, ok
 
 SPACE = {
@@ -146,18 +146,72 @@ def test_verification_falls_back_to_the_next_finalist() -> None:
     assert recommendation.memory_confirmed
 
 
+class _Racing(Said):
+    """Knows once the race has begun."""
+
+    racing = False
+
+    def phase(self, text: str) -> None:
+        super().phase(text)
+        self.racing = self.racing or text.startswith("race round")
+
+
 def test_every_finalist_failing_in_the_race_ends_clearly_keeping_every_trial() -> None:
+    said = _Racing()
+
     def outcome(config: TrainConfig, before: int) -> TrialResult:
-        return ok(config, speed(config), 2000.0) if before == 1 else steady(config, before)
+        return ok(config, speed(config), 2000.0) if said.racing else steady(config, before)
 
     executor = FakeExecutor(outcome)
     tuner = make_tuner(executor, SPACE, trials=4)
-    with pytest.raises(SearchError, match="every finalist failed in the race"):
+    tuner.reporter = said
+    with pytest.raises(SearchError, match="every finalist failed in the race") as raised:
         tuner.run([], "s.db", "s")
+    # each went over in a later run, so each was raced again with room, and went over too
+    assert "raced again where each was expected to leave room, none fit" in str(raised.value)
     study = tuner.proposer.study
     finished = [t for t in study.trials if t.state != optuna.trial.TrialState.RUNNING]
     assert len(finished) == len(study.trials) == len(tuner.log.records)
     assert sum(r.role == "race" for r in tuner.log.records) >= 2
+
+
+def test_finalists_over_the_limit_in_the_race_race_again_at_more_accumulation() -> None:
+    # A search of a model that barely fits: its fastest configurations fit in their search
+    # trials and measure over the limit in the race. The search ended with no recommendation.
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        if config.grad_accum_steps == 1:
+            return ok(config, speed(config), 800.0 if before == 0 else 1100.0)
+        return steady(config, before)
+
+    said = Said()
+    tuner = make_tuner(FakeExecutor(outcome), SPACE, trials=4)
+    tuner.reporter = said
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.config.grad_accum_steps == 2
+    assert recommendation.memory_confirmed
+    assert "grad_accum_steps 1 -> 2" in recommendation.made_room
+    assert "nothing predicted: the race shows it" in recommendation.made_room
+    raced = race.race_runs(recommendation.trials, recommendation.config)
+    assert raced and all(r.fits for r in raced.values())
+    assert any("every finalist went over the memory limit" in line for line in said.lines)
+    assert "moved to fit: every finalist went over the memory limit" in format_recommendation(
+        recommendation
+    )
+    stored = tuner.log.study.user_attrs[ROOM_ATTR]  # a resumed search races the same
+    assert recommendation.config.model_dump(mode="json") in [m["config"] for m in stored]
+
+
+def test_a_finalist_that_crashed_in_the_race_is_not_moved_to_make_room() -> None:
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        if before >= 1:
+            return failed(config, "crashed", "rank 1: killed by SIGABRT")
+        return steady(config, before)
+
+    tuner = make_tuner(FakeExecutor(outcome), SPACE, trials=4)
+    with pytest.raises(SearchError, match="every finalist failed in the race") as raised:
+        tuner.run([], "s.db", "s")
+    assert "leave room" not in str(raised.value)
+    assert ROOM_ATTR not in tuner.log.study.user_attrs
 
 
 def test_a_search_where_every_trial_failed_says_so_not_that_nothing_fits() -> None:

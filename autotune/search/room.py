@@ -1,0 +1,118 @@
+"""Room for a finalist that went over the memory limit in the race.
+
+A configuration whose search trial fitted can measure over the limit in a later run: its peak
+moves by a few percent from run to run, and a search of a model that barely fits finds its
+fastest configurations right at the limit. Where that happens to every finalist, the search
+does not end without a recommendation: each finalist is taken to the least larger gradient
+accumulation (a smaller micro-batch: the global batch, and so the training, unchanged), else
+the least larger count of checkpointed blocks, whose peak is expected to leave room, and those
+race in its place.
+
+Expected from what was measured: the finalist's largest measured peak less what the move is
+predicted to save (the memory model's prediction of the two configurations, whose error
+largely cancels in the difference), and it must lie below the limit by the spread of the
+finalist's own measured peaks (a configuration expected just under the limit goes over as
+often as not: seen in a search of a small GPT at 520 MiB, two moved finalists expected 1 MiB
+under the limit measured 3 and 15 MiB over it). Without a prediction (the model is off, or the
+fake tensors cannot trace it) the first larger value is taken, and the race's runs show
+whether it fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import TrainConfig
+from autotune.records import TrialRecord
+from autotune.search import race
+
+ROOM_KNOBS = ("grad_accum_steps", "checkpoint_segments")
+"""The knobs a finalist moves along to make room, in turn: neither changes the training's
+semantics or numerics, accumulation first (it costs the least when a step's micro-batch still
+fills the device)."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """A finalist that went over the limit, and the configuration that races in its place."""
+
+    finalist: TrainConfig
+    config: TrainConfig
+    peak_bytes: int
+    """The finalist's largest measured peak."""
+    spread: float
+    """How far its measured peaks lay apart, as a share of the largest: the room kept."""
+    expected_bytes: int | None
+    """The peak expected of ``config``: ``peak_bytes`` less the predicted saving (None: nothing
+    predicted)."""
+
+    def describe(self) -> str:
+        moved = ", ".join(
+            f"{knob} {getattr(self.finalist, knob)} -> {getattr(self.config, knob)}"
+            for knob in ROOM_KNOBS
+            if getattr(self.finalist, knob) != getattr(self.config, knob)
+        )
+        expected = (
+            f"~{self.expected_bytes / 2**20:,.0f} MiB expected: its peak less the predicted "
+            f"saving, {self.spread:.1%} (its peaks' spread) or more under the limit"
+            if self.expected_bytes is not None
+            else "nothing predicted: the race shows it"
+        )
+        return (
+            f"{self.finalist.summary()} (measured up to {self.peak_bytes / 2**20:,.0f} MiB) "
+            f"with {moved} ({expected})"
+        )
+
+
+def over_in_race(records: Sequence[TrialRecord], config: TrainConfig) -> bool:
+    """``config`` left the race for memory alone: a race run measured over the limit or ran
+    out of memory, and none failed otherwise."""
+    runs = race.race_runs(records, config).values()
+    over = [r for r in runs if r.status == "oom" or (r.status == "ok" and not r.feasible)]
+    return bool(over) and all(r.status in ("ok", "oom") for r in runs)
+
+
+def peaks(records: Sequence[TrialRecord], config: TrainConfig) -> list[int]:
+    """Every peak measured of ``config``."""
+    key = config.key()
+    return [
+        r.memory_used_bytes
+        for r in records
+        if r.config and r.config.key() == key and r.memory_used_bytes
+    ]
+
+
+def make_room(
+    finalist: TrainConfig,
+    records: Sequence[TrialRecord],
+    choices: dict[str, list[Any]],
+    predict: Callable[[TrainConfig], int | None],
+    limit_bytes: int,
+) -> Room | None:
+    """``finalist`` at the least larger value of a ``ROOM_KNOBS`` knob (of the space's
+    ``choices``) whose peak is expected under ``limit_bytes`` by the spread of the finalist's
+    measured peaks, not measured over it already; None where no such value is in the space.
+    ``predict`` gives a configuration's predicted peak (None: nothing predicted)."""
+    measured_peaks = peaks(records, finalist) or [0]
+    peak = max(measured_peaks)
+    spread = (peak - min(measured_peaks)) / peak if peak else 0.0
+    before = predict(finalist)
+    measured = {r.config.key(): r for r in records if r.config and r.is_measurement}
+    for knob in ROOM_KNOBS:
+        now = getattr(finalist, knob)
+        larger = sorted(c for c in choices.get(knob, ()) if isinstance(c, int) and c > now)
+        for value in larger:
+            try:
+                config = TrainConfig(**{**finalist.model_dump(), knob: value})
+            except ValueError:  # e.g. accumulation with DDP's static graph
+                break
+            seen = measured.get(config.key())
+            if seen is not None and not seen.fits:
+                continue
+            after = predict(config)
+            expected = peak - (before - after) if before and after else None
+            if expected is None or expected <= limit_bytes * (1 - spread):
+                return Room(finalist, config, peak, spread, expected)
+    return None
