@@ -153,3 +153,49 @@ def make_reporter(quiet: bool, trials: int | None) -> Reporter:
         except ImportError:
             pass
     return LineReporter(trials=trials)
+
+
+SAID_IN_A_ROW = 5
+"""Configurations decided without running said one by one before the rest are summed up."""
+SUMMED_EVERY = 50
+"""How many held back make a progress line while no trial runs."""
+
+
+class SkipLines:
+    """Says the configurations decided without running (skipped) between two trials: the
+    first ``SAID_IN_A_ROW`` a line each, the rest summed up in one line once a trial runs or
+    the search ends, and every ``SUMMED_EVERY`` of them while none does (a search where
+    nothing fits proposed 218 in a row, a line each). Each is stored, and ``autotune show``
+    lists them all."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.in_a_row = 0
+        self.held: list[TrialRecord] = []
+
+    def skipped(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        self.in_a_row += 1
+        if self.in_a_row <= SAID_IN_A_ROW:
+            self.reporter.trial_finished(record, best)
+            return
+        self.held.append(record)
+        if len(self.held) >= SUMMED_EVERY:
+            self.flush()
+
+    def trial_runs(self) -> None:
+        """A trial starts: what was held is summed up, and the next skips are said again."""
+        self.flush()
+        self.in_a_row = 0
+
+    def flush(self) -> None:
+        if not self.held:
+            return
+        numbers = [r.number for r in self.held]
+        predicted = [r.predicted_memory_bytes for r in self.held if r.predicted_memory_bytes]
+        over = sum(r.message.startswith("predicted not to fit") for r in self.held)
+        least = f", the least ~{min(predicted) / 2**20:,.0f} MiB predicted" if predicted else ""
+        self.reporter.phase(
+            f"  #{min(numbers)}-#{max(numbers)}: {len(self.held)} more configurations decided "
+            f"without running ({over} predicted not to fit{least}; `autotune show` lists each)"
+        )
+        self.held = []

@@ -43,7 +43,7 @@ from autotune.search.log import DIVERGES, StudyLog, to_record
 from autotune.search.memory_gate import MemoryGate
 from autotune.search.memory_model import MemoryModel, Prediction, prior_for
 from autotune.search.precheck import precheck
-from autotune.search.progress import Reporter
+from autotune.search.progress import Reporter, SkipLines
 from autotune.search.proposer import Proposal, Proposer
 from autotune.search.recipe import (
     Coupling,
@@ -574,6 +574,7 @@ class Tuner:
         limit = self.settings.cluster.concurrency or 1
         unproductive = refused = 0
         said_skipped: set[str] = set()  # a configuration proposed again is skipped in silence
+        skips = SkipLines(self.reporter)
         exhausted = False
         while True:
             while len(running) < limit:
@@ -593,7 +594,7 @@ class Tuner:
                         key = stored.config.key() if stored.config else ""
                         if stored.status == "skipped" and key not in said_skipped:
                             said_skipped.add(key)
-                            self.reporter.trial_finished(stored, self.log.best())
+                            skips.skipped(stored, self.log.best())
                         exhausted = self._space_exhausted([p.config for p, _ in running.values()])
                         continue
                     unproductive = 0
@@ -603,6 +604,7 @@ class Tuner:
                 if running and not self.executor.fits_now(request):
                     break  # wait for a running trial to free its devices
                 proposal, pending = pending, None
+                skips.trial_runs()
                 self.reporter.trial_started("search", request.config)
                 try:
                     prediction = self.gate.shown(request.config)
@@ -624,6 +626,7 @@ class Tuner:
                             f"{error}; lower --devices or give the cluster more resources"
                         ) from None
             if not running:
+                skips.flush()
                 return
             for ticket, result in self.executor.wait():
                 proposal, prediction = running.pop(ticket)

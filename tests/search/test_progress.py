@@ -6,7 +6,15 @@ import pytest
 
 from autotune.config import make_config
 from autotune.records import TrialRecord
-from autotune.search.progress import LineReporter, Reporter, RichReporter, make_reporter
+from autotune.search.progress import (
+    SAID_IN_A_ROW,
+    SUMMED_EVERY,
+    LineReporter,
+    Reporter,
+    RichReporter,
+    SkipLines,
+    make_reporter,
+)
 
 CONFIG = make_config({"global_batch_size": 8, "device": "cpu"})
 
@@ -129,3 +137,36 @@ def test_a_trial_that_ran_shows_its_prediction_beside_its_measurement() -> None:
     assert memory_cell(skipped) == "~270.0 MiB predicted"  # never shown as measured
     pruned = record.model_copy(update={"status": "pruned"})  # its peak may be partial: no error
     assert memory_cell(pruned) == "300.0 MiB (~270.0 MiB predicted)"
+
+
+def test_skips_in_a_row_are_said_five_then_summed_up_and_said_again_after_a_trial() -> None:
+    # A search where nothing fits proposed 218 configurations in a row, a line each.
+    stream = io.StringIO()
+    skips = SkipLines(LineReporter(stream, trials=10))
+
+    def skipped(number: int, mib: int) -> TrialRecord:
+        return _record(number, None, status="skipped").model_copy(
+            update={
+                "message": "predicted not to fit: ...",
+                "feasible": False,
+                "predicted_memory_bytes": mib << 20,
+            }
+        )
+
+    for number in range(1, 8):
+        skips.skipped(skipped(number, 500 + number), None)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == SAID_IN_A_ROW and all("skipped" in line for line in lines)
+    skips.trial_runs()  # the two held back are summed up
+    summed = stream.getvalue().splitlines()[SAID_IN_A_ROW:]
+    assert len(summed) == 1
+    assert (
+        "#6-#7: 2 more configurations decided without running (2 predicted not to fit"
+        in (summed[0])
+    )
+    assert "the least ~506 MiB predicted; `autotune show` lists each)" in summed[0]
+    skips.skipped(skipped(9, 600), None)  # said again after the trial
+    assert "#9 skipped" in stream.getvalue().splitlines()[-1]
+    for number in range(10, 10 + SAID_IN_A_ROW + SUMMED_EVERY):  # a progress line while none runs
+        skips.skipped(skipped(number, 700), None)
+    assert "50 more configurations" in stream.getvalue().splitlines()[-1]

@@ -901,6 +901,9 @@ def test_a_search_where_nothing_fits_says_each_skip_once_and_what_would_hold_the
     skipped = [r.config.key() for r in said.finished if r.status == "skipped" and r.config]
     stored = sum(r.status == "skipped" for r in tuner.log.records)
     assert len(skipped) == len(set(skipped)) < stored == 30  # each said once, all stored
+    assert len(skipped) <= 5 + 1  # a line each for five in a row (the baseline's run between)
+    summed = [line for line in said.lines if "more configurations decided without running" in line]
+    assert summed and all("`autotune show` lists each" in line for line in summed)
     text = str(raised.value)
     assert text.startswith("no configuration fits the memory budget of 90 MiB (limit 90 MiB")
     # the baseline accumulated to micro-batch 1, beyond the space's accumulations
