@@ -697,6 +697,8 @@ class Tuner:
             if todo:
                 self.reporter.phase(
                     f"race round {number}: {len(alive)} configurations, interleaved"
+                    if len(alive) > 1
+                    else f"race round {number}: 1 configuration"
                 )
             for config in todo:
                 self._run_one(config, "race", race_round=number)

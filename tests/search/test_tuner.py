@@ -184,7 +184,8 @@ def test_finalists_over_the_limit_in_the_race_race_again_at_more_accumulation() 
         return steady(config, before)
 
     said = Said()
-    tuner = make_tuner(FakeExecutor(outcome), SPACE, trials=4)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(0))
+    tuner = make_tuner(FakeExecutor(outcome), SPACE, trials=4, study=study)
     tuner.reporter = said
     recommendation = tuner.run([], "s.db", "s")
     assert recommendation.config.grad_accum_steps == 2
@@ -199,6 +200,10 @@ def test_finalists_over_the_limit_in_the_race_race_again_at_more_accumulation() 
     )
     stored = tuner.log.study.user_attrs[ROOM_ATTR]  # a resumed search races the same
     assert recommendation.config.model_dump(mode="json") in [m["config"] for m in stored]
+    executor = FakeExecutor(outcome)  # run again: the race, with room, is stored whole
+    again = make_tuner(executor, SPACE, trials=4, study=study).run([], "s.db", "s")
+    assert [r.config for r in executor.runs] == [recommendation.config]  # the verification
+    assert again.config == recommendation.config and again.made_room == recommendation.made_room
 
 
 def test_a_finalist_that_crashed_in_the_race_is_not_moved_to_make_room() -> None:
