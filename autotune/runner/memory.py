@@ -163,12 +163,13 @@ def _nvml_handle(index: int) -> Any:
 
 
 _BARE: dict[tuple[str, tuple[str, ...]], int] = {}
-_STARTED: dict[tuple[str, tuple[str, ...]], Any] = {}  # measuring: subprocess.Popen
+_COMPILED: dict[tuple[str, tuple[str, ...]], int] = {}
+_STARTED: dict[tuple[str, tuple[str, ...]], tuple[Any, bool]] = {}  # (Popen, compiles)
 
 
 _BARE_RANK = """
 import sys, torch, torch.distributed as dist, autotune.runner.rank
-for name in sys.argv[2:]:
+for name in sys.argv[3:]:
     __import__(name)  # the executor's own (a Ray worker imports ray)
 if sys.argv[1]:
     from autotune.runner.memory import hold_workload
@@ -177,17 +178,31 @@ dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 layers = [torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)]
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
 optimizer = torch.optim.AdamW(model.parameters())
-for _ in range(3):
-    model(torch.randn(32, 64)).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad()
+def steps(model, count=3):
+    for _ in range(count):
+        model(torch.randn(32, 64)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+def peak(model):  # the window a trial measures: reset, then steps
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    steps(model)
+    return int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
+steps(model)
+print([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1], flush=True)
+if sys.argv[2] == "compiled":
+    eager = peak(model)
+    compiled = torch.compile(model)
+    steps(compiled, 2)  # compiled, as a trial's warm-up compiles
+    print(max(0, peak(compiled) - eager))
 dist.destroy_process_group()
-print([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
 """
 """A rank without its tensors: what it imports (the workload's module and the libraries that
 imports, the executor's), the workload's model built on the meta device (its lazy imports, no
 parameters), its dataset and loss, a gloo group (of one), and three training steps of a model
-too small to count (autograd's engine, the optimizer, the thread pools)."""
+too small to count (autograd's engine, the optimizer, the thread pools). With ``compiled``, then
+what ``torch.compile`` of that model adds to a trial's window (Inductor's modules and caches):
+the window of three compiled steps less that of three eager ones."""
 
 
 def hold_workload(spec_json: str) -> tuple[Any, ...]:
@@ -207,24 +222,72 @@ def hold_workload(spec_json: str) -> tuple[Any, ...]:
         return module, model
 
 
-def start_bare_rank(workload_json: str = "", imports: tuple[str, ...] = ()) -> None:
-    """Start measuring ``bare_rank_bytes(workload_json, imports)`` in the background, so that
-    what the caller does meanwhile (starting Ray: seconds) overlaps it."""
+def start_bare_rank(
+    workload_json: str = "", imports: tuple[str, ...] = (), compiled: bool = False
+) -> None:
+    """Start measuring ``bare_rank_bytes(workload_json, imports)`` in the background (and with
+    ``compiled``, ``compile_share_bytes``), so that what the caller does meanwhile (starting
+    Ray: seconds) overlaps it."""
     import subprocess
     import sys
 
     key = (workload_json, imports)
-    if key in _BARE or key in _STARTED:
+    started = _STARTED.get(key)
+    if key in _BARE and (not compiled or key in _COMPILED):
+        return
+    if started is not None and (started[1] or not compiled):
         return
     try:
-        _STARTED[key] = subprocess.Popen(
-            [sys.executable, "-c", _BARE_RANK, workload_json, *imports],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        _STARTED[key] = (
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _BARE_RANK,
+                    workload_json,
+                    "compiled" if compiled else "eager",
+                    *imports,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+            compiled,
         )
     except OSError:
         return  # measured in the foreground when asked, or its fallback
+    if started is not None:  # begun without the compiled share: this one measures both
+        _stop(started[0])
+
+
+def _stop(process: Any) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.communicate()
+
+
+def _collect(key: tuple[str, tuple[str, ...]]) -> None:
+    """Read what the process begun for ``key`` measured into ``_BARE`` (and ``_COMPILED``);
+    where it failed, the fallbacks ``bare_rank_bytes`` names (and no compiled share: 0)."""
+    import subprocess
+
+    process, compiled = _STARTED.pop(key, (None, False))
+    try:
+        if process is None:
+            raise OSError("the measuring process did not start")
+        out, _ = process.communicate(timeout=180)
+        lines = out.split()
+        _BARE.setdefault(key, int(lines[0]) * 1024)  # one figure a search, however measured
+        if compiled:
+            _COMPILED[key] = int(lines[1]) * 1024
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        if process is not None:
+            _stop(process)
+        if key not in _BARE:  # the first trial calibrates it; without the workload, the rest
+            workload_json, imports = key
+            _BARE[key] = bare_rank_bytes("", imports) if workload_json else 0
+        if compiled:
+            _COMPILED.setdefault(key, 0)
 
 
 def bare_rank_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) -> int:
@@ -235,21 +298,21 @@ def bare_rank_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) -> i
     executor's ranks import besides. Imports alone measured 231 MiB on the AMD EPYC of
     docs/benchmarks.md, the rank without a workload 321 MiB. A workload that cannot be loaded
     this way leaves the rank without it."""
-    import subprocess
-
     key = (workload_json, imports)
     if key not in _BARE:
         start_bare_rank(workload_json, imports)
-        process = _STARTED.pop(key, None)
-        try:
-            if process is None:
-                raise OSError("the measuring process did not start")
-            out, _ = process.communicate(timeout=120)
-            _BARE[key] = int(out.strip()) * 1024
-        except (OSError, ValueError, subprocess.SubprocessError):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.communicate()
-            # the first trial calibrates it; without the workload, the rest still counts
-            _BARE[key] = bare_rank_bytes("", imports) if workload_json else 0
+        _collect(key)
     return _BARE[key]
+
+
+def compile_share_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) -> int:
+    """What ``torch.compile`` adds to a CPU rank's measured window, measured on a model too
+    small to count (``_BARE_RANK``): the first guess at a compiled trial's share until a
+    compiled trial teaches it (Inductor's modules and caches; a larger model's compiled code
+    adds to it: measured 53 MiB here against 82-88 MiB more for two small models' compiled
+    trials, docs/benchmarks.md). 0 where it could not be measured."""
+    key = (workload_json, imports)
+    if key not in _COMPILED:
+        start_bare_rank(workload_json, imports, compiled=True)
+        _collect(key)
+    return _COMPILED.get(key, 0)

@@ -118,7 +118,7 @@ def _executor(
     from autotune.runner.ray_executor import RayExecutor  # imports Ray: only when searching
 
     if settings.memory.predict_memory:  # the memory model's first guess, measured as Ray starts
-        start_prior(platform.device_type, workload, RayExecutor.rank_imports)
+        start_prior(platform.device_type, workload, RayExecutor.rank_imports, space.compiles())
 
     max_workers = (
         max((c for c in space.params["num_workers"].choices if isinstance(c, int)), default=0)

@@ -184,8 +184,9 @@ class Calibration:
     still held (``MemoryModel.unsharded``; a CUDA device never holds it whole), and ``compiled``
     is 1 for a ``torch.compile`` run: the trace is eager, and a compiled rank holds more (on CPU,
     Inductor's modules and caches: 145 MiB a rank in a search of a Hugging Face Mamba) or, its
-    kernels fused, fewer intermediates; learnt from compiled trials, 0 until one ran. On CPU
-    the prior's scale holds the heap's share (``CPU_HEAP_SHARE``)."""
+    kernels fused, fewer intermediates; learnt from compiled trials, until one ran 0 on CUDA and
+    on CPU what compiling a model too small to count added to a rank, measured (``prior_for``).
+    On CPU the prior's scale holds the heap's share (``CPU_HEAP_SHARE``)."""
 
     scale: float = 1.0
     offset_bytes: int = 0
@@ -214,9 +215,14 @@ class Calibration:
                     f"uncalibrated: x{self.scale:.2f} the tensors (the device allocator's "
                     "reserve) until a trial measures the rest"
                 )
+            compiled = (
+                f" (+ {self.compile_bytes / 2**20:,.0f} MiB compiled, measured on a small model)"
+                if self.compile_bytes
+                else ""
+            )
             return (
                 f"uncalibrated: x{self.scale:.2f} the tensors + "
-                f"{self.offset_bytes / 2**20:,.0f} MiB, a rank measured without them"
+                f"{self.offset_bytes / 2**20:,.0f} MiB, a rank measured without them{compiled}"
             )
         error = (
             f"error up to {max(abs(e) for e in self.errors):.0%}, at most {self.margin:.0%} high"
@@ -558,6 +564,10 @@ class MemoryModel:
             source += (
                 ", compiled as eager plus what compiled trials added"
                 if calibration.compiled_trials
+                else ", compiled as eager plus what compiling added to a small model's rank "
+                f"here ({calibration.compile_bytes / 2**20:,.0f} MiB, measured; no compiled "
+                "trial yet)"
+                if calibration.compile_bytes
                 else ", compile predicted as eager (no compiled trial yet)"
             )
         source += ", routing taken as uniform" if self.routed else ""
@@ -586,27 +596,39 @@ class MemoryModel:
 
 
 def start_prior(
-    device_type: str, workload: WorkloadSpec | None = None, rank_imports: tuple[str, ...] = ()
+    device_type: str,
+    workload: WorkloadSpec | None = None,
+    rank_imports: tuple[str, ...] = (),
+    compiled: bool = False,
 ) -> None:
     """Begin what ``prior_for`` measures (on CPU, a rank process: seconds), so that what the
     caller does meanwhile overlaps it."""
     if device_type != "cuda":
         from autotune.runner.memory import start_bare_rank  # imports torch
 
-        start_bare_rank(workload.model_dump_json() if workload is not None else "", rank_imports)
+        spec = workload.model_dump_json() if workload is not None else ""
+        start_bare_rank(spec, rank_imports, compiled)
 
 
 def prior_for(
-    device_type: str, workload: WorkloadSpec | None = None, rank_imports: tuple[str, ...] = ()
+    device_type: str,
+    workload: WorkloadSpec | None = None,
+    rank_imports: tuple[str, ...] = (),
+    compiled: bool = False,
 ) -> Calibration:
     """The first guess before any trial: on CUDA the tensors and the caching allocator's reserve
     (``CUDA_RESERVE_SHARE``; trials measure the rest); on CPU the tensors plus a rank process
     without its tensors, measured: with ``workload``'s imports, model on the meta device,
-    dataset and loss, and the executor's ``rank_imports`` (``ray`` for a Ray worker)."""
+    dataset and loss, and the executor's ``rank_imports`` (``ray`` for a Ray worker). With
+    ``compiled`` (configurations to predict compile), on CPU also what ``torch.compile`` adds to
+    a rank, measured on a model too small to count (``runner.memory.compile_share_bytes``): the
+    compiled part until a compiled trial teaches it. On CUDA compiling can also take tensors
+    away (fused kernels): nothing is assumed there."""
     if device_type == "cuda":
         return Calibration(scale=1.0 + CUDA_RESERVE_SHARE, prior_margin=CUDA_PRIOR_MARGIN)
-    from autotune.runner.memory import bare_rank_bytes  # imports torch
+    from autotune.runner.memory import bare_rank_bytes, compile_share_bytes  # imports torch
 
     spec = workload.model_dump_json() if workload is not None else ""
     offset = bare_rank_bytes(spec, rank_imports)
-    return Calibration(scale=1.0 + CPU_HEAP_SHARE, offset_bytes=offset)
+    share = compile_share_bytes(spec, rank_imports) if compiled else 0
+    return Calibration(scale=1.0 + CPU_HEAP_SHARE, offset_bytes=offset, compile_bytes=share)

@@ -233,7 +233,8 @@ def make_plan(
         )
         if device_type == "cpu":
             progress("measuring what a rank process of this workload holds beyond its tensors")
-    model = MemoryModel(workload, device_type, prior_for(device_type, workload))
+    compiled = any(c.compile != "off" for c in configs)  # a configuration given alone, only
+    model = MemoryModel(workload, device_type, prior_for(device_type, workload, (), compiled))
     model.tracing = progress
     if len(configs) > 1:
         model.interpolate_between(configs)

@@ -93,6 +93,10 @@ class SearchSpace(BaseModel):
         sizes = [v for v in choices.get("world_size", ()) if isinstance(v, int)]
         return min(sizes, default=1)
 
+    def compiles(self) -> bool:
+        """Whether the space offers ``torch.compile`` in any mode."""
+        return any(c != "off" for c in self.choices().get("compile", ()))
+
     def replace_choices(self, name: str, choices: tuple[Value, ...]) -> SearchSpace:
         """This space with knob ``name``'s choices replaced (none: the knob disappears)."""
         if name not in self.params:

@@ -121,7 +121,9 @@ class Tuner:
         )
         model = None
         if settings.memory.predict_memory:
-            prior = prior_for(platform.device_type, workload, executor.rank_imports)
+            prior = prior_for(
+                platform.device_type, workload, executor.rank_imports, space.compiles()
+            )
             model = MemoryModel(workload, platform.device_type, prior)
         self.gate = MemoryGate(model, self.limit_bytes, self.log, self.proposer, self._say, devices)
         self.started = time.perf_counter()

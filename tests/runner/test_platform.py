@@ -45,15 +45,19 @@ def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports(
     from autotune.runner import memory
 
     monkeypatch.setattr(memory, "_BARE", {})
+    monkeypatch.setattr(memory, "_COMPILED", {})
     monkeypatch.setattr(memory, "_STARTED", {})
-    memory.start_bare_rank()
+    memory.start_bare_rank(compiled=True)
     memory.start_bare_rank()  # one measurement, however often begun
-    (started,) = memory._STARTED.values()
+    ((started, compiled),) = memory._STARTED.values()
     code = "import torch; print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])"
     imports = int(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                  text=True, check=True).stdout) * 1024  # fmt: skip
     assert imports + 32 * 2**20 < memory.bare_rank_bytes() < 4 * 2**30
-    assert started.returncode == 0 and memory._STARTED == {}  # the one begun, collected
+    assert compiled and started.returncode == 0 and memory._STARTED == {}  # collected
+    # what compiling adds to a trial's window, from the same process: Inductor's modules and
+    # caches (53 MiB on the Intel Xeon of docs/benchmarks.md)
+    assert 8 * 2**20 < memory.compile_share_bytes() < 1024 * 2**20
 
 
 def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path: Path) -> None:

@@ -233,3 +233,30 @@ def test_a_routed_models_cpu_autocast_peak_is_said_to_be_a_lower_bound() -> None
     on_cuda = MemoryModel(WorkloadSpec(model="tests.fixtures.traced:Routed"), "cuda")
     cuda = TrainConfig(global_batch_size=64, amp="bf16", device="cuda")
     assert on_cuda.predict(cuda) is not None and on_cuda.caveats(cuda) == []
+
+
+def test_a_cpu_search_that_compiles_starts_from_a_measured_compile_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A memory-bound search of a small GPT: its first compiled trial (the standard recipe) was
+    # predicted as eager, 28-41% under what it measured, and ran over the budget.
+    from autotune.runner import memory
+
+    monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: 300 * MiB)
+    monkeypatch.setattr(memory, "compile_share_bytes", lambda *args: 50 * MiB)
+    spec = WorkloadSpec(model="tests.fixtures.models:Small")
+    prior = prior_for("cpu", spec, (), compiled=True)
+    assert prior.compile_bytes == 50 * MiB and prior_for("cpu", spec).compile_bytes == 0
+    assert "+ 50 MiB compiled, measured on a small model" in prior.describe()
+    assert prior_for("cuda", spec, (), compiled=True).compile_bytes == 0  # may hold less there
+    model = MemoryModel(spec, "cpu", prior)
+    model._traces[(16, "fp32", 0, "default")] = PEAK
+    eager, compiled = _config(), _config(compile="default")
+    first = model.predict(compiled)
+    plain = model.predict(eager)
+    assert first is not None and plain is not None
+    assert first.peak_bytes - plain.peak_bytes == 50 * MiB
+    assert "compiling added to a small model's rank here (50 MiB, measured" in first.source
+    # eager trials alone keep it: nothing in them tells it apart
+    model.calibration = fit([Point(1000 * MiB, 0, 1500 * MiB)], prior)
+    assert model.calibration.compile_bytes == pytest.approx(50 * MiB, rel=0.01)

@@ -35,6 +35,7 @@ def _bare_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     with 2.14's CUDA build on one 2-core box), and these tests are about the search."""
     monkeypatch.setattr(memory, "start_bare_rank", lambda *args: None)
     monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: int(PROCESS_MIB * MiB))
+    monkeypatch.setattr(memory, "compile_share_bytes", lambda *args: 0)
 
 
 def truth_mib(config: TrainConfig) -> float:
