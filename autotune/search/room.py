@@ -84,6 +84,22 @@ def peaks(records: Sequence[TrialRecord], config: TrainConfig) -> list[int]:
     ]
 
 
+def peaks_spread(records: Sequence[TrialRecord], config: TrainConfig) -> float:
+    """How far ``config``'s measured peaks lie apart, as a share of the largest."""
+    measured = peaks(records, config)
+    return (max(measured) - min(measured)) / max(measured) if measured else 0.0
+
+
+def no_room(records: Sequence[TrialRecord], finalists: Sequence[TrainConfig]) -> str:
+    """Why none of ``finalists`` (all over the limit in the race) raced again, for the error."""
+    spreads = ", ".join(f"{peaks_spread(records, c):.1%}" for c in finalists)
+    return (
+        "; no larger accumulation or checkpointing of the space is expected to fit under the "
+        f"limit by the spread of the finalists' own peaks ({spreads}): raise --memory-budget, "
+        "or allow larger values of grad_accum_steps or checkpoint_segments"
+    )
+
+
 def make_room(
     finalist: TrainConfig,
     records: Sequence[TrialRecord],
@@ -95,9 +111,8 @@ def make_room(
     ``choices``) whose peak is expected under ``limit_bytes`` by the spread of the finalist's
     measured peaks, not measured over it already; None where no such value is in the space.
     ``predict`` gives a configuration's predicted peak (None: nothing predicted)."""
-    measured_peaks = peaks(records, finalist) or [0]
-    peak = max(measured_peaks)
-    spread = (peak - min(measured_peaks)) / peak if peak else 0.0
+    peak = max(peaks(records, finalist), default=0)
+    spread = peaks_spread(records, finalist)
     before = predict(finalist)
     measured = {r.config.key(): r for r in records if r.config and r.is_measurement}
     for knob in ROOM_KNOBS:

@@ -771,6 +771,8 @@ class Tuner:
             moved = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c, _ in self.rooms)
             if moved:
                 moved = f"; raced again where each was expected to leave room, none fit ({moved})"
+            elif all(room.over_in_race(self.log.records, c) for c in candidates):
+                moved = room.no_room(self.log.records, candidates)
             raise SearchError(
                 f"every finalist failed in the race ({lost}){moved}; all "
                 f"{len(self.log.records)} trials are stored: see `autotune show`"

@@ -206,6 +206,22 @@ def test_finalists_over_the_limit_in_the_race_race_again_at_more_accumulation() 
     assert again.config == recommendation.config and again.made_room == recommendation.made_room
 
 
+def test_finalists_over_the_limit_with_no_room_in_the_space_say_what_would_make_some() -> None:
+    said = _Racing()
+
+    def outcome(config: TrainConfig, before: int) -> TrialResult:
+        return ok(config, speed(config), 2000.0) if said.racing else steady(config, before)
+
+    tuner = make_tuner(FakeExecutor(outcome), {**SPACE, "grad_accum_steps": [1]}, trials=2)
+    tuner.reporter = said
+    with pytest.raises(SearchError, match="every finalist failed in the race") as raised:
+        tuner.run([], "s.db", "s")
+    text = str(raised.value)
+    assert "no larger accumulation or checkpointing of the space is expected to fit" in text
+    assert "(60.0%, 60.0%)" in text  # 800 MiB in the search, 2,000 in the race
+    assert "raise --memory-budget, or allow larger values of grad_accum_steps" in text
+
+
 def test_a_finalist_that_crashed_in_the_race_is_not_moved_to_make_room() -> None:
     def outcome(config: TrainConfig, before: int) -> TrialResult:
         if before >= 1:
