@@ -139,8 +139,8 @@ def main() -> None:
         "--repeat-set",
         default="default",
         choices=list(REPEAT_SETS),
-        help="--repeat's configurations: the default five, or one device with and without a "
-        "DataLoader worker (bf16 and fp32).",
+        help="--repeat's configurations: the default five, one device with and without a "
+        "DataLoader worker (bf16 and fp32), or one device compiled four ways (bf16).",
     )
     parser.add_argument(
         "--fresh",
