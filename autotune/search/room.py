@@ -5,8 +5,8 @@ moves by a few percent from run to run, and a search of a model that barely fits
 fastest configurations right at the limit. Where that happens to every finalist, the search
 does not end without a recommendation: each finalist is taken to the least larger gradient
 accumulation (a smaller micro-batch: the global batch, and so the training, unchanged), else
-the least larger count of checkpointed blocks, whose peak is expected to leave room, and those
-race in its place.
+the least larger count of checkpointed blocks, else compiling off, whose peak is expected to
+leave room, and those race in its place.
 
 Expected from what was measured: the finalist's largest measured peak less what the move is
 predicted to save (the memory model's prediction of the two configurations, whose error
@@ -20,7 +20,7 @@ whether it fits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +28,12 @@ from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.search import race
 
-ROOM_KNOBS = ("grad_accum_steps", "checkpoint_segments")
-"""The knobs a finalist moves along to make room, in turn: neither changes the training's
-semantics or numerics, accumulation first (it costs the least when a step's micro-batch still
-fills the device)."""
+ROOM_KNOBS = ("grad_accum_steps", "checkpoint_segments", "compile")
+"""The knobs a finalist moves along to make room, in turn: none changes the training's
+semantics or numerics. Accumulation first (it costs the least when a step's micro-batch still
+fills the device), then checkpointing, then, for a compiled finalist, compiling off: on CPU
+a compiled rank holds Inductor's modules and caches (53-88 MiB a rank here), and on a GPU,
+where compiling can hold less, the prediction says the move saves nothing."""
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,10 @@ def no_room(records: Sequence[TrialRecord], finalists: Sequence[TrainConfig]) ->
     """Why none of ``finalists`` (all over the limit in the race) raced again, for the error."""
     spreads = ", ".join(f"{peaks_spread(records, c):.1%}" for c in finalists)
     return (
-        "; no larger accumulation or checkpointing of the space is expected to fit under the "
-        f"limit by the spread of the finalists' own peaks ({spreads}): raise --memory-budget, "
-        "or allow larger values of grad_accum_steps or checkpoint_segments"
+        "; no larger accumulation or checkpointing of the space (nor compiling off) is "
+        "expected to fit under the limit by the spread of the finalists' own peaks "
+        f"({spreads}): raise --memory-budget, or allow larger values of grad_accum_steps or "
+        "checkpoint_segments"
     )
 
 
@@ -115,19 +118,27 @@ def make_room(
     spread = peaks_spread(records, finalist)
     before = predict(finalist)
     measured = {r.config.key(): r for r in records if r.config and r.is_measurement}
-    for knob in ROOM_KNOBS:
-        now = getattr(finalist, knob)
-        larger = sorted(c for c in choices.get(knob, ()) if isinstance(c, int) and c > now)
-        for value in larger:
-            try:
-                config = TrainConfig(**{**finalist.model_dump(), knob: value})
-            except ValueError:  # e.g. accumulation with DDP's static graph
-                break
-            seen = measured.get(config.key())
-            if seen is not None and not seen.fits:
-                continue
-            after = predict(config)
-            expected = peak - (before - after) if before and after else None
-            if expected is None or expected <= limit_bytes * (1 - spread):
-                return Room(finalist, config, peak, spread, expected)
+    for knob, value in _moves(finalist, choices):
+        try:
+            config = TrainConfig(**{**finalist.model_dump(), knob: value})
+        except ValueError:  # e.g. accumulation with DDP's static graph
+            continue
+        seen = measured.get(config.key())
+        if seen is not None and not seen.fits:
+            continue
+        after = predict(config)
+        expected = peak - (before - after) if before and after else None
+        if expected is None or expected <= limit_bytes * (1 - spread):
+            return Room(finalist, config, peak, spread, expected)
     return None
+
+
+def _moves(finalist: TrainConfig, choices: dict[str, list[Any]]) -> Iterator[tuple[str, Any]]:
+    """The values ``make_room`` tries, in ``ROOM_KNOBS``'s order, each the least first."""
+    for knob in ROOM_KNOBS[:2]:
+        now = getattr(finalist, knob)
+        yield from ((knob, c) for c in sorted(
+            c for c in choices.get(knob, ()) if isinstance(c, int) and c > now
+        ))  # fmt: skip
+    if finalist.compile != "off" and "off" in choices.get("compile", ()):
+        yield "compile", "off"

@@ -54,6 +54,23 @@ def test_where_accumulation_cannot_move_checkpointing_makes_room() -> None:
     assert room.config.grad_accum_steps == 1 and room.expected_bytes == 900 * MiB
 
 
+def test_a_compiled_finalist_with_no_larger_value_left_races_without_compiling() -> None:
+    # A memory-bound default-space search: the compiled recipe's peaks spread 6.5% (469-495 MiB)
+    # and no accumulation was expected to leave that much room; its compiled share was ~70 MiB.
+    compiled = FINALIST.model_copy(update={"compile": "default", "grad_accum_steps": 8})
+    records = [run(compiled, 469, role="search"), run(compiled, 495)]
+
+    def predict(config: TrainConfig) -> int:
+        return (480 if config.compile != "off" else 410) * MiB
+
+    choices = {**CHOICES, "checkpoint_segments": [0], "compile": ["off", "default"]}
+    room = make_room(compiled, records, choices, predict, 468 * MiB)
+    assert room is not None and room.config.compile == "off"
+    assert room.config.grad_accum_steps == 8 and room.expected_bytes == 425 * MiB
+    assert "compile default -> off" in room.describe()
+    assert make_room(compiled, records, CHOICES, predict, 468 * MiB) is None  # not offered
+
+
 def test_no_room_where_the_space_offers_nothing_larger_or_nothing_is_expected_to_fit() -> None:
     records = [run(FINALIST, 1100)]
     assert make_room(FINALIST, records, {"grad_accum_steps": [1]}, lambda c: None, MiB) is None
