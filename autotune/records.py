@@ -30,6 +30,8 @@ NOT_RUN: tuple[RecordStatus, ...] = ("skipped", "duplicate", "invalid")
 SEARCH_ROLES: tuple[Role, ...] = ("baseline", "search")
 """Roles whose measurements the trial budget counts (re-measurement and verification come
 after the budget is spent)."""
+PREDICTED_NOT_TO_FIT = "predicted not to fit"
+"""How the message of a trial skipped for its predicted peak begins (``memory_gate``)."""
 
 
 class Exclusion(BaseModel):

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.records import PREDICTED_NOT_TO_FIT
 from autotune.runner.executor import run_to_end
 from autotune.runner.launch import run_trial
 from autotune.runner.platform import detect_platform
@@ -352,7 +353,7 @@ def memory_bound_search(
             if t.status in ("ok", "oom") and not t.fits
         ],
         "skipped_as_predicted": sum(
-            t.status == "skipped" and t.message.startswith("predicted not to fit") for t in records
+            t.status == "skipped" and t.message.startswith(PREDICTED_NOT_TO_FIT) for t in records
         ),
         "recommended": recommendation.config.summary() if recommendation else None,
         "samples_per_s": recommendation.samples_per_s if recommendation else None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autotune.config import TrainConfig
+from autotune.records import PREDICTED_NOT_TO_FIT
 from autotune.runner.fake_memory import UNUSED_PARAMETERS
 from autotune.search.log import StudyLog
 from autotune.search.memory_model import MemoryModel, Prediction
@@ -92,7 +93,7 @@ class MemoryGate:
         assert self.model is not None  # over() holds only with a model
         margin = self.model.margin_for(config)
         return (
-            f"predicted not to fit: ~{prediction.peak_bytes / 2**20:,.0f} MiB predicted against "
+            f"{PREDICTED_NOT_TO_FIT}: ~{prediction.peak_bytes / 2**20:,.0f} MiB predicted against "
             f"the limit {self.limit_bytes / 2**20:,.0f} MiB, beyond the prediction's error "
             f"({margin:.0%})"
         )

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from autotune.config import TrainConfig
 from autotune.errors import shortened
-from autotune.records import TrialRecord
+from autotune.records import PREDICTED_NOT_TO_FIT, TrialRecord
 from autotune.stats import drift_size
 
 
@@ -192,7 +192,7 @@ class SkipLines:
             return
         numbers = [r.number for r in self.held]
         predicted = [r.predicted_memory_bytes for r in self.held if r.predicted_memory_bytes]
-        over = sum(r.message.startswith("predicted not to fit") for r in self.held)
+        over = sum(r.message.startswith(PREDICTED_NOT_TO_FIT) for r in self.held)
         least = f", the least ~{min(predicted) / 2**20:,.0f} MiB predicted" if predicted else ""
         self.reporter.phase(
             f"  #{min(numbers)}-#{max(numbers)}: {len(self.held)} more configurations decided "
