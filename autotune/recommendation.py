@@ -150,8 +150,8 @@ class Recommendation(BaseModel):
     made_room: str = Field(
         "",
         description="Where every finalist went over the memory limit in the race: which one "
-        "this is, and what it moved (more accumulation, or more checkpointed blocks) to leave "
-        "room (empty: a finalist as the search measured it).",
+        "this is, and what it moved (more accumulation, more checkpointed blocks, or compiling "
+        "off) to leave room (empty: a finalist as the search measured it).",
     )
     memory_caveats: list[str] = Field(
         default_factory=list,

@@ -183,13 +183,15 @@ def steps(model, count=3):
         model(torch.randn(32, 64)).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
+def high_water():  # KiB
+    return int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
 def peak(model):  # the window a trial measures: reset, then steps
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     steps(model)
-    return int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
+    return high_water()
 steps(model)
-print([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1], flush=True)
+print(high_water(), flush=True)
 if sys.argv[2] == "compiled":
     eager = peak(model)
     compiled = torch.compile(model)
