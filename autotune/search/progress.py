@@ -165,15 +165,20 @@ class SkipLines:
     """Says the configurations decided without running (skipped) between two trials: the
     first ``SAID_IN_A_ROW`` a line each, the rest summed up in one line once a trial runs or
     the search ends, and every ``SUMMED_EVERY`` of them while none does (a search where
-    nothing fits proposed 218 in a row, a line each). Each is stored, and ``autotune show``
-    lists them all."""
+    nothing fits proposed 218 in a row, a line each); a configuration proposed again is
+    skipped in silence. Each is stored, and ``autotune show`` lists them all."""
 
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
         self.in_a_row = 0
         self.held: list[TrialRecord] = []
+        self.said: set[str] = set()  # by configuration
 
     def skipped(self, record: TrialRecord, best: TrialRecord | None) -> None:
+        key = record.config.key() if record.config else ""
+        if key in self.said:
+            return
+        self.said.add(key)
         self.in_a_row += 1
         if self.in_a_row <= SAID_IN_A_ROW:
             self.reporter.trial_finished(record, best)

@@ -575,7 +575,6 @@ class Tuner:
         pending: Proposal | None = None
         limit = self.settings.cluster.concurrency or 1
         unproductive = refused = 0
-        said_skipped: set[str] = set()  # a configuration proposed again is skipped in silence
         skips = SkipLines(self.reporter)
         exhausted = False
         while True:
@@ -593,9 +592,7 @@ class Tuner:
                     if decided is not None:
                         unproductive += 1
                         stored = self.proposer.record(proposal, decided)
-                        key = stored.config.key() if stored.config else ""
-                        if stored.status == "skipped" and key not in said_skipped:
-                            said_skipped.add(key)
+                        if stored.status == "skipped":
                             skips.skipped(stored, self.log.best())
                         exhausted = self._space_exhausted([p.config for p, _ in running.values()])
                         continue

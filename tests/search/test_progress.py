@@ -147,6 +147,7 @@ def test_skips_in_a_row_are_said_five_then_summed_up_and_said_again_after_a_tria
     def skipped(number: int, mib: int) -> TrialRecord:
         return _record(number, None, status="skipped").model_copy(
             update={
+                "config": CONFIG.model_copy(update={"global_batch_size": 8 * number}),
                 "message": "predicted not to fit: ...",
                 "feasible": False,
                 "predicted_memory_bytes": mib << 20,
@@ -155,6 +156,7 @@ def test_skips_in_a_row_are_said_five_then_summed_up_and_said_again_after_a_tria
 
     for number in range(1, 8):
         skips.skipped(skipped(number, 500 + number), None)
+    skips.skipped(skipped(1, 501), None)  # proposed again: in silence, and not held
     lines = stream.getvalue().splitlines()
     assert len(lines) == SAID_IN_A_ROW and all("skipped" in line for line in lines)
     skips.trial_runs()  # the two held back are summed up
