@@ -423,7 +423,15 @@ COMPILED_VARIANTS = (
 """One device compiled in bf16, four ways that compile other graphs (``--repeat-set
 compiled``): a search's climb from a compiled recipe runs such variants one after another in
 one gang, and the recipe measured 465 MiB in its search trial, 545 in the race after them."""
-REPEAT_SETS = {"default": REPEATED, "workers": WORKER_PAIRS, "compiled": COMPILED_VARIANTS}
+COMPILED_WORKER_VARIANTS = tuple({**v, "num_workers": 2} for v in COMPILED_VARIANTS)
+"""The same four with two DataLoader workers each, as the search's climb ran them (``--repeat-set
+compiled-workers``): whether forked workers carry the gang's compiled history."""
+REPEAT_SETS = {
+    "default": REPEATED,
+    "workers": WORKER_PAIRS,
+    "compiled": COMPILED_VARIANTS,
+    "compiled-workers": COMPILED_WORKER_VARIANTS,
+}
 
 
 def repeated_peaks(

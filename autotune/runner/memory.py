@@ -56,15 +56,29 @@ def _private_bytes(pid: int) -> int:
 
 
 def child_pids() -> list[int]:
-    """PIDs of this process's direct children (DataLoader workers, on a rank)."""
+    """PIDs of this process's direct children (DataLoader workers, on a rank), whichever of its
+    threads forked them: ``/proc/PID/task/TID/children`` lists a thread's own children only, and
+    a Ray actor runs its trials on a thread of its own (read from the main thread alone, a Ray
+    trial's workers were never counted)."""
     pid = os.getpid()
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        import psutil
+        threads = []
+    found: list[int] = []
+    read = False
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(p) for p in f.read().split())
+            read = True
+        except OSError:  # the thread ended between listing and reading, or no such file
+            continue
+    if read:
+        return sorted(set(found))
+    import psutil  # without the children files (kernels built without them): by parent PID
 
-        return [c.pid for c in psutil.Process(pid).children()]
+    return [c.pid for c in psutil.Process(pid).children()]
 
 
 @dataclass

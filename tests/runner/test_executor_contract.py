@@ -263,3 +263,20 @@ def test_a_pruned_trial_stops_early_and_its_gang_runs_the_next_trial() -> None:
     finally:
         executor.shutdown()
     _assert_no_rank_actor_left()
+
+
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_every_executor_sees_the_dataloader_workers_it_measures(
+    kind: str, make_executor: Any
+) -> None:
+    # A trial's peak adds its DataLoader workers' private memory to its rank's; the Ray
+    # executor's ranks run on a thread of their own, whose forked workers went unseen.
+    case = Case("tests.fixtures.models:Small", {"num_workers": 1}, "ok", ())
+    request = TrialRequest(
+        config=_config(case), workload=WorkloadSpec(model=case.model), options=QUICK
+    )
+    result = run_to_end(make_executor(case), request)
+    assert result.status == "ok", result.message
+    diagnostics = result.ranks[0].diagnostics
+    assert diagnostics is not None and diagnostics.dataloader_worker_pids
+    assert all(len(pids) == 1 for pids in diagnostics.dataloader_worker_pids)

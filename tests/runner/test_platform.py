@@ -102,3 +102,33 @@ def test_a_model_that_will_not_build_on_meta_leaves_its_module_imported(tmp_path
     assert len(held) == 1  # no model, no dataset: the module and what it imported
     module, target = held[0]
     assert module.IMPORTED and target.__name__ == "Valued"
+
+
+def test_a_ranks_children_are_found_whichever_thread_forked_them() -> None:
+    # A Ray actor runs its trials on a thread of its own, and /proc lists a child under the
+    # thread that forked it: read from the main thread alone, a Ray trial's DataLoader workers
+    # were never counted in its peak.
+    import subprocess
+    import sys
+    import threading
+
+    from autotune.runner.memory import child_pids
+
+    started: list[subprocess.Popen[bytes]] = []
+    forked, checked = threading.Event(), threading.Event()
+
+    def fork() -> None:  # the thread stays: a thread's children pass on when it ends
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+        forked.set()
+        checked.wait(30)
+
+    thread = threading.Thread(target=fork)
+    thread.start()
+    forked.wait(30)
+    try:
+        assert started[0].pid in child_pids()
+    finally:
+        checked.set()
+        thread.join()
+        started[0].kill()
+        started[0].wait()
