@@ -9,6 +9,9 @@ space at 64 devices under 30 s).
     python scripts/bench_memory_prediction.py --device cuda --plan-model "" --measure-only \
         --models workloads.convnet:resnet18 --out resnet18_cuda.json   # on a lent GPU; then here:
     python scripts/bench_memory_prediction.py --rescore resnet18_cuda.json --out SCORED.json
+    python scripts/bench_memory_prediction.py --grid workers --plan-model "" --models \
+        workloads.gpt:gpt_tiny workloads.gpt:gpt_small workloads.mlp:mlp_small \
+        workloads.convnet:resnet_small --out results/memory_prediction_workers.json
     python scripts/bench_memory_prediction.py --models --plan-model "" \
         --search workloads.gpt:gpt_tiny --budget 700MiB --out results/memory_bound_search.json
     python scripts/bench_memory_prediction.py --models --plan-model "" --search-predict on \
@@ -30,6 +33,9 @@ tensors, ``autotune.runner.memory.bare_rank_bytes``, when the grid is scored, on
 ``after one`` calibrated on the grid's first configuration alone (what a search has after its
 baseline), ``left out`` on every other configuration of the grid. Then ``autotune plan`` of
 ``--plan-model`` over the default space at 64 devices of 80 GiB, timed from the command line.
+
+``--grid workers``: per model, one rank in fp32 with 0, 1 and 2 DataLoader workers, persistent or
+not (what forking them leaves to them: ``MemoryModel.forked``).
 
 ``--device cuda``: the grid on this machine's GPUs (NCCL; one GPU: DDP and FSDP of one rank),
 measured against the allocator's reserved peak, each row also giving the traced tensors (the
@@ -77,6 +83,7 @@ from autotune.bench.memory_prediction import (
     rescored,
     unfinished,
     within_targets,
+    worker_grid,
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
@@ -112,6 +119,13 @@ def main() -> None:
         nargs="*",
         help="Default: on a CPU every grid but the GPU-scale models' (GPT-2 small's fp32 grid "
         "alone takes about 40 min on 2 cores: name them to run them); on CUDA those two.",
+    )
+    parser.add_argument(
+        "--grid",
+        default="default",
+        choices=("default", "workers"),
+        help="Per model: the default grid, or one rank with 0, 1 and 2 DataLoader workers, "
+        "persistent or not (CPU).",
     )
     parser.add_argument("--out", default="results/memory_prediction.json")
     parser.add_argument("--plan-model", default="workloads.gpt:gpt2_124m")
@@ -204,7 +218,11 @@ def main() -> None:
         )
     for model in args.models:
         batch, segments = grid_shape(model, args.device)
-        configs = grid(batch, segments, devices, args.device, tuple(args.amp))
+        configs = (
+            worker_grid(batch)
+            if args.grid == "workers"
+            else grid(batch, segments, devices, args.device, tuple(args.amp))
+        )
         workload = WorkloadSpec(model=model, search_path=(os.getcwd(),))
         if args.measure_only:  # rows for --rescore to trace and score elsewhere
             rows = report["models"][model] = []  # type: ignore[index]

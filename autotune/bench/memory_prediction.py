@@ -88,6 +88,7 @@ class GridPoint:
     device: str = "cpu"
     allocated_bytes: int | None = None  # CUDA: the allocator's peak of allocated memory
     message: str = ""  # why a configuration that did not finish did not
+    forked_bytes: int = 0  # what a rank forks its DataLoader workers from (MemoryModel.forked)
 
 
 def grid(
@@ -120,6 +121,18 @@ def grid(
     if device == "cpu":
         configs.insert(1, configs[0].model_copy(update={"num_workers": 2}))
     return configs
+
+
+def worker_grid(global_batch_size: int) -> list[TrainConfig]:
+    """One CPU rank in fp32 without DataLoader workers, with one and two, each also persistent
+    (``--grid workers``): a rank forks non-persistent workers again at every epoch, holding its
+    whole step, persistent ones once before its first step (``MemoryModel.forked``)."""
+    base = TrainConfig(global_batch_size=global_batch_size, device="cpu")
+    return [base] + [
+        base.model_copy(update={"num_workers": workers, "persistent_workers": persistent})
+        for workers in (1, 2)
+        for persistent in (False, True)
+    ]
 
 
 GRID_OPTIONS = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0, "min_measure_s": 0}
@@ -181,6 +194,7 @@ def measure_grid(
             measured_bytes=used // model.devices_counted(config) if used else None,
             workers=model.workers(config),
             unsharded_bytes=model.unsharded(config) if trace else 0,
+            forked_bytes=model.forked(config) if trace else 0,
             trace_s=traced - started,
             trial_s=time.perf_counter() - traced,
             device=device,
@@ -207,6 +221,7 @@ def rescored(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kept = {k: row[k] for k in GridPoint.__dataclass_fields__ if k in row}
         kept["tensors_bytes"] = sum(parts.values()) if parts else None
         kept["unsharded_bytes"] = traced.unsharded(config)
+        kept["forked_bytes"] = traced.forked(config)
         points.append(GridPoint(**kept))
     return errors(points, workload)
 
@@ -233,6 +248,7 @@ def errors(points: list[GridPoint], workload: WorkloadSpec | None = None) -> lis
             p.measured_bytes or 0,
             p.unsharded_bytes,
             p.values.get("compile", "off") != "off",
+            p.forked_bytes,
         )
         for p in usable
     ]
@@ -244,14 +260,14 @@ def errors(points: list[GridPoint], workload: WorkloadSpec | None = None) -> lis
         measured = cal.measured_bytes
         row = asdict(point)
         row["predicted_before_bytes"] = prior.apply(
-            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled, cal.forked_bytes
         )
         row["before_any"] = (measured - row["predicted_before_bytes"]) / measured
         row["predicted_after_one_bytes"] = first.apply(
-            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled, cal.forked_bytes
         )
         row["predicted_left_out_bytes"] = others.apply(
-            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled
+            cal.tensors_bytes, cal.workers, cal.unsharded_bytes, cal.compiled, cal.forked_bytes
         )
         row["after_one"] = (measured - row["predicted_after_one_bytes"]) / measured
         row["left_out"] = (measured - row["predicted_left_out_bytes"]) / measured

@@ -9,14 +9,15 @@ memory only grows until released, so its peak in the window covers the warm-up t
 
 CPU: the rank process's resident high-water mark (``VmHWM``, reset through
 ``/proc/self/clear_refs`` when the window opens, so it is exact, short spikes included) plus the
-sampled peak of the private memory (``Private_*`` of ``smaps_rollup``) of its DataLoader workers:
-pages a worker shares with the rank are already in the rank's figure.
+sampled peak of what its DataLoader workers hold beside it (``workers_bytes``): pages a worker
+shares with the rank are already in the rank's figure.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,9 @@ from autotune.runner.workload import (
 )
 
 SAMPLE_INTERVAL_S = 0.02
+SAMPLER_SHARE = 0.05
+"""The most of a core the sampler of a CPU trial's DataLoader workers may take: it waits
+twenty times as long as its last sample took, ``SAMPLE_INTERVAL_S`` at least."""
 
 
 def _status_kib(field: str, pid: int | str = "self") -> int:
@@ -43,16 +47,43 @@ def _status_kib(field: str, pid: int | str = "self") -> int:
     return 0
 
 
-def _private_bytes(pid: int) -> int:
-    total = 0
+def _rollup_kib(pid: int | str) -> dict[str, int]:
+    """The fields of ``/proc/PID/smaps_rollup`` in KiB ({}: the process exited meanwhile)."""
+    fields: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                    total += int(line.split()[1]) * 1024
-    except OSError:  # the worker exited between listing and reading
+                name, _, rest = line.partition(":")
+                value = rest.split()
+                if value and value[0].isdigit():
+                    fields[name] = int(value[0])
+    except OSError:
+        return {}
+    return fields
+
+
+def workers_bytes(pids: list[int]) -> int:
+    """What this process's DataLoader workers ``pids`` hold beside its own resident set.
+
+    A worker forked from the rank shares the rank's pages until either writes one. Where the
+    rank writes (its collector, its optimizer), it takes a copy and the old page is left to the
+    workers: with one worker, that page is the worker's private memory; with several, it is
+    shared among them and private to none (``gpt_tiny`` compiled, one device: 78 MiB of private
+    pages with one worker, 22 with two). So the workers' part is their anonymous and shared
+    memory less what the rank maps too, from proportional set sizes (each page shared by k
+    processes counts 1/k in each): the group's anonymous pages, ``sum(Pss_Anon)`` over the rank
+    and its workers (such pages are shared only within it), less the rank's own, ``Anonymous``;
+    shared memory (batches handed over) alike. Kernels without ``Pss_Anon`` (before 5.x): the
+    workers' private pages alone, an undercount with more than one worker."""
+    workers = [fields for fields in map(_rollup_kib, pids) if fields]
+    if not workers:
         return 0
-    return total
+    if any("Pss_Anon" not in fields for fields in workers):
+        return 1024 * sum(w.get("Private_Clean", 0) + w.get("Private_Dirty", 0) for w in workers)
+    rank = _rollup_kib("self")
+    group = sum(f["Pss_Anon"] + f.get("Pss_Shmem", 0) for f in [rank, *workers])
+    held = rank.get("Anonymous", 0) + _status_kib("RssShmem")
+    return 1024 * max(0, group - held)
 
 
 def child_pids() -> list[int]:
@@ -107,11 +138,15 @@ class MemoryTracker:
             import pynvml
 
             return int(pynvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used)
-        return sum(_private_bytes(pid) for pid in child_pids())
+        return workers_bytes(child_pids())
 
     def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_INTERVAL_S):
+        wait = SAMPLE_INTERVAL_S
+        while not self._stop.wait(wait):
+            began = time.perf_counter()
             self._sampled_peak = max(self._sampled_peak, self._sample())
+            # a rank's own page walk costs ~4 ms at 500 MiB: sampled so, it takes <= 5% of a core
+            wait = max(SAMPLE_INTERVAL_S, (time.perf_counter() - began) / SAMPLER_SHARE)
 
     def start(self) -> None:
         if self.device.type == "cuda":
@@ -177,6 +212,7 @@ def _nvml_handle(index: int) -> Any:
 
 
 _BARE: dict[tuple[str, tuple[str, ...]], int] = {}
+_WORKER: dict[tuple[str, tuple[str, ...]], int] = {}
 _COMPILED: dict[tuple[str, tuple[str, ...]], int] = {}
 _STARTED: dict[tuple[str, tuple[str, ...]], tuple[Any, bool]] = {}  # (Popen, compiles)
 
@@ -206,6 +242,24 @@ def peak(model):  # the window a trial measures: reset, then steps
     return high_water()
 steps(model)
 print(high_water(), flush=True)
+def worker_share(data, collate):  # what one DataLoader worker holds beside the rank meanwhile
+    from autotune.runner.memory import child_pids, workers_bytes
+    loader = torch.utils.data.DataLoader(data, batch_size=8, num_workers=1, collate_fn=collate)
+    most = 0
+    for _, batch in zip(range(8), loader):
+        steps(model, 1)
+        most = max(most, workers_bytes(child_pids()))
+    return most
+data, collate = torch.utils.data.TensorDataset(torch.randn(256, 64)), None
+if sys.argv[1] and len(held) > 2:
+    from autotune.runner.workload import WorkloadSpec, load_collate
+    data = held[2][0]
+    collate = load_collate(WorkloadSpec.model_validate_json(sys.argv[1]), held[0])[0]
+try:
+    share = worker_share(data, collate)
+except Exception:  # a dataset a plain loader cannot serve: the worker's own share, on samples
+    share = worker_share(torch.utils.data.TensorDataset(torch.randn(256, 64)), None)
+print(share // 1024, flush=True)
 if sys.argv[2] == "compiled":
     eager = peak(model)
     compiled = torch.compile(model)
@@ -216,9 +270,11 @@ dist.destroy_process_group()
 """A rank without its tensors: what it imports (the workload's module and the libraries that
 imports, the executor's), the workload's model built on the meta device (its lazy imports, no
 parameters), its dataset and loss, a gloo group (of one), and three training steps of a model
-too small to count (autograd's engine, the optimizer, the thread pools). With ``compiled``, then
-what ``torch.compile`` of that model adds to a trial's window (Inductor's modules and caches):
-the window of three compiled steps less that of three eager ones."""
+too small to count (autograd's engine, the optimizer, the thread pools). Then what one DataLoader
+worker over the workload's dataset (else samples) holds privately while the rank trains: its
+own heap and the pages the rank writes after forking it. With ``compiled``, then what
+``torch.compile`` of that model adds to a trial's window (Inductor's modules and caches): the
+window of three compiled steps less that of three eager ones."""
 
 
 def hold_workload(spec_json: str) -> tuple[Any, ...]:
@@ -294,14 +350,17 @@ def _collect(key: tuple[str, tuple[str, ...]]) -> None:
         out, _ = process.communicate(timeout=180)
         lines = out.split()
         _BARE.setdefault(key, int(lines[0]) * 1024)  # one figure a search, however measured
+        _WORKER.setdefault(key, int(lines[1]) * 1024)
         if compiled:
-            _COMPILED[key] = int(lines[1]) * 1024
+            _COMPILED[key] = int(lines[2]) * 1024
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         if process is not None:
             _stop(process)
         if key not in _BARE:  # the first trial calibrates it; without the workload, the rest
             workload_json, imports = key
             _BARE[key] = bare_rank_bytes("", imports) if workload_json else 0
+            _WORKER[key] = worker_share_bytes("", imports) if workload_json else 0
+        _WORKER.setdefault(key, 0)
         if compiled:
             _COMPILED.setdefault(key, 0)
 
@@ -332,3 +391,14 @@ def compile_share_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) 
         start_bare_rank(workload_json, imports, compiled=True)
         _collect(key)
     return _COMPILED.get(key, 0)
+
+
+def worker_share_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) -> int:
+    """What one DataLoader worker adds to a CPU trial's peak, measured beside the bare rank
+    (``_BARE_RANK``): the first guess at a worker's share until trials with workers teach it
+    (``gpt_tiny``: 11 MiB measured so, 11-14 MiB a worker in its compiled trials). 0 where it
+    could not be measured."""
+    key = (workload_json, imports)
+    if key not in _WORKER:
+        bare_rank_bytes(workload_json, imports)
+    return _WORKER.get(key, 0)

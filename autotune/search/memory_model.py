@@ -99,6 +99,12 @@ is pulled towards. Chosen on the first 13 CPU grids of ``scripts/bench_memory_pr
 5 grids run after (61: 32 against 22); never more than 4% over the measured peak on those 278.
 After one trial, over the 278, it holds 219 within +-10% against 214 with a prior of 1.0, its
 largest over-prediction 31.7% against 37.2%."""
+CPU_FORKED_SHARE = 1.1
+"""Of the tensors a CPU rank holds when it forks its DataLoader workers (``MemoryModel.forked``),
+the share the workers keep old copies of, as the heap keeps them (``CPU_HEAP_SHARE``): the
+prior's, until trials with workers measure it. Measured with one worker, one rank in fp32: 0.89
+(``gpt_medium``), 1.10 (``resnet_small``), 1.19 (``mlp_small``), 1.44 (``gpt_small``) of the
+traced tensors; ``scripts/bench_memory_prediction.py --grid workers`` scores it."""
 CUDA_RESERVE_SHARE = 0.1
 """What the CUDA caching allocator reserves beyond the tensors, as a share of them: the prior's
 scale on CUDA is 1 + this, before any trial and as what a fit is pulled towards. Measured: on an
@@ -197,6 +203,7 @@ class Calibration:
     prior_margin: tuple[float, float] = PRIOR_MARGIN  # before any trial, after one
     compile_bytes: int = 0
     compiled_trials: int = 0  # how many of the trials compiled: 0, and compile_bytes is a prior
+    forked_scale: float = 0.0  # of the tensors forked DataLoader workers are left (forked_bytes)
 
     @property
     def margin(self) -> float:
@@ -220,9 +227,17 @@ class Calibration:
                 if self.compile_bytes
                 else ""
             )
+            worker = (
+                f" + {self.per_worker_bytes / 2**20:,.0f} MiB per DataLoader worker, measured "
+                f"beside it, and x{self.forked_scale:.2f} the tensors its workers are forked "
+                "from"
+                if self.per_worker_bytes
+                else ""
+            )
             return (
                 f"uncalibrated: x{self.scale:.2f} the tensors + "
-                f"{self.offset_bytes / 2**20:,.0f} MiB, a rank measured without them{compiled}"
+                f"{self.offset_bytes / 2**20:,.0f} MiB, a rank measured without them"
+                f"{worker}{compiled}"
             )
         error = (
             f"error up to {max(abs(e) for e in self.errors):.0%}, at most {self.margin:.0%} high"
@@ -235,20 +250,31 @@ class Calibration:
         return (
             f"calibrated on {self.trials} trial(s): x{self.scale:.2f} + "
             f"{self.offset_bytes / 2**20:,.0f} MiB + {self.per_worker_bytes / 2**20:,.0f} MiB "
-            f"per DataLoader worker + x{self.build_scale:.1f} FSDP's unsharded build{compiled}, "
+            f"per DataLoader worker + x{self.forked_scale:.2f} the tensors workers are forked "
+            f"from + x{self.build_scale:.1f} FSDP's unsharded build{compiled}, "
             f"{error}"
         )
 
     def apply(
-        self, tensors_bytes: int, workers: int, unsharded_bytes: int = 0, compiled: bool = False
+        self,
+        tensors_bytes: int,
+        workers: int,
+        unsharded_bytes: int = 0,
+        compiled: bool = False,
+        forked_bytes: int = 0,
     ) -> int:
         return int(
             self.scale * tensors_bytes
             + self.offset_bytes
-            + workers * self.per_worker_bytes
+            + self.workers_bytes(workers, forked_bytes)
             + self.build_scale * unsharded_bytes
             + (self.compile_bytes if compiled else 0)
         )
+
+    def workers_bytes(self, workers: int, forked_bytes: int) -> int:
+        """What ``workers`` DataLoader workers add: each its own pages, and together the old
+        copies of the pages the rank writes after forking them (``MemoryModel.forked``)."""
+        return int(workers * self.per_worker_bytes + self.forked_scale * forked_bytes)
 
 
 @dataclass(frozen=True)
@@ -261,6 +287,7 @@ class Point:
     measured_bytes: int
     unsharded_bytes: int = 0
     compiled: bool = False
+    forked_bytes: int = 0  # what forking its workers may leave to them (MemoryModel.forked)
 
 
 def fit(points: Sequence[Point], prior: Calibration) -> Calibration:
@@ -278,6 +305,7 @@ def fit(points: Sequence[Point], prior: Calibration) -> Calibration:
                 left_out.workers,
                 left_out.unsharded_bytes,
                 left_out.compiled,
+                left_out.forked_bytes,
             )
             errors.append((left_out.measured_bytes - predicted) / left_out.measured_bytes)
     solved = _solve(points, prior)
@@ -291,11 +319,14 @@ def fit(points: Sequence[Point], prior: Calibration) -> Calibration:
 
 
 _GIB = float(2**30)
-_RIDGE = (2e-3, 1e-4, 2e-3, 1e-5, 1e-4)
-"""Pull towards the prior of (scale, per-worker GiB, build scale, offset GiB, compiled GiB):
-weak enough that a few trials of different kinds decide, strong enough to settle what they
-cannot (no compiled trial: the compiled part stays the prior's)."""
-_BOUNDS = ((0.8, 3.0), (0.0, 8.0), (0.0, 8.0), (-8.0, 64.0), (-64.0, 64.0))
+_RIDGE = (2e-3, 1e-2, 2e-3, 1e-5, 1e-4, 1e-4)
+"""Pull towards the prior of (scale, per-worker GiB, build scale, offset GiB, compiled GiB,
+forked scale): weak enough that a few trials of different kinds decide, strong enough to settle
+what they cannot (no compiled trial: the compiled part stays the prior's). A worker's own pages
+are held closer to what was measured beside the bare rank: one trial with a worker cannot tell
+them from what its rank forked it from, and pulled as weakly, they took all of it (a second
+worker then predicted as costly as the first)."""
+_BOUNDS = ((0.8, 3.0), (0.0, 8.0), (0.0, 8.0), (-8.0, 64.0), (-64.0, 64.0), (0.0, 2.0))
 """Physical ranges of those coefficients (per-worker, offset and compiled in GiB)."""
 
 
@@ -307,7 +338,14 @@ def _solve(points: Sequence[Point], prior: Calibration) -> Calibration:
 
     x = np.array(
         [
-            [p.tensors_bytes / _GIB, p.workers, p.unsharded_bytes / _GIB, 1.0, float(p.compiled)]
+            [
+                p.tensors_bytes / _GIB,
+                p.workers,
+                p.unsharded_bytes / _GIB,
+                1.0,
+                float(p.compiled),
+                p.forked_bytes / _GIB,
+            ]
             for p in points
         ]
     )
@@ -319,6 +357,7 @@ def _solve(points: Sequence[Point], prior: Calibration) -> Calibration:
             prior.build_scale,
             prior.offset_bytes / _GIB,
             prior.compile_bytes / _GIB,
+            prior.forked_scale,
         ]
     )
     fixed: dict[int, float] = {}
@@ -342,6 +381,7 @@ def _solve(points: Sequence[Point], prior: Calibration) -> Calibration:
         build_scale=theta[2],
         offset_bytes=int(theta[3] * _GIB),
         compile_bytes=int(theta[4] * _GIB),
+        forked_scale=theta[5],
     )
 
 
@@ -517,6 +557,7 @@ class MemoryModel:
             record.memory_used_bytes // self.devices_counted(record.config),
             self.unsharded(record.config),
             record.config.compile != "off",
+            self.forked(record.config),
         )
 
     def devices_counted(self, config: TrainConfig) -> int:
@@ -535,6 +576,23 @@ class MemoryModel:
     def workers(self, config: TrainConfig) -> int:
         return config.num_workers if self.device_type == "cpu" else 0  # host memory on CUDA
 
+    def forked(self, config: TrainConfig) -> int:
+        """What a CPU rank holds when it forks its DataLoader workers and writes again after,
+        whose old copies the workers keep (copy on write) while they live: persistent workers
+        are forked once, before the first step, from a rank holding its parameters; others at
+        every epoch, from a rank holding its whole step (its heap's pages, parameters and
+        optimizer state, all written again by the next step). Measured on ``gpt_medium``, one
+        rank in fp32: one worker added 1,322 MiB, persistent 144 (its step's tensors 1,491 MiB,
+        its parameters 129). 0 without workers, and on CUDA (host memory)."""
+        if not self.workers(config):
+            return 0
+        peak = self.tensor_peak(config)
+        if peak is None:
+            return 0
+        if config.persistent_workers:
+            return device_parts(peak, config).get("parameters", 0)
+        return sum(device_parts(peak, config).values())
+
     def predict(self, config: TrainConfig) -> Prediction | None:
         parts = self.device_tensors(config)
         if parts is None:
@@ -544,14 +602,15 @@ class MemoryModel:
         workers = self.workers(config)
         unsharded = self.unsharded(config)
         compiled = config.compile != "off"
-        per_device = calibration.apply(tensors, workers, unsharded, compiled)
+        forked = self.forked(config)
+        per_device = calibration.apply(tensors, workers, unsharded, compiled, forked)
         shown = dict(parts)
         if unsharded:
             shown["fsdp unsharded build"] = int(calibration.build_scale * unsharded)
         if compiled and calibration.compiled_trials:
             shown["compiled"] = calibration.compile_bytes
         if workers:
-            shown["workers"] = workers * calibration.per_worker_bytes
+            shown["workers"] = calibration.workers_bytes(workers, forked)
         shown["process"] = per_device - sum(shown.values())
         exact = (
             config.micro_batch_size,
@@ -619,16 +678,27 @@ def prior_for(
     """The first guess before any trial: on CUDA the tensors and the caching allocator's reserve
     (``CUDA_RESERVE_SHARE``; trials measure the rest); on CPU the tensors plus a rank process
     without its tensors, measured: with ``workload``'s imports, model on the meta device,
-    dataset and loss, and the executor's ``rank_imports`` (``ray`` for a Ray worker). With
+    dataset and loss, and the executor's ``rank_imports`` (``ray`` for a Ray worker), and what
+    one DataLoader worker over that dataset holds privately beside it (a worker's part). With
     ``compiled`` (configurations to predict compile), on CPU also what ``torch.compile`` adds to
     a rank, measured on a model too small to count (``runner.memory.compile_share_bytes``): the
     compiled part until a compiled trial teaches it. On CUDA compiling can also take tensors
     away (fused kernels): nothing is assumed there."""
     if device_type == "cuda":
         return Calibration(scale=1.0 + CUDA_RESERVE_SHARE, prior_margin=CUDA_PRIOR_MARGIN)
-    from autotune.runner.memory import bare_rank_bytes, compile_share_bytes  # imports torch
+    from autotune.runner.memory import (  # imports torch
+        bare_rank_bytes,
+        compile_share_bytes,
+        worker_share_bytes,
+    )
 
     spec = workload.model_dump_json() if workload is not None else ""
     offset = bare_rank_bytes(spec, rank_imports)
     share = compile_share_bytes(spec, rank_imports) if compiled else 0
-    return Calibration(scale=1.0 + CPU_HEAP_SHARE, offset_bytes=offset, compile_bytes=share)
+    return Calibration(
+        scale=1.0 + CPU_HEAP_SHARE,
+        offset_bytes=offset,
+        per_worker_bytes=worker_share_bytes(spec, rank_imports),
+        compile_bytes=share,
+        forked_scale=CPU_FORKED_SHARE,
+    )

@@ -266,8 +266,10 @@ def make_plan(
             if device_type == "cuda"
             else f"a rank of this workload measured here without its tensors "
             f"({calibrated.offset_bytes / 2**20:,.0f} MiB), the tensors x"
-            f"{calibrated.scale:.2f} for the heap's kept pages; DataLoader "
-            "workers are not counted until a trial has measured one"
+            f"{calibrated.scale:.2f} for the heap's kept pages; each DataLoader worker "
+            f"{calibrated.per_worker_bytes / 2**20:,.0f} MiB, measured beside that rank, and "
+            f"together x{calibrated.forked_scale:.2f} the tensors their rank forks them from "
+            "(its parameters for persistent workers, else its whole step)"
         ),
     )
 

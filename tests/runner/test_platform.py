@@ -46,6 +46,7 @@ def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports(
 
     monkeypatch.setattr(memory, "_BARE", {})
     monkeypatch.setattr(memory, "_COMPILED", {})
+    monkeypatch.setattr(memory, "_WORKER", {})
     monkeypatch.setattr(memory, "_STARTED", {})
     memory.start_bare_rank(compiled=True)
     memory.start_bare_rank()  # one measurement, however often begun
@@ -58,12 +59,14 @@ def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports(
     # what compiling adds to a trial's window, from the same process: Inductor's modules and
     # caches (53 MiB on the Intel Xeon of docs/benchmarks.md)
     assert 8 * 2**20 < memory.compile_share_bytes() < 1024 * 2**20
+    # one DataLoader worker's private pages while the rank trains (9-11 MiB here)
+    assert 2 * 2**20 < memory.worker_share_bytes() < 256 * 2**20
 
 
 def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path: Path) -> None:
     # The first guess counts what a rank holds beside its tensors: the dataset (64 MiB here) is
     # held, the model (256 MiB of parameters, which the trace counts) is built on meta.
-    from autotune.runner.memory import bare_rank_bytes, start_bare_rank
+    from autotune.runner.memory import bare_rank_bytes, start_bare_rank, worker_share_bytes
     from autotune.runner.workload import WorkloadSpec
 
     (tmp_path / "held.py").write_text(
@@ -81,6 +84,8 @@ def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path:
         start_bare_rank(workload)
     held = bare_rank_bytes(spec) - bare_rank_bytes()
     assert 60 * 2**20 < held < 160 * 2**20
+    # a worker over that dataset: its own pages, not the dataset the rank already holds
+    assert 2 * 2**20 < worker_share_bytes(spec) < 60 * 2**20
     # a reference that cannot load leaves the rank without it, measured all the same
     assert bare_rank_bytes(missing) == bare_rank_bytes()
 
@@ -132,3 +137,34 @@ def test_a_ranks_children_are_found_whichever_thread_forked_them() -> None:
         thread.join()
         started[0].kill()
         started[0].wait()
+
+
+def test_workers_are_charged_the_pages_their_rank_wrote_after_forking_them_once() -> None:
+    # The rank writes 64 MiB after forking two workers: their old copies are left to both, so
+    # private to neither (counted by private pages: ~0, where one worker showed 64 MiB).
+    import subprocess
+    import sys
+
+    code = """
+import os, signal, time
+from autotune.runner.memory import _rollup_kib, workers_bytes
+buffer = bytearray(os.urandom(64 * 2**20))
+children = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    children.append(pid)
+for i in range(0, len(buffer), 4096):
+    buffer[i] ^= 1  # the rank writes every page again: a copy of its own
+private = sum(_rollup_kib(p)["Private_Dirty"] for p in children) * 1024
+print(workers_bytes(children), private)
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    charged, private = map(int, out.stdout.split())
+    assert 60 * 2**20 < charged < 80 * 2**20, (charged, private)
+    assert private < 16 * 2**20  # what the private pages alone said

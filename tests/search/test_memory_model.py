@@ -8,6 +8,7 @@ from autotune.config import TrainConfig
 from autotune.runner.fake_memory import TensorPeak
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.memory_model import (
+    CPU_FORKED_SHARE,
     CPU_HEAP_SHARE,
     CUDA_PRIOR_MARGIN,
     MIN_MARGIN,
@@ -244,6 +245,7 @@ def test_a_cpu_search_that_compiles_starts_from_a_measured_compile_share(
 
     monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: 300 * MiB)
     monkeypatch.setattr(memory, "compile_share_bytes", lambda *args: 50 * MiB)
+    monkeypatch.setattr(memory, "worker_share_bytes", lambda *args: 0)
     spec = WorkloadSpec(model="tests.fixtures.models:Small")
     prior = prior_for("cpu", spec, (), compiled=True)
     assert prior.compile_bytes == 50 * MiB and prior_for("cpu", spec).compile_bytes == 0
@@ -260,3 +262,49 @@ def test_a_cpu_search_that_compiles_starts_from_a_measured_compile_share(
     # eager trials alone keep it: nothing in them tells it apart
     model.calibration = fit([Point(1000 * MiB, 0, 1500 * MiB)], prior)
     assert model.calibration.compile_bytes == pytest.approx(50 * MiB, rel=0.01)
+
+
+def test_a_cpu_prior_charges_workers_their_own_pages_and_what_their_rank_forked_them_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The standard recipe takes DataLoader workers: before any trial with workers, they were
+    # predicted at 0 MiB, where one worker of gpt_medium (fp32, one rank) added 1,322 MiB: the
+    # old copies of every page its rank wrote after forking it at an epoch's start.
+    from autotune.runner import memory
+
+    monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: 300 * MiB)
+    monkeypatch.setattr(memory, "worker_share_bytes", lambda *args: 12 * MiB)
+    spec = WorkloadSpec(model="tests.fixtures.models:Small")
+    prior = prior_for("cpu", spec)
+    assert prior.per_worker_bytes == 12 * MiB and prior.forked_scale == CPU_FORKED_SHARE
+    assert "+ 12 MiB per DataLoader worker, measured beside it" in prior.describe()
+    cuda = prior_for("cuda", spec)
+    assert cuda.per_worker_bytes == 0 and cuda.forked_scale == 0  # no device memory
+    model = MemoryModel(spec, "cpu", prior)
+    model._traces[(16, "fp32", 0, "default")] = PEAK
+    none = model.predict(_config())
+    two = model.predict(_config(num_workers=2))
+    kept = model.predict(_config(num_workers=2, persistent_workers=True))
+    assert none is not None and two is not None and kept is not None
+    tensors = sum(device_parts(PEAK, _config()).values())
+    expected = 24 * MiB + CPU_FORKED_SHARE * tensors  # forked again at every epoch
+    assert two.peak_bytes - none.peak_bytes == pytest.approx(expected, abs=2)
+    assert two.parts["workers"] == pytest.approx(expected, abs=2)
+    # persistent workers are forked once, before the first step: the parameters alone
+    expected = 24 * MiB + CPU_FORKED_SHARE * PEAK.parameters_bytes
+    assert kept.peak_bytes - none.peak_bytes == pytest.approx(expected, abs=2)
+    assert model.forked(_config()) == 0 and MemoryModel(spec, "cuda").forked(_config()) == 0
+
+
+def test_trials_with_workers_teach_the_share_their_rank_forked_them_from() -> None:
+    truth = Calibration(scale=1.1, offset_bytes=300 * MiB, per_worker_bytes=10 * MiB,
+                        forked_scale=1.1)  # fmt: skip
+    prior = Calibration(scale=1.1, offset_bytes=300 * MiB, per_worker_bytes=10 * MiB,
+                        forked_scale=0.5)  # fmt: skip
+    points = [
+        Point(t * MiB, w, truth.apply(t * MiB, w, forked_bytes=f * MiB), forked_bytes=f * MiB)
+        for t, w, f in ((100, 0, 0), (400, 0, 0), (100, 1, 100), (400, 2, 400), (400, 1, 20))
+    ]
+    fitted = fit(points, prior)
+    assert fitted.forked_scale == pytest.approx(1.1, abs=0.05)
+    assert all(abs(e) < 0.02 for e in fitted.errors)

@@ -319,19 +319,22 @@ def test_a_plan_of_samples_the_dataloader_cannot_batch_is_one_line(
     assert main([*argv, "--json"]) == 0  # its module's collate function pads them
 
 
-def test_a_cpu_plan_says_its_workers_are_not_counted_before_a_trial(
+def test_a_cpu_plan_counts_its_workers_before_a_trial(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # Each worker's own pages, measured beside the bare rank, and the old copies of the pages
+    # the rank writes after forking them: before, a plan predicted two workers at 0 MiB.
     argv = _plan_argv(tmp_path, "parallel: [single]\nnum_workers: [0, 2]\n")
     assert main([*argv, "--device", "cpu", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["calibration"].startswith("a rank of this workload measured here without its")
-    assert "the tensors x1.10 for the heap's kept pages" in plan["calibration"]
-    assert plan["calibration"].endswith(
-        "DataLoader workers are not counted until a trial has measured one"
+    assert (
+        "the tensors x1.10 for the heap's kept pages; each DataLoader worker"
+        in (plan["calibration"])
     )
+    assert "together x1.10 the tensors their rank forks them from" in plan["calibration"]
     peaks = {r["config"]["num_workers"]: r["predicted_peak_bytes"] for r in plan["configurations"]}
-    assert peaks[0] == peaks[2]  # as it says: nothing is known of a worker yet
+    assert peaks[2] > peaks[0]
     assert main([*argv, "--device", "cpu"]) == 0  # the limit covers the host's ranks together
     assert "GiB for all ranks together (one host): every number" in capsys.readouterr().out
     assert main(argv) == 0

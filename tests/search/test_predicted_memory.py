@@ -36,6 +36,7 @@ def _bare_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory, "start_bare_rank", lambda *args: None)
     monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: int(PROCESS_MIB * MiB))
     monkeypatch.setattr(memory, "compile_share_bytes", lambda *args: 0)
+    monkeypatch.setattr(memory, "worker_share_bytes", lambda *args: 0)
 
 
 def truth_mib(config: TrainConfig) -> float:
