@@ -3,10 +3,10 @@
 A configuration whose search trial fitted can measure over the limit in a later run: its peak
 moves by a few percent from run to run, and a search of a model that barely fits finds its
 fastest configurations right at the limit. Where that happens to every finalist, the search
-does not end without a recommendation: each finalist is taken to the least larger gradient
-accumulation (a smaller micro-batch: the global batch, and so the training, unchanged), else
-the least larger count of checkpointed blocks, else compiling off, whose peak is expected to
-leave room, and those race in its place.
+does not end without a recommendation: each finalist is taken to persistent DataLoader workers,
+else the least larger gradient accumulation (a smaller micro-batch: the global batch, and so
+the training, unchanged), else the least larger count of checkpointed blocks, else compiling
+off, whose peak is expected to leave room, and those race in its place.
 
 Expected from what was measured: the finalist's largest measured peak less what the move is
 predicted to save (the memory model's prediction of the two configurations, whose error
@@ -28,12 +28,16 @@ from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.search import race
 
-ROOM_KNOBS = ("grad_accum_steps", "checkpoint_segments", "compile")
+ROOM_KNOBS = ("persistent_workers", "grad_accum_steps", "checkpoint_segments", "compile")
 """The knobs a finalist moves along to make room, in turn: none changes the training's
-semantics or numerics. Accumulation first (it costs the least when a step's micro-batch still
-fills the device), then checkpointing, then, for a compiled finalist, compiling off: on CPU
-a compiled rank holds Inductor's modules and caches (53-88 MiB a rank here), and on a GPU,
-where compiling can hold less, the prediction says the move saves nothing."""
+semantics or numerics. Persistent DataLoader workers first, where it has workers that are not:
+they cost no speed (an epoch no longer restarts them), and on CPU a worker forked again at
+every epoch keeps old copies of its rank's whole step (``MemoryModel.forked``; on a GPU the
+prediction says the move saves no device memory). Then accumulation (it costs the least when a
+step's micro-batch still fills the device), then checkpointing, then, for a compiled finalist,
+compiling off: on CPU a compiled rank holds Inductor's modules and caches (53-88 MiB a rank
+here), and on a GPU, where compiling can hold less, the prediction says the move saves
+nothing."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ def no_room(records: Sequence[TrialRecord], finalists: Sequence[TrainConfig]) ->
     """Why none of ``finalists`` (all over the limit in the race) raced again, for the error."""
     spreads = ", ".join(f"{peaks_spread(records, c):.1%}" for c in finalists)
     return (
-        "; no larger accumulation or checkpointing of the space (nor compiling off) is "
+        "; no larger accumulation or checkpointing of the space (nor persistent workers or "
+        "compiling off) is "
         "expected to fit under the limit by the spread of the finalists' own peaks "
         f"({spreads}): raise --memory-budget, or allow larger values of grad_accum_steps or "
         "checkpoint_segments"
@@ -135,7 +140,10 @@ def make_room(
 
 def _moves(finalist: TrainConfig, choices: dict[str, list[Any]]) -> Iterator[tuple[str, Any]]:
     """The values ``make_room`` tries, in ``ROOM_KNOBS``'s order, each the least first."""
-    for knob in ROOM_KNOBS[:2]:
+    workers = finalist.num_workers and not finalist.persistent_workers
+    if workers and True in choices.get("persistent_workers", ()):
+        yield "persistent_workers", True
+    for knob in ("grad_accum_steps", "checkpoint_segments"):
         now = getattr(finalist, knob)
         yield from ((knob, c) for c in sorted(
             c for c in choices.get(knob, ()) if isinstance(c, int) and c > now

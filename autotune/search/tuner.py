@@ -712,8 +712,9 @@ class Tuner:
 
     def race_with_room(self) -> list[TrainConfig]:
         """Where every finalist left the race for memory alone (measured over the limit in a
-        run after its search trial fitted): race each at the least larger accumulation, else
-        checkpointing, else compiling off, expected to leave room (``autotune.search.room``)
+        run after its search trial fitted): race each with persistent workers, else at the
+        least larger accumulation, else checkpointing, else compiling off, expected to leave
+        room (``autotune.search.room``)
         instead, once; the ranking as ``race``'s (empty: no finalist could be moved, or none of
         them fits)."""
         dropped = finalists(self.log.records, self.settings.finishing.top_k)

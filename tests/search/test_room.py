@@ -88,3 +88,25 @@ def test_only_a_finalist_out_of_the_race_for_memory_alone_is_moved() -> None:
     assert not over_in_race([run(FINALIST, 1100), crashed], FINALIST)
     assert not over_in_race([run(FINALIST, 900)], FINALIST)  # still in
     assert not over_in_race([run(FINALIST, 1100, role="search", race_round=None)], FINALIST)
+
+
+def test_a_finalist_with_workers_that_are_not_persistent_makes_them_persistent_first() -> None:
+    # On CPU a worker forked again at every epoch keeps old copies of its rank's whole step
+    # (gpt_medium, one rank: 1,322 MiB with one worker, 144 persistent); persistence costs no
+    # speed and changes no numerics.
+    workers = FINALIST.model_copy(update={"num_workers": 2})
+    records = [run(workers, 1100)]
+
+    def predict(config: TrainConfig) -> int:
+        return (700 if config.persistent_workers else 1000) * MiB - config.grad_accum_steps
+
+    choices = {**CHOICES, "persistent_workers": [False, True]}
+    room = make_room(workers, records, choices, predict, 1000 * MiB)
+    assert room is not None and room.config.persistent_workers
+    assert room.config.grad_accum_steps == 1 and room.expected_bytes == 800 * MiB
+    assert "persistent_workers False -> True" in room.describe()
+    # not offered by the space, or already persistent: accumulation as before
+    assert make_room(workers, records, CHOICES, predict, 1000 * MiB) is None
+    kept = workers.model_copy(update={"persistent_workers": True})
+    moved = make_room(kept, [run(kept, 1100)], choices, predicted({1: 1000, 2: 700}), 1000 * MiB)
+    assert moved is not None and moved.config.grad_accum_steps == 2
