@@ -204,6 +204,11 @@ class Calibration:
     compile_bytes: int = 0
     compiled_trials: int = 0  # how many of the trials compiled: 0, and compile_bytes is a prior
     forked_scale: float = 0.0  # of the tensors forked DataLoader workers are left (forked_bytes)
+    epoch_copy_bytes: int = 0
+    """What a DataLoader worker copies of the dataset over an epoch (``runner.memory.
+    epoch_copy_bytes``), measured beside the bare rank: never fitted, since a trial's few
+    batches do not show it; the recommendation's caveat says it (``MemoryModel.caveats``)."""
+    epoch_copy_whole: bool = True  # False: the walk stopped early, a lower bound
 
     @property
     def margin(self) -> float:
@@ -403,6 +408,15 @@ _TRACED: dict[tuple[str, str, int, str, int, str], TensorPeak] = {}
 """Traces by workload and what they depend on, shared by every model in this process."""
 
 
+EPOCH_COPY = (
+    "each DataLoader worker copies the pages of the dataset's Python objects as it reads them "
+    "(reading a sample writes their reference counts): over an epoch {about} {each:,.0f} MiB a "
+    "worker, {all:,.0f} MiB for {workers}, beyond the measured peak, which a trial's few "
+    "batches do not show (measured beside a bare rank); samples held in tensors or NumPy "
+    "arrays (one buffer, not an object each) are not copied, and fewer workers copy less"
+)
+EPOCH_COPY_SAID = 16 * 2**20
+"""The least a worker copies over an epoch that the recommendation's caveat says."""
 CPU_KERNEL_CACHES = (
     "on CPU, autocast's oneDNN kernels are compiled per shape and cached (up to 1,024 in each "
     "of two caches), and this model's shapes change from step to step (a mixture of experts' "
@@ -648,10 +662,21 @@ class MemoryModel:
     def caveats(self, config: TrainConfig) -> list[str]:
         """What ``config``'s measured peak does not cover on this device, for the
         recommendation (from what the traces found: run ``predict`` first)."""
+        said = []
         cpu_autocast = self.device_type == "cpu" and traced_amp(config) != "off"
         if cpu_autocast and (self.routed or self.sampled or self.varying):
-            return [CPU_KERNEL_CACHES.format(growth=CPU_KERNEL_CACHE_GROWTH)]
-        return []
+            said.append(CPU_KERNEL_CACHES.format(growth=CPU_KERNEL_CACHE_GROWTH))
+        copied, workers = self.prior.epoch_copy_bytes, self.workers(config)
+        if workers and copied >= EPOCH_COPY_SAID:
+            said.append(
+                EPOCH_COPY.format(
+                    about="about" if self.prior.epoch_copy_whole else "at least",
+                    each=copied / 2**20,
+                    workers=workers,
+                    all=workers * copied / 2**20,
+                )
+            )
+        return said
 
 
 def start_prior(
@@ -689,16 +714,20 @@ def prior_for(
     from autotune.runner.memory import (  # imports torch
         bare_rank_bytes,
         compile_share_bytes,
+        epoch_copy,
         worker_share_bytes,
     )
 
     spec = workload.model_dump_json() if workload is not None else ""
     offset = bare_rank_bytes(spec, rank_imports)
     share = compile_share_bytes(spec, rank_imports) if compiled else 0
+    copied, whole = epoch_copy(spec, rank_imports)
     return Calibration(
         scale=1.0 + CPU_HEAP_SHARE,
         offset_bytes=offset,
         per_worker_bytes=worker_share_bytes(spec, rank_imports),
         compile_bytes=share,
         forked_scale=CPU_FORKED_SHARE,
+        epoch_copy_bytes=copied,
+        epoch_copy_whole=whole,
     )

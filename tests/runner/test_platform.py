@@ -47,6 +47,7 @@ def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports(
     monkeypatch.setattr(memory, "_BARE", {})
     monkeypatch.setattr(memory, "_COMPILED", {})
     monkeypatch.setattr(memory, "_WORKER", {})
+    monkeypatch.setattr(memory, "_COPIED", {})
     monkeypatch.setattr(memory, "_STARTED", {})
     memory.start_bare_rank(compiled=True)
     memory.start_bare_rank()  # one measurement, however often begun
@@ -66,7 +67,12 @@ def test_the_bare_rank_trains_a_step_and_holds_more_than_its_imports(
 def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path: Path) -> None:
     # The first guess counts what a rank holds beside its tensors: the dataset (64 MiB here) is
     # held, the model (256 MiB of parameters, which the trace counts) is built on meta.
-    from autotune.runner.memory import bare_rank_bytes, start_bare_rank, worker_share_bytes
+    from autotune.runner.memory import (
+        bare_rank_bytes,
+        epoch_copy,
+        start_bare_rank,
+        worker_share_bytes,
+    )
     from autotune.runner.workload import WorkloadSpec
 
     (tmp_path / "held.py").write_text(
@@ -86,6 +92,8 @@ def test_the_bare_rank_holds_the_workloads_data_but_not_its_parameters(tmp_path:
     assert 60 * 2**20 < held < 160 * 2**20
     # a worker over that dataset: its own pages, not the dataset the rank already holds
     assert 2 * 2**20 < worker_share_bytes(spec) < 60 * 2**20
+    copied, whole = epoch_copy(spec)  # its samples are one tensor's: nothing copied
+    assert whole and copied < 8 * 2**20
     # a reference that cannot load leaves the rank without it, measured all the same
     assert bare_rank_bytes(missing) == bare_rank_bytes()
 
@@ -168,3 +176,21 @@ for pid in children:
     charged, private = map(int, out.stdout.split())
     assert 60 * 2**20 < charged < 80 * 2**20, (charged, private)
     assert private < 16 * 2**20  # what the private pages alone said
+
+
+def test_a_workers_copy_of_a_dataset_of_python_objects_is_measured_and_of_tensors_is_not() -> None:
+    # Reading a sample writes the reference counts of its objects: a worker copies their pages.
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from autotune.runner.memory import epoch_copy_bytes
+strings = [f"sample number {i} " * 4 for i in range(400_000)]
+print(*epoch_copy_bytes(strings), *epoch_copy_bytes(torch.randn(400_000, 16)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    strings, whole, tensor, tensor_whole = out.stdout.split()
+    assert whole == tensor_whole == "True"
+    assert 35 * 2**20 < int(strings) < 90 * 2**20  # 400,000 strings of ~100 bytes
+    assert int(tensor) < 4 * 2**20  # its buffer is not copied

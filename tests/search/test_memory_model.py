@@ -246,6 +246,7 @@ def test_a_cpu_search_that_compiles_starts_from_a_measured_compile_share(
     monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: 300 * MiB)
     monkeypatch.setattr(memory, "compile_share_bytes", lambda *args: 50 * MiB)
     monkeypatch.setattr(memory, "worker_share_bytes", lambda *args: 0)
+    monkeypatch.setattr(memory, "epoch_copy", lambda *args: (0, True))
     spec = WorkloadSpec(model="tests.fixtures.models:Small")
     prior = prior_for("cpu", spec, (), compiled=True)
     assert prior.compile_bytes == 50 * MiB and prior_for("cpu", spec).compile_bytes == 0
@@ -274,6 +275,7 @@ def test_a_cpu_prior_charges_workers_their_own_pages_and_what_their_rank_forked_
 
     monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: 300 * MiB)
     monkeypatch.setattr(memory, "worker_share_bytes", lambda *args: 12 * MiB)
+    monkeypatch.setattr(memory, "epoch_copy", lambda *args: (0, True))
     spec = WorkloadSpec(model="tests.fixtures.models:Small")
     prior = prior_for("cpu", spec)
     assert prior.per_worker_bytes == 12 * MiB and prior.forked_scale == CPU_FORKED_SHARE
@@ -308,3 +310,27 @@ def test_trials_with_workers_teach_the_share_their_rank_forked_them_from() -> No
     fitted = fit(points, prior)
     assert fitted.forked_scale == pytest.approx(1.1, abs=0.05)
     assert all(abs(e) < 0.02 for e in fitted.errors)
+
+
+def test_a_dataset_of_python_objects_is_said_to_be_copied_by_each_worker_over_an_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A worker reading 2,000,000 strings copied ~290 MiB of its rank's pages over an eighth of
+    # an epoch (their reference counts), 33 MiB after one batch: no trial shows it.
+    from autotune.runner import memory
+
+    monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: 300 * MiB)
+    monkeypatch.setattr(memory, "worker_share_bytes", lambda *args: 10 * MiB)
+    spec = WorkloadSpec(model="tests.fixtures.models:Small")
+    for copied, whole, about in ((290 * MiB, True, "about"), (290 * MiB, False, "at least")):
+        monkeypatch.setattr(memory, "epoch_copy", lambda *args, c=copied, w=whole: (c, w))
+        model = MemoryModel(spec, "cpu", prior_for("cpu", spec))
+        (said,) = model.caveats(_config(num_workers=2))
+        assert f"over an epoch {about} 290 MiB a worker, 580 MiB for 2, beyond the measured" in said
+        assert model.caveats(_config()) == []  # no worker copies anything
+        assert (
+            MemoryModel(spec, "cuda", prior_for("cuda", spec)).caveats(_config(num_workers=2)) == []
+        )  # host memory: not what a GPU's budget holds
+    monkeypatch.setattr(memory, "epoch_copy", lambda *args: (8 * MiB, True))
+    model = MemoryModel(spec, "cpu", prior_for("cpu", spec))
+    assert model.caveats(_config(num_workers=2)) == []  # too little to say

@@ -37,6 +37,7 @@ def _bare_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: int(PROCESS_MIB * MiB))
     monkeypatch.setattr(memory, "compile_share_bytes", lambda *args: 0)
     monkeypatch.setattr(memory, "worker_share_bytes", lambda *args: 0)
+    monkeypatch.setattr(memory, "epoch_copy", lambda *args: (0, True))
 
 
 def truth_mib(config: TrainConfig) -> float:
