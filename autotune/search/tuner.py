@@ -714,9 +714,8 @@ class Tuner:
         """Where every finalist left the race for memory alone (measured over the limit in a
         run after its search trial fitted): race each with persistent workers, else at the
         least larger accumulation, else checkpointing, else compiling off, expected to leave
-        room (``autotune.search.room``)
-        instead, once; the ranking as ``race``'s (empty: no finalist could be moved, or none of
-        them fits)."""
+        room (``autotune.search.room``) instead, once; the ranking as ``race``'s (empty: no
+        finalist could be moved, or none of them fits)."""
         dropped = finalists(self.log.records, self.settings.finishing.top_k)
         if not dropped or not all(room.over_in_race(self.log.records, c) for c in dropped):
             return []
