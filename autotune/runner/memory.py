@@ -34,9 +34,11 @@ from autotune.runner.workload import (
 )
 
 SAMPLE_INTERVAL_S = 0.02
-SAMPLER_SHARE = 0.05
-"""The most of a core the sampler of a CPU trial's DataLoader workers may take: it waits
-twenty times as long as its last sample took, ``SAMPLE_INTERVAL_S`` at least."""
+SAMPLER_SHARE = 0.02
+"""The most of a core the sampler of a CPU trial's DataLoader workers may take (its page walks
+compete with the step it measures): it waits fifty times as long as its last sample took,
+``SAMPLE_INTERVAL_S`` at least. What the workers hold grows as the rank writes, not in spikes,
+and the window's end is sampled too."""
 
 
 def _status_kib(field: str, pid: int | str = "self") -> int:
@@ -197,7 +199,7 @@ class MemoryTracker:
         while not self._stop.wait(wait):
             began = time.perf_counter()
             self._sampled_peak = max(self._sampled_peak, self._sample())
-            # a rank's own page walk costs ~4 ms at 500 MiB: sampled so, it takes <= 5% of a core
+            # a rank's own page walk costs ~4 ms at 500 MiB: sampled so, it takes <= 2% of a core
             wait = max(SAMPLE_INTERVAL_S, (time.perf_counter() - began) / SAMPLER_SHARE)
 
     def start(self) -> None:
