@@ -21,6 +21,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.runner.workload import WorkloadSpec, describe_optimizer
 from autotune.search.memory_model import (
+    EPOCH_COPY_SAID,
     MEMORY_FIELDS,
     MemoryModel,
     Point,
@@ -247,6 +248,14 @@ def make_plan(
             break
         rows.append(PlanRow(c, prediction))
     calibrated = model.calibration or model.prior
+    copied = model.prior.epoch_copy_bytes
+    copies = (
+        f"; over an epoch each DataLoader worker also copies "
+        f"{'about' if model.prior.epoch_copy_whole else 'at least'} {copied / 2**20:,.0f} MiB "
+        "of the dataset's Python objects as it reads them, beyond these figures"
+        if copied >= EPOCH_COPY_SAID and any(c.num_workers for c in configs)
+        else ""
+    )
     return Plan(
         devices=devices,
         device_type=device_type,
@@ -270,7 +279,8 @@ def make_plan(
             f"{calibrated.per_worker_bytes / 2**20:,.0f} MiB, measured beside that rank, and "
             f"together x{calibrated.forked_scale:.2f} the tensors their rank forks them from "
             "(its parameters for persistent workers, else its whole step)"
-        ),
+        )
+        + copies,
     )
 
 

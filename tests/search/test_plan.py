@@ -335,6 +335,7 @@ def test_a_cpu_plan_counts_its_workers_before_a_trial(
     assert "together x1.10 the tensors their rank forks them from" in plan["calibration"]
     peaks = {r["config"]["num_workers"]: r["predicted_peak_bytes"] for r in plan["configurations"]}
     assert peaks[2] > peaks[0]
+    assert "over an epoch" not in plan["calibration"]  # its dataset is one tensor's
     assert main([*argv, "--device", "cpu"]) == 0  # the limit covers the host's ranks together
     assert "GiB for all ranks together (one host): every number" in capsys.readouterr().out
     assert main(argv) == 0
@@ -456,3 +457,21 @@ def test_a_plan_of_a_model_that_keeps_state_between_steps_says_its_peak_may_lie_
     dense = ["plan", "--model", MODEL, "--devices", "1", "--device-memory", "80GiB", "--json"]
     assert main(dense) == 0
     assert json.loads(capsys.readouterr().out)["assumption"] is None
+
+
+def test_a_cpu_plan_says_what_its_workers_copy_of_a_dataset_of_objects_over_an_epoch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.runner import memory
+
+    monkeypatch.setattr(memory, "epoch_copy", lambda *args: (40 * 2**20, False))
+    argv = _plan_argv(tmp_path, "parallel: [single]\nnum_workers: [0, 2]\n")
+    assert main([*argv, "--device", "cpu", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)["calibration"]
+    assert said.endswith(
+        "over an epoch each DataLoader worker also copies at least 40 MiB of the dataset's "
+        "Python objects as it reads them, beyond these figures"
+    )
+    argv = _plan_argv(tmp_path, "parallel: [single]\nnum_workers: [0]\n")
+    assert main([*argv, "--device", "cpu", "--json"]) == 0
+    assert "over an epoch" not in json.loads(capsys.readouterr().out)["calibration"]
