@@ -95,8 +95,8 @@ EPOCH_COPY_S = 3.0
 def epoch_copy_bytes(data: Any, budget_s: float = EPOCH_COPY_S) -> tuple[int, bool]:
     """What a DataLoader worker copies of ``data`` over an epoch, beyond what a trial's few
     batches show: reading a sample writes the reference counts of the Python objects it is made
-    of, so the worker copies every page that holds them (a dataset of 2,000,000 strings: ~290
-    MiB a worker after an eighth of an epoch, ~33 MiB after one batch). Tensors' and arrays'
+    of, so the worker copies every page that holds them (1,000,000 strings: 18 MiB after three
+    batches, 122 MiB over the epoch; ``scripts/bench_epoch_copy.py``). Tensors' and arrays'
     buffers are not copied (only their small headers are written). Measured in a forked child
     that touches every object reachable from ``data`` (modules and tensors' storages left out),
     as its private pages' growth less its own bookkeeping; (bytes, whether the walk reached
@@ -329,7 +329,7 @@ dist.destroy_process_group()
 imports, the executor's), the workload's model built on the meta device (its lazy imports, no
 parameters), its dataset and loss, a gloo group (of one), and three training steps of a model
 too small to count (autograd's engine, the optimizer, the thread pools). Then what one DataLoader
-worker over the workload's dataset (else samples) holds privately while the rank trains: its
+worker over the workload's dataset (else samples) holds beside the rank while it trains: its
 own heap and the pages the rank writes after forking it; and what a worker copies of the
 dataset over an epoch (``epoch_copy_bytes``). With ``compiled``, then what
 ``torch.compile`` of that model adds to a trial's window (Inductor's modules and caches): the

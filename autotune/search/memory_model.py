@@ -102,9 +102,10 @@ largest over-prediction 31.7% against 37.2%."""
 CPU_FORKED_SHARE = 1.1
 """Of the tensors a CPU rank holds when it forks its DataLoader workers (``MemoryModel.forked``),
 the share the workers keep old copies of, as the heap keeps them (``CPU_HEAP_SHARE``): the
-prior's, until trials with workers measure it. Measured with one worker, one rank in fp32: 0.89
-(``gpt_medium``), 1.10 (``resnet_small``), 1.19 (``mlp_small``), 1.44 (``gpt_small``) of the
-traced tensors; ``scripts/bench_memory_prediction.py --grid workers`` scores it."""
+prior's, until trials with workers measure it. Measured with one worker, one rank in fp32, a
+worker's own 10 MiB aside: 0.76 (``gpt_small``, ``mlp_small``), 0.81 (``gpt_tiny``) and 1.47
+(``resnet_small``) of the traced tensors (``scripts/bench_memory_prediction.py --grid workers``,
+``results/memory_prediction_workers.json``, which also scores it)."""
 CUDA_RESERVE_SHARE = 0.1
 """What the CUDA caching allocator reserves beyond the tensors, as a share of them: the prior's
 scale on CUDA is 1 + this, before any trial and as what a fit is pulled towards. Measured: on an
@@ -595,9 +596,10 @@ class MemoryModel:
         whose old copies the workers keep (copy on write) while they live: persistent workers
         are forked once, before the first step, from a rank holding its parameters; others at
         every epoch, from a rank holding its whole step (its heap's pages, parameters and
-        optimizer state, all written again by the next step). Measured on ``gpt_medium``, one
-        rank in fp32: one worker added 1,322 MiB, persistent 144 (its step's tensors 1,491 MiB,
-        its parameters 129). 0 without workers, and on CUDA (host memory)."""
+        optimizer state, all written again by the next step). Measured on ``gpt_small``, one
+        rank in fp32: one worker added 567 MiB, a persistent one 33 (its step's tensors 730 MiB,
+        ``results/memory_prediction_workers.json``). 0 without workers, and on CUDA (host
+        memory)."""
         if not self.workers(config):
             return 0
         peak = self.tensor_peak(config)

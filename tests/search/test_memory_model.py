@@ -269,7 +269,7 @@ def test_a_cpu_prior_charges_workers_their_own_pages_and_what_their_rank_forked_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The standard recipe takes DataLoader workers: before any trial with workers, they were
-    # predicted at 0 MiB, where one worker of gpt_medium (fp32, one rank) added 1,322 MiB: the
+    # predicted at 0 MiB, where one worker of gpt_small (fp32, one rank) added 567 MiB: the
     # old copies of every page its rank wrote after forking it at an epoch's start.
     from autotune.runner import memory
 
@@ -315,8 +315,8 @@ def test_trials_with_workers_teach_the_share_their_rank_forked_them_from() -> No
 def test_a_dataset_of_python_objects_is_said_to_be_copied_by_each_worker_over_an_epoch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A worker reading 2,000,000 strings copied ~290 MiB of its rank's pages over an eighth of
-    # an epoch (their reference counts), 33 MiB after one batch: no trial shows it.
+    # A worker reading 1,000,000 strings copied 122 MiB of its rank's pages over an epoch
+    # (their reference counts), 18 MiB after three batches: no trial shows it.
     from autotune.runner import memory
 
     monkeypatch.setattr(memory, "bare_rank_bytes", lambda *args: 300 * MiB)

@@ -92,7 +92,7 @@ def test_only_a_finalist_out_of_the_race_for_memory_alone_is_moved() -> None:
 
 def test_a_finalist_with_workers_that_are_not_persistent_makes_them_persistent_first() -> None:
     # On CPU a worker forked again at every epoch keeps old copies of its rank's whole step
-    # (gpt_medium, one rank: 1,322 MiB with one worker, 144 persistent); persistence costs no
+    # (gpt_small, one rank: 567 MiB with one worker, 33 persistent); persistence costs no
     # speed and changes no numerics.
     workers = FINALIST.model_copy(update={"num_workers": 2})
     records = [run(workers, 1100)]
