@@ -16,9 +16,11 @@ A prediction is never a measurement: it travels in its own fields (``Prediction`
   they are reduce-scattered;
 - ``torch.compile`` is predicted as eager (Inductor usually holds less: an upper bound);
 - the process: on CUDA the caching allocator's reserve over what is allocated, on CPU the
-  interpreter, libraries and DataLoader workers. ``Calibration`` fits
-  ``measured = scale * tensors + offset + workers * per_worker`` to the trials that ran, pulled
-  towards a prior where the trials cannot tell the parts apart.
+  interpreter, libraries and DataLoader workers (each its own pages, and together the old
+  copies of the pages their rank writes after forking them). ``Calibration`` fits
+  ``measured = scale * tensors + offset + workers * per_worker + forked_scale * forked`` (and
+  more, below) to the trials that ran, pulled towards a prior where the trials cannot tell the
+  parts apart.
 
 Where the model defeats the fake tensors, ``predict`` returns None and says why
 (``trace_error``); the search then falls back to its fit over measured trials
@@ -186,7 +188,9 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
 @dataclass(frozen=True)
 class Calibration:
     """``measured per device = scale * tensors + offset + workers * per_worker
-    + build_scale * unsharded + compiled * compile_bytes`` (bytes), where ``unsharded`` is, for
+    + forked_scale * forked + build_scale * unsharded + compiled * compile_bytes`` (bytes), where
+    ``forked`` is what a CPU rank forks its DataLoader workers from (``MemoryModel.forked``),
+    ``unsharded`` is, for
     FSDP on CPU, the whole model a rank builds before sharding it: freed, but its heap pages
     still held (``MemoryModel.unsharded``; a CUDA device never holds it whole), and ``compiled``
     is 1 for a ``torch.compile`` run: the trace is eager, and a compiled rank holds more (on CPU,
