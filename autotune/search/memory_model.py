@@ -190,9 +190,9 @@ class Calibration:
     """``measured per device = scale * tensors + offset + workers * per_worker
     + forked_scale * forked + build_scale * unsharded + compiled * compile_bytes`` (bytes), where
     ``forked`` is what a CPU rank forks its DataLoader workers from (``MemoryModel.forked``),
-    ``unsharded`` is, for
-    FSDP on CPU, the whole model a rank builds before sharding it: freed, but its heap pages
-    still held (``MemoryModel.unsharded``; a CUDA device never holds it whole), and ``compiled``
+    ``unsharded`` is, for FSDP on CPU, the whole model a rank builds before sharding it: freed,
+    but its heap pages still held (``MemoryModel.unsharded``; a CUDA device never holds it
+    whole), and ``compiled``
     is 1 for a ``torch.compile`` run: the trace is eager, and a compiled rank holds more (on CPU,
     Inductor's modules and caches: 145 MiB a rank in a search of a Hugging Face Mamba) or, its
     kernels fused, fewer intermediates; learnt from compiled trials, until one ran 0 on CUDA and
