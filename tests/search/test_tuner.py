@@ -217,7 +217,8 @@ def test_finalists_over_the_limit_with_no_room_in_the_space_say_what_would_make_
     with pytest.raises(SearchError, match="every finalist failed in the race") as raised:
         tuner.run([], "s.db", "s")
     text = str(raised.value)
-    assert "no larger accumulation or checkpointing of the space (nor compiling off)" in text
+    assert "no larger accumulation or checkpointing of the space (nor persistent" in text
+    assert "workers or compiling off) is expected to fit" in text
     assert "(60.0%, 60.0%)" in text  # 800 MiB in the search, 2,000 in the race
     assert "raise --memory-budget, or allow larger values of grad_accum_steps" in text
 
