@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -270,6 +270,7 @@ _WORKER: dict[tuple[str, tuple[str, ...]], int] = {}
 _COPIED: dict[tuple[str, tuple[str, ...]], tuple[int, bool]] = {}
 _COMPILED: dict[tuple[str, tuple[str, ...]], int] = {}
 _STARTED: dict[tuple[str, tuple[str, ...]], tuple[Any, bool]] = {}  # (Popen, compiles)
+_Measured = TypeVar("_Measured")
 
 
 _BARE_RANK = """
@@ -305,7 +306,8 @@ def worker_share(data, collate):  # what one DataLoader worker holds beside the 
         steps(model, 1)
         most = max(most, workers_bytes(child_pids()))
     return most
-data, collate = torch.utils.data.TensorDataset(torch.randn(256, 64)), None
+samples = torch.utils.data.TensorDataset(torch.randn(256, 64))
+data, collate = samples, None
 if sys.argv[1] and len(held) > 2:
     from autotune.runner.workload import WorkloadSpec, load_collate
     data = held[2][0]
@@ -313,7 +315,7 @@ if sys.argv[1] and len(held) > 2:
 try:
     share = worker_share(data, collate)
 except Exception:  # a dataset a plain loader cannot serve: the worker's own share, on samples
-    share = worker_share(torch.utils.data.TensorDataset(torch.randn(256, 64)), None)
+    share = worker_share(samples, None)
 print(share // 1024, flush=True)
 from autotune.runner.memory import epoch_copy_bytes
 copied, whole = epoch_copy_bytes(data)
@@ -459,16 +461,24 @@ def worker_share_bytes(workload_json: str = "", imports: tuple[str, ...] = ()) -
     (``_BARE_RANK``): the first guess at a worker's share until trials with workers teach it
     (``gpt_tiny``: 11 MiB measured so, 11-14 MiB a worker in its compiled trials). 0 where it
     could not be measured."""
-    key = (workload_json, imports)
-    if key not in _WORKER:
-        bare_rank_bytes(workload_json, imports)
-    return _WORKER.get(key, 0)
+    return _beside_bare_rank(_WORKER, workload_json, imports, 0)
 
 
 def epoch_copy(workload_json: str = "", imports: tuple[str, ...] = ()) -> tuple[int, bool]:
     """``epoch_copy_bytes`` of the workload's dataset, measured beside the bare rank
     (``_BARE_RANK``): (0, False) where it could not be measured."""
+    return _beside_bare_rank(_COPIED, workload_json, imports, (0, False))
+
+
+def _beside_bare_rank(
+    found: dict[tuple[str, tuple[str, ...]], _Measured],
+    workload_json: str,
+    imports: tuple[str, ...],
+    missing: _Measured,
+) -> _Measured:
+    """What the bare rank of ``workload_json`` measured into ``found`` (measured first where it
+    has not run yet); ``missing`` where it could not be measured."""
     key = (workload_json, imports)
-    if key not in _COPIED:
+    if key not in found:
         bare_rank_bytes(workload_json, imports)
-    return _COPIED.get(key, (0, False))
+    return found.get(key, missing)
