@@ -216,6 +216,15 @@ class Calibration:
     epoch_copy_whole: bool = True  # False: the walk stopped early, a lower bound
 
     @property
+    def epoch_copy(self) -> str | None:
+        """``epoch_copy_bytes`` in words ("about 72 MiB", "at least ..."); None where it is
+        below what is worth saying (``EPOCH_COPY_SAID``)."""
+        if self.epoch_copy_bytes < EPOCH_COPY_SAID:
+            return None
+        about = "about" if self.epoch_copy_whole else "at least"
+        return f"{about} {self.epoch_copy_bytes / 2**20:,.0f} MiB"
+
+    @property
     def margin(self) -> float:
         """How far above what a trial measures a prediction may lie: measured (leave one out)
         on the trials, a prior while they are too few to measure it."""
@@ -415,7 +424,7 @@ _TRACED: dict[tuple[str, str, int, str, int, str], TensorPeak] = {}
 
 EPOCH_COPY = (
     "each DataLoader worker copies the pages of the dataset's Python objects as it reads them "
-    "(reading a sample writes their reference counts): over an epoch {about} {each:,.0f} MiB a "
+    "(reading a sample writes their reference counts): over an epoch {each} a "
     "worker, {all:,.0f} MiB for {workers}, beyond the measured peak, which a trial's few "
     "batches do not show (measured beside a bare rank); samples held in tensors or NumPy "
     "arrays (one buffer, not an object each) are not copied, and fewer workers copy less"
@@ -672,16 +681,10 @@ class MemoryModel:
         cpu_autocast = self.device_type == "cpu" and traced_amp(config) != "off"
         if cpu_autocast and (self.routed or self.sampled or self.varying):
             said.append(CPU_KERNEL_CACHES.format(growth=CPU_KERNEL_CACHE_GROWTH))
-        copied, workers = self.prior.epoch_copy_bytes, self.workers(config)
-        if workers and copied >= EPOCH_COPY_SAID:
-            said.append(
-                EPOCH_COPY.format(
-                    about="about" if self.prior.epoch_copy_whole else "at least",
-                    each=copied / 2**20,
-                    workers=workers,
-                    all=workers * copied / 2**20,
-                )
-            )
+        copied, workers = self.prior.epoch_copy, self.workers(config)
+        if workers and copied:
+            all_mib = workers * self.prior.epoch_copy_bytes / 2**20
+            said.append(EPOCH_COPY.format(each=copied, workers=workers, all=all_mib))
         return said
 
 

@@ -21,7 +21,6 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.runner.workload import WorkloadSpec, describe_optimizer
 from autotune.search.memory_model import (
-    EPOCH_COPY_SAID,
     MEMORY_FIELDS,
     MemoryModel,
     Point,
@@ -248,12 +247,11 @@ def make_plan(
             break
         rows.append(PlanRow(c, prediction))
     calibrated = model.calibration or model.prior
-    copied = model.prior.epoch_copy_bytes
+    copied = model.prior.epoch_copy
     copies = (
-        f"; over an epoch each DataLoader worker also copies "
-        f"{'about' if model.prior.epoch_copy_whole else 'at least'} {copied / 2**20:,.0f} MiB "
-        "of the dataset's Python objects as it reads them, beyond these figures"
-        if copied >= EPOCH_COPY_SAID and any(c.num_workers for c in configs)
+        f"; over an epoch each DataLoader worker also copies {copied} of the dataset's Python "
+        "objects as it reads them, beyond these figures"
+        if copied and any(c.num_workers for c in configs)
         else ""
     )
     return Plan(
