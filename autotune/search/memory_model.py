@@ -713,7 +713,8 @@ def prior_for(
     (``CUDA_RESERVE_SHARE``; trials measure the rest); on CPU the tensors plus a rank process
     without its tensors, measured: with ``workload``'s imports, model on the meta device,
     dataset and loss, and the executor's ``rank_imports`` (``ray`` for a Ray worker), and what
-    one DataLoader worker over that dataset holds privately beside it (a worker's part). With
+    one DataLoader worker over that dataset holds beside it, and what one copies of that dataset
+    over an epoch (a caveat, never fitted). With
     ``compiled`` (configurations to predict compile), on CPU also what ``torch.compile`` adds to
     a rank, measured on a model too small to count (``runner.memory.compile_share_bytes``): the
     compiled part until a compiled trial teaches it. On CUDA compiling can also take tensors
