@@ -21,6 +21,9 @@ from autotune.search.memory_model import MemoryModel, Prediction
 from autotune.search.precheck import measured_estimate
 from autotune.search.proposer import Proposer
 
+TRACE_SAID_S = 2.0
+"""A trace that took this long has its successors said as they start: a pause the user sees."""
+
 
 class MemoryGate:
     """The memory model (None: prediction is off) against ``limit_bytes``, calibrated on the
@@ -37,12 +40,25 @@ class MemoryGate:
     ) -> None:
         self.model, self.limit_bytes, self.log = model, limit_bytes, log
         self.proposer, self.say, self.devices = proposer, say, devices
+        if model is not None:
+            model.tracing = self._tracing
         self.learn()  # a resumed study's trials, at once
 
     def learn(self) -> None:
         """Calibrate on every trial that ran to the end so far."""
         if self.model is not None:
             self.model.calibrate(self.log.records)
+
+    def _tracing(self, step: str) -> None:
+        """Say a step about to be traced where the wait shows: the first, and any after one
+        that took ``TRACE_SAID_S`` or more (a model of many small ops, a recurrent layer
+        unrolled step by step, traces for seconds while no trial runs)."""
+        assert self.model is not None  # only a model calls it
+        last = self.model.last_trace_s
+        if last is None:
+            self.say(f"memory: {step} (each distinct step once, on this machine's CPU)")
+        elif last >= TRACE_SAID_S:
+            self.say(f"memory: {step} (the last took {last:.0f} s)")
 
     def predict(self, config: TrainConfig) -> Prediction | None:
         """``config``'s peak as the model predicts it now (None: the model defeats the fake

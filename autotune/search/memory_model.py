@@ -29,6 +29,7 @@ Where the model defeats the fake tensors, ``predict`` returns None and says why
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -461,6 +462,8 @@ class MemoryModel:
     trace_error: str | None = None
     tracing: Callable[[str], None] | None = None
     """Told, in words, of each step about to be traced (seconds each): progress on long work."""
+    last_trace_s: float | None = None
+    """How long the last step traced took (None: none traced yet by this model)."""
     _traces: dict[tuple[int, str, int, str], TensorPeak] = field(default_factory=dict)
     _corners: tuple[tuple[int, int], tuple[int, int]] | None = None
 
@@ -520,6 +523,7 @@ class MemoryModel:
                             f"{precision(amp)}, {segments} block(s) checkpointed"
                             + (f", optimizer {impl}" if impl != "default" else "")
                         )
+                    started = time.perf_counter()
                     _TRACED[shared] = trace_step(
                         self.workload,
                         micro_batch,
@@ -528,6 +532,7 @@ class MemoryModel:
                         optimizer_impl=impl,
                         device_type=self.device_type,
                     )
+                    self.last_trace_s = time.perf_counter() - started
                 self._traces[key] = _TRACED[shared]
             except TraceError as error:
                 self.trace_error = str(error)
@@ -576,16 +581,18 @@ class MemoryModel:
         measured), or None: it did not run to the end, or its configuration cannot be traced."""
         if record.status != "ok" or record.memory_used_bytes is None or not record.config:
             return None
-        parts = self.device_tensors(record.config)
-        if parts is None:
+        config = record.config
+        peak = self.tensor_peak(config)
+        if peak is None:
             return None
+        parts = device_parts(peak, config)
         return Point(
             sum(parts.values()),
-            self.workers(record.config),
-            record.memory_used_bytes // self.devices_counted(record.config),
-            self.unsharded(record.config),
-            record.config.compile != "off",
-            self.forked(record.config),
+            self.workers(config),
+            record.memory_used_bytes // self.devices_counted(config),
+            self._unsharded(peak, config),
+            config.compile != "off",
+            self._forked(parts, config),
         )
 
     def devices_counted(self, config: TrainConfig) -> int:
@@ -599,7 +606,11 @@ class MemoryModel:
         shards it, whose cached memory the step reuses (0 for other modes)."""
         wanted = config.parallel == "fsdp" and self.device_type == "cpu"
         peak = self.tensor_peak(config) if wanted else None
-        return peak.parameters_bytes if peak is not None else 0
+        return self._unsharded(peak, config) if peak is not None else 0
+
+    def _unsharded(self, peak: TensorPeak, config: TrainConfig) -> int:
+        cpu_fsdp = config.parallel == "fsdp" and self.device_type == "cpu"
+        return peak.parameters_bytes if cpu_fsdp else 0
 
     def workers(self, config: TrainConfig) -> int:
         return config.num_workers if self.device_type == "cpu" else 0  # host memory on CUDA
@@ -613,25 +624,26 @@ class MemoryModel:
         rank in fp32: one worker added 567 MiB, a persistent one 33 (its step's tensors 730 MiB,
         ``results/memory_prediction_workers.json``). 0 without workers, and on CUDA (host
         memory)."""
+        peak = self.tensor_peak(config) if self.workers(config) else None
+        return self._forked(device_parts(peak, config), config) if peak is not None else 0
+
+    def _forked(self, parts: dict[str, int], config: TrainConfig) -> int:
+        """``forked`` of ``config``, whose tensors per device by part are ``parts``."""
         if not self.workers(config):
             return 0
-        peak = self.tensor_peak(config)
-        if peak is None:
-            return 0
-        if config.persistent_workers:
-            return device_parts(peak, config).get("parameters", 0)
-        return sum(device_parts(peak, config).values())
+        return parts.get("parameters", 0) if config.persistent_workers else sum(parts.values())
 
     def predict(self, config: TrainConfig) -> Prediction | None:
-        parts = self.device_tensors(config)
-        if parts is None:
+        peak = self.tensor_peak(config)  # once: an interpolated one is mixed at each call
+        if peak is None:
             return None
+        parts = device_parts(peak, config)
         calibration = self.calibration or self.prior
         tensors = sum(parts.values())
         workers = self.workers(config)
-        unsharded = self.unsharded(config)
+        unsharded = self._unsharded(peak, config)
         compiled = config.compile != "off"
-        forked = self.forked(config)
+        forked = self._forked(parts, config)
         per_device = calibration.apply(tensors, workers, unsharded, compiled, forked)
         shown = dict(parts)
         if unsharded:

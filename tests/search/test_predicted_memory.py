@@ -11,6 +11,7 @@ from autotune.config import TrainConfig
 from autotune.result import TrialResult
 from autotune.runner import memory
 from autotune.runner.workload import WorkloadSpec
+from autotune.search import memory_gate, memory_model
 from autotune.search.memory_model import CPU_HEAP_SHARE, MemoryModel, device_parts
 from autotune.search.progress import Reporter
 from autotune.search.tuner import SearchError, Tuner
@@ -163,9 +164,9 @@ class _Phases(Reporter):
         self.lines.append(text)
 
 
-def _said_while_predicting(model: str) -> tuple[list[str], bool]:
-    """What a search says while predicting two configurations of ``model``, and whether a
-    prediction came from the trace."""
+def _said_while_predicting(model: str, traces: bool = False) -> tuple[list[str], bool]:
+    """What a search says while predicting two configurations of ``model`` (with ``traces``,
+    the steps it traces too), and whether a prediction came from the trace."""
     tuner = make_tuner(
         FakeExecutor(measured),
         SPACE,
@@ -176,7 +177,25 @@ def _said_while_predicting(model: str) -> tuple[list[str], bool]:
     tuner.reporter = phases = _Phases()
     configs = [TrainConfig(global_batch_size=64, grad_accum_steps=k, device="cpu") for k in (1, 2)]
     predictions = [tuner.gate.predict(c) for c in configs]
-    return phases.lines, all(p is not None for p in predictions)
+    said = [line for line in phases.lines if traces or "tracing a step" not in line]
+    return said, all(p is not None for p in predictions)
+
+
+@pytest.mark.parametrize(("said_from_s", "said"), [(1e9, 1), (0.0, 2)])
+def test_a_search_says_the_steps_it_traces_where_the_wait_shows(
+    monkeypatch: pytest.MonkeyPatch, said_from_s: float, said: int
+) -> None:
+    # A GRU over 120 frames unrolls into ~22,000 ops a step under fake tensors: each trace took
+    # 6-12 s in a search of it, said nowhere while no trial ran. The first trace is said; the
+    # next only after one that took TRACE_SAID_S or more.
+    monkeypatch.setattr(memory_model, "_TRACED", {})  # traced here, not by an earlier test
+    monkeypatch.setattr(memory_gate, "TRACE_SAID_S", said_from_s)
+    lines, predicted = _said_while_predicting("tests.fixtures.traced:Stack", traces=True)
+    assert predicted
+    assert len(lines) == said
+    assert "memory: tracing a step under fake tensors: micro-batch 64, fp32" in lines[0]
+    if said == 2:
+        assert "micro-batch 32" in lines[1] and "(the last took 0 s)" in lines[1]
 
 
 def test_a_search_says_once_that_it_took_a_mixtures_routing_as_uniform() -> None:
