@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -69,47 +68,21 @@ from autotune.bench.memory_prediction import (
     CUDA_GRIDS,
     GRIDS,
     MMAP_THRESHOLD_ENV,
-    REPEAT_SETS,
     GridPoint,
     errors,
-    fresh_peaks,
     grid,
     grid_shape,
     machine,
     measure_grid,
-    memory_bound_search,
     plan_seconds,
-    repeated_peaks,
+    print_scores,
     rescored,
     unfinished,
-    within_targets,
     worker_grid,
 )
+from autotune.bench.memory_runs import REPEAT_SETS, fresh_report, repeat_report, search_report
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
-
-
-def _print_rows(model: str, rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        allocated = row.get("tensors_vs_allocated")
-        print(
-            f"{model:32} {row['config']:58} {row['tensors_bytes'] / 2**20:7.0f}M "
-            f"{row['measured_bytes'] / 2**20:8.0f}M {row['before_any']:+8.1%} "
-            f"{row['after_one']:+8.1%} "
-            f"{row['left_out']:+7.1%}" + (f" {allocated:+10.1%}" if allocated is not None else "")
-        )
-    counts = within_targets(rows)
-    n = counts["configurations"]
-    if "tensors_vs_allocated" in counts:
-        print(
-            f"{model}: traced tensors within +-5% of the allocator's peak in "
-            f"{counts['tensors_vs_allocated']} of {counts['with_allocated']}"
-        )
-    print(
-        f"{model}: within +-10% in {counts['left_out']} of {n} calibrated on the others, "
-        f"{counts['after_one']} of {n} calibrated on the first alone, {counts['before_any']} of "
-        f"{n} before any trial (the first guess)"
-    )
 
 
 def main() -> None:
@@ -201,7 +174,7 @@ def main() -> None:
         report = {**saved, "rescored_from": args.rescore, "models": {}}
         for model, rows in saved["models"].items():
             report["models"][model] = rescored(model, rows)  # type: ignore[index]
-            _print_rows(model, report["models"][model])  # type: ignore[index]
+            print_scores(model, report["models"][model])  # type: ignore[index]
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}")
         return
@@ -237,7 +210,7 @@ def main() -> None:
         points = measure_grid(workload, configs)
         rows = errors(points, workload)
         report["models"][model] = rows  # type: ignore[index]
-        _print_rows(model, rows)
+        print_scores(model, rows)
         missing[model] = unfinished(points)
         for row in missing[model]:
             print(f"{model}: {row['config']} measured nothing: {row['status']}: {row['message']}")
@@ -247,51 +220,14 @@ def main() -> None:
         report["plan"] = {"model": args.plan_model, "devices": 64, "seconds": seconds}
         print(f"autotune plan --model {args.plan_model} --devices 64: {seconds:.1f} s")
     if args.search:
-        runs = []
-        for predict in (False, True) if args.search_predict == "both" else (True,):
-            with tempfile.TemporaryDirectory() as tmp:
-                run = memory_bound_search(
-                    args.search, args.budget, predict, f"{tmp}/s.db", space=args.search_space
-                )
-            runs.append(run)
-            spread = max(run["repeat_spread"].values(), default=0.0)
-            print(f"  one configuration's peaks, first and later in a gang: spread <= {spread:.1%}")
-            print(
-                f"search predict_memory={predict}: {run['measured']} trials ran, "
-                f"{run['ran_and_did_not_fit']} of them did not fit, "
-                f"{run['skipped_as_predicted']} skipped as predicted, {run['wall_s']:.0f} s; "
-                + (f"pick {run['recommended']}" if run["recommended"] else run["ended"])
-            )
-        report["search"] = {
-            "model": args.search,
-            "budget": args.budget,
-            "space": args.search_space,
-            "runs": runs,
-        }
+        both = args.search_predict == "both"
+        report["search"] = search_report(args.search, args.budget, args.search_space, both)
     if args.repeat:
-        rows = repeated_peaks(args.repeat, args.rounds, configs_set=args.repeat_set)
-        report["repeat"] = {
-            "model": args.repeat,
-            "rounds": args.rounds,
-            "set": args.repeat_set,
-            "configs": rows,
-        }
-        for row in rows:
-            print(f"{row['config']:48} peaks {_peaks(row)} (target 5%)")
+        report["repeat"] = repeat_report(args.repeat, args.rounds, args.repeat_set)
     if args.fresh:
-        report["fresh"] = {"rounds": args.rounds, "models": {}}
-        for model in args.fresh:
-            rows = fresh_peaks(model, args.rounds)
-            report["fresh"]["models"][model] = rows  # type: ignore[index]
-            for row in rows:
-                print(f"{model} {row['config']:44} fresh peaks {_peaks(row)}")
+        report["fresh"] = fresh_report(args.fresh, args.rounds)
     _write(args.out, report)
     print(f"wrote {args.out}")
-
-
-def _peaks(row: dict[str, Any]) -> str:
-    peaks = ", ".join(f"{p / 2**20:,.0f}" for p in row["peaks_bytes"])
-    return f"{peaks} MiB: spread {'-' if row['spread'] is None else format(row['spread'], '.1%')}"
 
 
 def _write(out: str, report: dict[str, object]) -> None:

@@ -108,7 +108,7 @@ def test_a_configuration_that_measured_nothing_is_reported_with_why_not_dropped(
 def test_fresh_peaks_runs_each_one_device_configuration_in_turn_with_the_grid_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from autotune.bench import memory_prediction
+    from autotune.bench import memory_runs
     from autotune.result import RankReport, TrialResult
 
     ran = []
@@ -119,8 +119,8 @@ def test_fresh_peaks_runs_each_one_device_configuration_in_turn_with_the_grid_wi
         report = RankReport(rank=0, status="ok", peak_memory_bytes=peak)
         return TrialResult(config=config, status="ok", ranks=[report])
 
-    monkeypatch.setattr(memory_prediction, "run_trial", trial)
-    rows = memory_prediction.fresh_peaks("workloads.gpt:gpt_tiny", rounds=3)
+    monkeypatch.setattr(memory_runs, "run_trial", trial)
+    rows = memory_runs.fresh_peaks("workloads.gpt:gpt_tiny", rounds=3)
     assert [r["config"] for r in rows] == [
         "singlex1 amp=off accum=1 mbs=32 workers=0",
         "singlex1 amp=off ckpt=4 accum=1 mbs=32 workers=0",
@@ -132,7 +132,7 @@ def test_fresh_peaks_runs_each_one_device_configuration_in_turn_with_the_grid_wi
 
 
 def test_every_repeat_set_is_configurations_a_trial_accepts() -> None:
-    from autotune.bench.memory_prediction import REPEAT_SETS
+    from autotune.bench.memory_runs import REPEAT_SETS
     from autotune.config import TrainConfig
 
     for name, values in REPEAT_SETS.items():
