@@ -16,6 +16,10 @@ class ConfigError(AutotuneError):
     """A training configuration or option that cannot be accepted."""
 
 
+class SearchError(AutotuneError):
+    """The search ended without a recommendation; every trial it ran is stored."""
+
+
 class WorkloadError(AutotuneError):
     """The user's model, data or loss could not be loaded or used."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.bench.memory_prediction import GRID_OPTIONS, grid, grid_shape
 from autotune.config import TrainConfig
+from autotune.errors import SearchError
 from autotune.records import PREDICTED_NOT_TO_FIT
 from autotune.runner.executor import run_to_end
 from autotune.runner.launch import run_trial
@@ -28,7 +29,6 @@ from autotune.search.log import memory_used, stored_records
 from autotune.search.progress import Reporter
 from autotune.search.settings import make_settings
 from autotune.search.storage import load_stored_study
-from autotune.search.tuner import SearchError
 
 
 def memory_bound_search(

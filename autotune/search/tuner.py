@@ -1,6 +1,7 @@
 """The search's sequence: baseline, the standard recipe (``search.recipe``), proposals run
-until a budget is spent (each stopped early once it is clearly slower than the incumbent), a
-race of the best few with the baseline and the recipe, verification of the winner.
+until a budget is spent (each stopped early once it is clearly slower than the incumbent), then
+the finishing phase (``search.finishing``): a race of the best few with the baseline and the
+recipe, verification of the winner.
 
 Propose (``Proposer``), decide (duplicates, the memory pre-check), run (the ``Executor``),
 record (``StudyLog``) and recommend (``recommend``) are separate; this module only sequences
@@ -16,8 +17,8 @@ from pydantic import ValidationError
 
 from autotune.config import TrainConfig
 from autotune.errors import (
-    AutotuneError,
     ConfigError,
+    SearchError,
     describe_validation_error,
     rank_hint,
     shortened,
@@ -31,8 +32,8 @@ from autotune.runner.fake_memory import MODEL_AT_FAULT
 from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import BUILDING, WorkloadSpec
-from autotune.search import race, room
-from autotune.search.evidence import finalists, recommend, simplicity_reference
+from autotune.search.evidence import recommend
+from autotune.search.finishing import Finishing, nothing_fits
 from autotune.search.lessons import (
     accumulation_cut_memory,
     failing_alike,
@@ -58,9 +59,6 @@ from autotune.units import format_budget
 MAX_UNPRODUCTIVE_PROPOSALS = 200
 RECIPE_ATTR = "autotune:recipe"
 """The study's standard recipe, as first settled (a resumed search races the same one)."""
-ROOM_ATTR = "autotune:room"
-"""The configurations raced where every finalist went over the memory limit (``race_with_room``),
-as first settled (a resumed search races the same)."""
 CLAIM_POLL_S = 2.0
 """How often a driver waiting for another driver's run of the same configuration looks."""
 MAX_PLACEMENT_FAILURES = 3
@@ -70,10 +68,6 @@ MAX_PLACEMENT_FAILURES = 3
 BARE_RANK_NOISE = 0.05
 """How far below its first measurement a rank without its tensors may measure again (its
 resident peak moves by a few MiB from run to run): a budget that close is still tried."""
-
-
-class SearchError(AutotuneError):
-    """The search ended without a recommendation; every trial it ran is stored."""
 
 
 class Tuner:
@@ -129,9 +123,7 @@ class Tuner:
         self.started = time.perf_counter()
         self.recipe_config: TrainConfig | None = None
         """The standard recipe as measured (None: not measured, or it fits nowhere)."""
-        self.rooms: list[tuple[TrainConfig, str]] = []
-        """Where every finalist went over the limit in the race: the configurations raced in
-        their place, each with what it moved (``race_with_room``)."""
+        self._finishing: Finishing | None = None
         self._failing: set[str] = set()  # the failing values said, by label
 
     # -- running ----------------------------------------------------------------------------
@@ -275,18 +267,13 @@ class Tuner:
         if floor * (1 - BARE_RANK_NOISE) <= self.limit_bytes:
             return
         margin = self.settings.memory.safety_margin
-        raise self._nothing_fits(
+        raise nothing_fits(
+            self.budget_bytes,
+            self.limit_bytes,
             f": the fewest ranks the space runs ({ranks}) hold {floor / 2**20:,.0f} MiB on this "
             "machine before any of the model's tensors (measured, a rank without them); a budget "
             f"over {format_budget(floor / (1 - margin))} is needed before those (`autotune plan` "
-            "predicts them), and no trial was run"
-        )
-
-    def _nothing_fits(self, why: str) -> SearchError:
-        """The search's end where no configuration fits the budget, ``why`` after the limit."""
-        return SearchError(
-            f"no configuration fits the memory budget of {format_budget(self.budget_bytes)} "
-            f"(limit {format_budget(self.limit_bytes)} after the safety margin){why}"
+            "predicts them), and no trial was run",
         )
 
     def _stop_if_the_step_fails(self, baseline: TrialRecord) -> None:
@@ -663,166 +650,32 @@ class Tuner:
         self.reporter.phase(f"the search space is exhausted: {known}; the search stops proposing")
         return True
 
+    # -- finishing ----------------------------------------------------------------------------
+
+    def finishing(self) -> Finishing:
+        """The race, room and verification (``autotune.search.finishing``), over what the search
+        settled: made once, after the references and the search."""
+        if self._finishing is None:
+            self._finishing = Finishing(
+                log=self.log,
+                settings=self.settings,
+                reporter=self.reporter,
+                run_one=self._run_one,
+                gate=self.gate,
+                choices=self.proposer.space.choices(),
+                recipe=self.recipe_config,
+                coupling=self.coupling,
+                budget_bytes=self.budget_bytes,
+            )
+        return self._finishing
+
     def race(self) -> list[TrainConfig]:
-        """Race the best few, the baseline and the standard recipe in interleaved rounds until
-        the winner is decided (see ``race``); return the candidates, best first, except that
-        the one that changes least among those the race could not tell from the fastest comes
-        first (``prefer_simpler``). Rounds already stored (a resumed study) are not run
-        again."""
-        candidates = finalists(self.log.records, self.settings.finishing.top_k)
-        baseline = simplicity_reference(self.log.records)  # the baseline, where it fitted
-        references = [baseline, self.recipe_config]
-        for reference in references:
-            if reference is not None and reference not in candidates:
-                candidates.append(reference)
-        return self._race(candidates, references)
-
-    def _race(
-        self, candidates: list[TrainConfig], references: list[TrainConfig | None]
-    ) -> list[TrainConfig]:
-        """The race's rounds among ``candidates`` (``references`` among them stay their
-        rounds), and its ranking (``race``'s docstring)."""
-        alive = list(candidates)
-        for number in range(1, self.settings.finishing.race_rounds + 1):
-            # A resumed study keeps its stored rounds and runs only what they lack, so a
-            # search run again with more --race-rounds goes on where its race stopped; so do
-            # the rounds another driver of the study ran.
-            self.log.refresh()
-            todo = [
-                c
-                for c in race.rotated(alive, number)
-                if number not in race.race_runs(self.log.records, c)
-            ]
-            if todo:
-                self.reporter.phase(
-                    f"race round {number}: {len(alive)} configurations, interleaved"
-                    if len(alive) > 1
-                    else f"race round {number}: 1 configuration"
-                )
-            for config in todo:
-                self._run_one(config, "race", race_round=number)
-            alive = race.still_in(self.log.records, alive, references, number)
-            if race.decided(alive, references, number):
-                break
-        ranked = race.ranking(self.log.records, candidates)  # the search's order: best first
-        baseline = simplicity_reference(self.log.records)
-        return race.prefer_simpler(
-            self.log.records, ranked, baseline, self.coupling, self.recipe_config
-        )
-
-    def race_with_room(self) -> list[TrainConfig]:
-        """Where every finalist left the race for memory alone (measured over the limit in a
-        run after its search trial fitted): race each with persistent workers, else at the
-        least larger accumulation, else checkpointing, else compiling off, expected to leave
-        room (``autotune.search.room``) instead, once; the ranking as ``race``'s (empty: no
-        finalist could be moved, or none of them fits)."""
-        dropped = finalists(self.log.records, self.settings.finishing.top_k)
-        if not dropped or not all(room.over_in_race(self.log.records, c) for c in dropped):
-            return []
-        stored = self.log.study.user_attrs.get(ROOM_ATTR)
-        if stored is None:  # chosen once: a resumed search races the same
-            moves = self._rooms(dropped)
-            stored = [
-                {"config": m.config.model_dump(mode="json"), "said": m.describe()} for m in moves
-            ]
-            self.log.study.set_user_attr(ROOM_ATTR, stored)
-            if moves:
-                self.reporter.phase(
-                    f"every finalist went over the memory limit "
-                    f"{self.limit_bytes / 2**20:,.0f} MiB in the race; racing each where it is "
-                    "expected to leave room instead: " + "; ".join(m.describe() for m in moves)
-                )
-        self.rooms = [(TrainConfig.model_validate(m["config"]), str(m["said"])) for m in stored]
-        configs = list(dict.fromkeys(c for c, _ in self.rooms))
-        return self._race(configs, []) if configs else []
-
-    def _rooms(self, dropped: list[TrainConfig]) -> list[room.Room]:
-        """Each of ``dropped`` where it is expected to leave room (``room.make_room``)."""
-
-        def predict(config: TrainConfig) -> int | None:
-            found = self.gate.predict(config)
-            return found.peak_bytes if found is not None else None
-
-        choices = self.proposer.space.choices()
-        found = [
-            room.make_room(c, self.log.records, choices, predict, self.limit_bytes) for c in dropped
-        ]
-        return [m for m in found if m is not None]
+        """The finalists raced, best first (``Finishing.race``)."""
+        return self.finishing().race()
 
     def verify(self, ranked: list[TrainConfig]) -> tuple[TrainConfig, TrialResult]:
-        """Confirm the race's winner in a longer run; a finalist whose longer run fails or
-        does not fit gives way to the next."""
-        if not ranked:
-            candidates = finalists(self.log.records, self.settings.finishing.top_k)
-            ran = [r for r in self.log.records if r.status in ("ok", "oom", "pruned")]
-            failed = [r for r in self.log.records if r.status in ("error", "crashed")]
-            if not candidates and not ran and failed:  # not memory: nothing ran to show it
-                first = failed[0]
-                said = first.message.splitlines()[0] if first.message else first.status
-                raise SearchError(
-                    f"no trial ran: all {len(failed)} failed (trial {first.number}: "
-                    f"{shortened_keeping_hint(said)}); every trial is stored: see `autotune show`"
-                )
-            if not candidates:
-                raise self._nothing_fits(self._least())
-            lost = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c in candidates)
-            moved = "; ".join(f"{c.summary()}: {self._last_failure(c)}" for c, _ in self.rooms)
-            if moved:
-                moved = f"; raced again where each was expected to leave room, none fit ({moved})"
-            elif all(room.over_in_race(self.log.records, c) for c in candidates):
-                moved = room.no_room(self.log.records, candidates)
-            raise SearchError(
-                f"every finalist failed in the race ({lost}){moved}; all "
-                f"{len(self.log.records)} trials are stored: see `autotune show`"
-            )
-        fallback: tuple[TrainConfig, TrialResult] | None = None
-        for config in ranked:
-            self.reporter.phase(
-                f"verifying in a run {self.settings.finishing.verify_factor}x a race run's"
-            )
-            record, result = self._run_one(
-                config, "verify", longer=self.settings.finishing.verify_factor
-            )
-            if record.fits:
-                return config, result
-            fallback = fallback or (config, result)
-        assert fallback is not None  # ranked is not empty
-        return fallback
-
-    def _least(self) -> str:
-        """What the least any configuration measured or was predicted to need was, and what
-        would make room: for the no-fit error."""
-        needs = [
-            (r.memory_used_bytes or r.predicted_memory_bytes or 0, r)
-            for r in self.log.records
-            if r.config is not None and (r.memory_used_bytes or r.predicted_memory_bytes)
-        ]
-        choices = self.proposer.space.choices()
-        missing = [
-            f"allow {name} in the search space"
-            for name in ("checkpoint_segments", "grad_accum_steps")
-            if len(choices.get(name, ())) < 2
-        ]
-        if not needs:
-            return "; raise --memory-budget" + "".join(f" or {m}" for m in missing)
-        least, record = min(needs, key=lambda n: (n[0], not n[1].memory_used_bytes))
-        how = "measured" if record.memory_used_bytes else "predicted"
-        assert record.config is not None
-        room = least / (1 - self.settings.memory.safety_margin)
-        return (
-            f": the least was {least / 2**20:,.0f} MiB, {how} ({record.config.summary()}, "
-            f"trial {record.number}); a budget of at least {format_budget(room)} would hold it"
-            + "".join(f", or {m}" for m in missing)
-        )
-
-    def _last_failure(self, config: TrainConfig) -> str:
-        tried = [r for r in self.log.records if r.config == config and r.role == "race"]
-        last = tried[-1] if tried else None
-        if last is None:
-            return "not raced"
-        if last.status == "ok":
-            return "over the memory limit"
-        return f"{last.status}: {last.message}"[:120]
+        """The race's winner confirmed (``Finishing.verify``)."""
+        return self.finishing().verify(ranked)
 
     def run(self, exclusions: list[Exclusion], storage: str, study_name: str) -> Recommendation:
         """The whole search, and its recommendation."""
@@ -833,7 +686,8 @@ class Tuner:
         self._stop_if_nothing_can_fit()
         self.references()
         self.search()
-        winner, verification = self.verify(self.race() or self.race_with_room())
+        finishing = self.finishing()
+        winner, verification = finishing.verify(finishing.race() or finishing.race_with_room())
         return recommend(
             self.log.records,
             winner,
@@ -847,5 +701,5 @@ class Tuner:
             recipe=self.recipe_config,
             memory_caveats=self.gate.caveats(winner),
             coupling=self.coupling,
-            made_room=next((said for c, said in self.rooms if c == winner), ""),
+            made_room=next((said for c, said in finishing.rooms if c == winner), ""),
         )

@@ -10,10 +10,10 @@ import pytest
 
 from autotune.api import run_trial
 from autotune.config import TrainConfig
+from autotune.errors import SearchError
 from autotune.report import format_study, format_trial
 from autotune.result import RankReport, TrialResult
 from autotune.search.log import DIVERGES, to_record
-from autotune.search.tuner import SearchError
 from tests.search.fakes import FakeExecutor, make_tuner, ok
 
 CONFIG = TrainConfig(global_batch_size=16, device="cpu")

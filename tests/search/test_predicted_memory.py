@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.errors import SearchError
 from autotune.result import TrialResult
 from autotune.runner import memory
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import memory_gate, memory_model
 from autotune.search.memory_model import CPU_HEAP_SHARE, MemoryModel, device_parts
 from autotune.search.progress import Reporter
-from autotune.search.tuner import SearchError, Tuner
+from autotune.search.tuner import Tuner
 from tests.search.fakes import FakeExecutor, MiB, Outcome, make_tuner, ok
 
 STACK = WorkloadSpec(model="tests.fixtures.traced:Stack")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autotune.config import TrainConfig
-from autotune.errors import DOUBLE_INPUTS, ConfigError
+from autotune.errors import DOUBLE_INPUTS, ConfigError, SearchError
 from autotune.recommendation import Recommendation
 from autotune.records import TrialRecord
 from autotune.report import format_recommendation, format_study
@@ -19,10 +19,10 @@ from autotune.result import TrialResult
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import BUILDING, WorkloadSpec
 from autotune.search import race
+from autotune.search.finishing import ROOM_ATTR
 from autotune.search.lessons import failing_values
 from autotune.search.proposer import Proposal
 from autotune.search.study import make_sampler
-from autotune.search.tuner import ROOM_ATTR, SearchError
 from tests.search.fakes import PLATFORM, FakeExecutor, MiB, Said, failed, make_tuner, ok
 
 SPACE = {
