@@ -377,6 +377,8 @@ def _plan(args: argparse.Namespace) -> int:
                     "fits": fits,
                     "calibration": result.calibration,
                     "optimizer": result.optimizer,
+                    "assumption": result.assumption,  # what the prediction rests on
+                    "needs_find_unused_parameters": result.needs_find_unused_parameters,
                 },
                 indent=2,
             )

@@ -68,6 +68,7 @@ class TensorPeak:
         False  # batches of other samples have other shapes (``fake_batch.varying``)
     )
     carried_state: tuple[str, ...] = ()  # module tensors a step leaves for the next (``_carried``)
+    recurrent_layers: tuple[str, ...] = ()  # the kinds of recurrent layer traced (``nn.RNNBase``)
 
     @property
     def needs_unused_parameters(self) -> bool:
@@ -400,6 +401,13 @@ CARRIED_STATE = (
 )
 """Said wherever a traced step left module tensors that it found smaller or absent."""
 
+RECURRENT_ON_CPU = (
+    "recurrent layers ({names}) traced as this machine's CPU runs them (an LSTM with oneDNN's "
+    "workspace, a GRU or RNN step by step, each step's tensors kept for backward): on a GPU "
+    "cuDNN's fused kernels keep a reserve space instead, not measured against the trace"
+)
+"""Said of a prediction for CUDA devices wherever the traced step ran a recurrent layer."""
+
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
     "a value, or nonzero / torch.where(mask) / masked_select of a mask made from activations "
@@ -673,4 +681,7 @@ def _trace(
         unused_parameters=unused,
         varying_batches=varying(dataset, collate),
         carried_state=carried,
+        recurrent_layers=tuple(
+            sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.RNNBase)})
+        ),
     )

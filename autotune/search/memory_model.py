@@ -32,12 +32,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.runner.fake_memory import (
     CARRIED_STATE,
     LIKELIEST_DRAWS,
+    RECURRENT_ON_CPU,
     SAMPLE_SHARES,
     UNIFORM_ROUTING,
     TensorPeak,
@@ -489,6 +491,9 @@ class MemoryModel:
         said += [SAMPLE_SHARES] if any(t.sampled_selections for t in self._traces.values()) else []
         carried = sorted({name for t in self._traces.values() for name in t.carried_state})
         said += [CARRIED_STATE.format(names=", ".join(carried))] if carried else []
+        recurrent = sorted({kind for t in self._traces.values() for kind in t.recurrent_layers})
+        if recurrent and self.device_type == "cuda":  # on CPU the trials run what was traced
+            said += [RECURRENT_ON_CPU.format(names=", ".join(recurrent))]
         return "; ".join(said) or None
 
     @property
@@ -558,13 +563,17 @@ class MemoryModel:
             ((mb1, k1), u * v),
         ):  # corners coincide where the table has one micro-batch or one checkpointing
             weights[corner] = weights.get(corner, 0.0) + weight
-        fields = [name for name in TensorPeak.__dataclass_fields__ if name != "carried_state"]
-        mixed = {
+        named = ("carried_state", "recurrent_layers")  # names: every corner's, not mixed
+        fields = [name for name in TensorPeak.__dataclass_fields__ if name not in named]
+        mixed: dict[str, Any] = {
             name: round(sum(w * getattr(corners[c], name) for c, w in weights.items()))
             for name in fields
         }
-        carried = {name for peak in corners.values() if peak for name in peak.carried_state}
-        return TensorPeak(**mixed, carried_state=tuple(sorted(carried)))
+        for name in named:
+            mixed[name] = tuple(
+                sorted({n for p in corners.values() if p for n in getattr(p, name)})
+            )
+        return TensorPeak(**mixed)
 
     def device_tensors(self, config: TrainConfig) -> dict[str, int] | None:
         peak = self.tensor_peak(config)
