@@ -72,3 +72,9 @@ def format_budget(value: float) -> str:
     if value >= 2**20:
         return f"{value / 2**20:,.0f} MiB"
     return format_bytes(value)
+
+
+def format_rate(samples_per_s: float) -> str:
+    """A throughput as the progress lines write it ("12,345.6 samples/s"): a pruned trial's
+    bound read "1.197e+04 samples/s" beside its neighbours' "9,452.0"."""
+    return f"{samples_per_s:,.1f} samples/s"

@@ -12,6 +12,7 @@ from autotune.result import (
     summarise_steps,
 )
 from autotune.runner.request import TrialRequest
+from autotune.units import format_rate
 
 _PEER_FAILURE_HINTS = ("connection closed by peer", "connection reset", "broken pipe", "timed out")
 
@@ -126,7 +127,7 @@ def assemble_result(
         bound = config.global_batch_size / slowest
         return TrialResult(
             status="pruned",
-            message=f"{failure.message}: at most {bound:.4g} samples/s",
+            message=f"{failure.message}: at most {format_rate(bound)}",
             samples_per_s=bound,
             measured_steps=0,
             **common,

@@ -28,6 +28,7 @@ from typing import Literal
 
 from autotune.runner.request import TrialOptions
 from autotune.stats import Interval, step_time_interval
+from autotune.units import format_rate
 
 Decision = Literal["measure", "done", "prune"]
 
@@ -89,7 +90,7 @@ def _past_the_limit(options: TrialOptions, global_batch_size: int, step_s: float
         return None
     return (
         f"over {WARMUP_PRUNE_FACTOR:g}x the {slow:.3g} s of a step at "
-        f"the pruning line, {options.prune_below_samples_per_s:.4g} samples/s"
+        f"the pruning line, {format_rate(global_batch_size / slow)}"
     )
 
 
@@ -186,7 +187,7 @@ class Window:
             return False
         fastest = self.global_batch_size / interval.low
         self.reason = (
-            f"at most {fastest:.4g} samples/s (95% interval over {len(self.steps)} steps), "
-            f"below the pruning line, {self.options.prune_below_samples_per_s:.4g} samples/s"
+            f"at most {format_rate(fastest)} (95% interval over {len(self.steps)} steps), "
+            f"below the pruning line, {format_rate(self.global_batch_size / slow)}"
         )
         return True

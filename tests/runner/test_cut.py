@@ -47,7 +47,7 @@ def test_a_cut_trial_is_pruned_with_its_step_so_far_as_an_upper_bound() -> None:
     assert result.status == "pruned"
     assert result.samples_per_s == pytest.approx(32 / 4.0)  # at most: the step is not over
     assert result.message.startswith("measured step 2 still running after 4 s")
-    assert result.message.endswith("at most 8 samples/s")
+    assert result.message.endswith("at most 8.0 samples/s")
     assert result.peak_memory_bytes is None and result.measured_steps == 0  # never read
 
 

@@ -113,7 +113,7 @@ def test_a_step_still_running_past_the_limit_is_known_hopeless_before_it_ends() 
     assert overran(options, 32, "warm-up step 1", 3.1) is None
     why = overran(options, 32, "measured step 4", 3.3)
     assert why is not None and why.startswith("measured step 4 still running after 3.3 s")
-    assert "over 10x the 0.32 s of a step at the pruning line, 100 samples/s" in why
+    assert "over 10x the 0.32 s of a step at the pruning line, 100.0 samples/s" in why
     # what the rule never judges: a step that compiles, the epoch boundary, building
     for phase in ("compiling (first step)", "measuring an epoch boundary", "building the workload"):
         assert overran(options, 32, phase, 100.0) is None
@@ -136,11 +136,19 @@ def test_a_step_still_running_past_the_limit_is_known_hopeless_before_it_ends() 
 def test_a_clearly_slower_trial_is_pruned_after_two_steps_and_a_close_one_is_not() -> None:
     slow = Window(TrialOptions(prune_below_samples_per_s=100.0), 32)
     assert _run(slow, [0.64, 0.65, 0.66, 0.64]) == ("prune", 2)  # half the threshold's speed
-    assert "below the pruning line, 100 samples/s" in slow.reason
+    assert "below the pruning line, 100.0 samples/s" in slow.reason
     close = Window(TrialOptions(prune_below_samples_per_s=100.0, target_interval=0), 32)
     rng = random.Random(3)
     noisy = [0.30 * (1 + rng.gauss(0, 0.2)) for _ in range(5)]  # faster than the threshold
     assert _run(close, noisy) == ("done", 5)
+
+
+def test_a_fast_models_pruning_line_reads_as_the_progress_lines_do() -> None:
+    # An MLP pruned against a line of 12,000 samples/s read "at most 5000 samples/s ..., below
+    # the pruning line, 1.2e+04 samples/s" beside progress lines of "9,452.0 samples/s"
+    fast = Window(TrialOptions(prune_below_samples_per_s=12000.0), 64)
+    assert _run(fast, [0.0128, 0.0128, 0.0129, 0.0128]) == ("prune", 2)
+    assert "at most 5,0" in fast.reason and "pruning line, 12,000.0 samples/s" in fast.reason
 
 
 def test_one_epoch_boundary_is_spread_over_the_steps_of_an_epoch() -> None:
