@@ -21,8 +21,9 @@ from pathlib import Path
 
 from autotune.bench.memory_prediction import machine
 from autotune.runner.workload import WorkloadSpec
+from autotune.search.calibration import fit, prior_for
 from autotune.search.driver import load_recommendation
-from autotune.search.memory_model import MemoryModel, fit, prior_for
+from autotune.search.memory_model import MemoryModel
 
 
 def main() -> None:

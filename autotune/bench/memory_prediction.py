@@ -28,8 +28,9 @@ from autotune.runner.launch import run_trial
 from autotune.runner.platform import detect_platform
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import WorkloadSpec
+from autotune.search.calibration import Point, fit, prior_for
 from autotune.search.log import memory_used
-from autotune.search.memory_model import MemoryModel, Point, fit, prior_for
+from autotune.search.memory_model import MemoryModel
 
 GRIDS = {
     "workloads.gpt:gpt_tiny": (32, 4),

@@ -30,8 +30,9 @@ from autotune.runner.workload import (
     describe_optimizer,
     model_location,
 )
+from autotune.search.calibration import start_prior
 from autotune.search.coupled import coupling
-from autotune.search.memory_model import budget_scope, start_prior
+from autotune.search.memory_model import budget_scope
 from autotune.search.probe import (
     batch_source_note,
     check_batches,

@@ -20,14 +20,8 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.runner.workload import WorkloadSpec, describe_optimizer
-from autotune.search.memory_model import (
-    MEMORY_FIELDS,
-    MemoryModel,
-    Point,
-    Prediction,
-    fit,
-    prior_for,
-)
+from autotune.search.calibration import Point, fit, prior_for
+from autotune.search.memory_model import MEMORY_FIELDS, MemoryModel, Prediction
 from autotune.search.probe import (
     blocks_phrase,
     check_segments,

@@ -32,6 +32,7 @@ from autotune.runner.fake_memory import MODEL_AT_FAULT
 from autotune.runner.platform import AUTOCASTS, usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.workload import BUILDING, WorkloadSpec
+from autotune.search.calibration import prior_for
 from autotune.search.evidence import recommend
 from autotune.search.finishing import Finishing, nothing_fits
 from autotune.search.lessons import (
@@ -42,7 +43,7 @@ from autotune.search.lessons import (
 )
 from autotune.search.log import DIVERGES, StudyLog, to_record
 from autotune.search.memory_gate import MemoryGate
-from autotune.search.memory_model import MemoryModel, Prediction, prior_for
+from autotune.search.memory_model import MemoryModel, Prediction
 from autotune.search.precheck import precheck
 from autotune.search.progress import Reporter, SkipLines
 from autotune.search.proposer import Proposal, Proposer

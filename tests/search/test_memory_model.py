@@ -7,19 +7,18 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.runner.fake_memory import TensorPeak
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.memory_model import (
+from autotune.search.calibration import (
     CPU_FORKED_SHARE,
     CPU_HEAP_SHARE,
     CUDA_PRIOR_MARGIN,
     MIN_MARGIN,
     PRIOR_MARGIN,
     Calibration,
-    MemoryModel,
     Point,
-    device_parts,
     fit,
     prior_for,
 )
+from autotune.search.memory_model import MemoryModel, device_parts
 
 MiB = 2**20
 PEAK = TensorPeak(

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import TrainConfig, save_config
-from autotune.search.memory_model import CUDA_RESERVE_SHARE
+from autotune.search.calibration import CUDA_RESERVE_SHARE
 
 MODEL = "tests.fixtures.traced:Stack"
 
