@@ -80,6 +80,12 @@ def _reference(
         # a dataset, a loss module, a collator, a partial of a factory, a built model: each
         # rank loads its own copy
         return pickled_reference(value, where, _script_location(sys.modules["__main__"]), say)
+    if name.endswith("<lambda>"):
+        raise ConfigError(
+            f"{where}: a lambda has no name the ranks can import it by; define a function at "
+            "the top level of the script or of a module, or give a functools.partial of the "
+            "class (optimizer=functools.partial(torch.optim.SGD, lr=0.05))"
+        )
     if "<locals>" in name:
         raise ConfigError(
             f"{where}: defined in a function, which the ranks cannot import; move it to the "
