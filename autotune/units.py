@@ -75,6 +75,9 @@ def format_budget(value: float) -> str:
 
 
 def format_rate(samples_per_s: float) -> str:
-    """A throughput as the progress lines write it ("12,345.6 samples/s"): a pruned trial's
-    bound read "1.197e+04 samples/s" beside its neighbours' "9,452.0"."""
+    """A throughput as the progress lines write it ("12,345.6 samples/s"; below one sample a
+    second, to three figures: a large model's cut warm-up step, "0.0267 samples/s"): a pruned
+    trial's bound read "1.197e+04 samples/s" beside its neighbours' "9,452.0"."""
+    if abs(samples_per_s) < 1:
+        return f"{samples_per_s:.3g} samples/s"
     return f"{samples_per_s:,.1f} samples/s"

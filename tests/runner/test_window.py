@@ -149,6 +149,9 @@ def test_a_fast_models_pruning_line_reads_as_the_progress_lines_do() -> None:
     fast = Window(TrialOptions(prune_below_samples_per_s=12000.0), 64)
     assert _run(fast, [0.0128, 0.0128, 0.0129, 0.0128]) == ("prune", 2)
     assert "at most 5,0" in fast.reason and "pruning line, 12,000.0 samples/s" in fast.reason
+    slow = Window(TrialOptions(prune_below_samples_per_s=0.05), 8)  # a large model: 160 s a step
+    assert _run(slow, [400.0, 410.0, 405.0]) == ("prune", 2)
+    assert "at most 0.0" in slow.reason and "pruning line, 0.05 samples/s" in slow.reason
 
 
 def test_one_epoch_boundary_is_spread_over_the_steps_of_an_epoch() -> None:
