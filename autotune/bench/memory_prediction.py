@@ -153,7 +153,7 @@ def measure_grid(
     points = []
     for config in configs:
         started = time.perf_counter()
-        parts = model.device_tensors(config) if trace else None
+        found = model.traced(config) if trace else None
         traced = time.perf_counter()
         result = run_trial(config, workload, options)
         used = memory_used(result, device)
@@ -162,11 +162,11 @@ def measure_grid(
             config=config.summary(),
             status=result.status,
             values=config.model_dump(mode="json"),
-            tensors_bytes=sum(parts.values()) if parts else None,
+            tensors_bytes=found.tensors_bytes if found else None,
             measured_bytes=used // model.devices_counted(config) if used else None,
             workers=model.workers(config),
-            unsharded_bytes=model.unsharded(config) if trace else 0,
-            forked_bytes=model.forked(config) if trace else 0,
+            unsharded_bytes=found.unsharded_bytes if found else 0,
+            forked_bytes=found.forked_bytes if found else 0,
             trace_s=traced - started,
             trial_s=time.perf_counter() - traced,
             device=device,
@@ -185,15 +185,15 @@ def rescored(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Saved rows traced and scored again with the memory model as it now stands (no trial
     runs again)."""
     workload = WorkloadSpec(model=model, search_path=(os.getcwd(),))
-    traced = MemoryModel(workload, rows[0].get("device", "cpu") if rows else "cpu")
+    memory = MemoryModel(workload, rows[0].get("device", "cpu") if rows else "cpu")
     points = []
     for row in rows:
         config = TrainConfig(**row["values"])
-        parts = traced.device_tensors(config)
+        found = memory.traced(config)
         kept = {k: row[k] for k in GridPoint.__dataclass_fields__ if k in row}
-        kept["tensors_bytes"] = sum(parts.values()) if parts else None
-        kept["unsharded_bytes"] = traced.unsharded(config)
-        kept["forked_bytes"] = traced.forked(config)
+        kept["tensors_bytes"] = found.tensors_bytes if found else None
+        kept["unsharded_bytes"] = found.unsharded_bytes if found else 0
+        kept["forked_bytes"] = found.forked_bytes if found else 0
         points.append(GridPoint(**kept))
     return errors(points, workload)
 

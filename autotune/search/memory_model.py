@@ -190,6 +190,21 @@ CPU_KERNEL_CACHE_GROWTH = "846 MiB after 3 steps, 2,128 MiB after 120, at micro-
 (``results/cpu_growth.json``; with both caches held to one entry, 680 MiB, 1.9x slower per step)."""
 
 
+@dataclass(frozen=True)
+class Traced:
+    """A configuration's traced tensors per device, by part, and the two shares the calibration
+    scales apart from them: FSDP's unsharded build (``MemoryModel._unsharded``) and what its
+    DataLoader workers are forked from (``MemoryModel.forked``)."""
+
+    parts: dict[str, int]
+    unsharded_bytes: int
+    forked_bytes: int
+
+    @property
+    def tensors_bytes(self) -> int:
+        return sum(self.parts.values())
+
+
 @dataclass
 class MemoryModel:
     """Predicts any ``TrainConfig`` of ``workload`` on ``device_type``; traces are cached by
@@ -317,6 +332,15 @@ class MemoryModel:
         peak = self.tensor_peak(config)
         return None if peak is None else device_parts(peak, config)
 
+    def traced(self, config: TrainConfig) -> Traced | None:
+        """What ``config``'s trace gives a prediction and the calibration, from one look-up of
+        it (an interpolated one is mixed at each): None where it cannot be traced."""
+        peak = self.tensor_peak(config)
+        if peak is None:
+            return None
+        parts = device_parts(peak, config)
+        return Traced(parts, self._unsharded(peak, config), self._forked(parts, config))
+
     def calibrate(self, records: Iterable[TrialRecord]) -> Calibration:
         """Fit the process's share to every trial that ran to the end and was measured."""
         points = [p for p in map(self.point, records) if p is not None]
@@ -329,33 +353,27 @@ class MemoryModel:
         if record.status != "ok" or record.memory_used_bytes is None or not record.config:
             return None
         config = record.config
-        peak = self.tensor_peak(config)
-        if peak is None:
+        traced = self.traced(config)
+        if traced is None:
             return None
-        parts = device_parts(peak, config)
         return Point(
-            sum(parts.values()),
+            traced.tensors_bytes,
             self.workers(config),
             record.memory_used_bytes // self.devices_counted(config),
-            self._unsharded(peak, config),
+            traced.unsharded_bytes,
             config.compile != "off",
-            self._forked(parts, config),
+            traced.forked_bytes,
         )
 
     def devices_counted(self, config: TrainConfig) -> int:
         """How many devices a measured figure sums: on CPU all ranks share one host."""
         return config.processes if self.device_type == "cpu" else 1
 
-    def unsharded(self, config: TrainConfig) -> int:
+    def _unsharded(self, peak: TensorPeak, config: TrainConfig) -> int:
         """The whole model an FSDP rank builds before sharding it, where what is measured holds
         it: a CPU rank's heap keeps its pages. A CUDA device never holds it whole: the rank builds
         it in host memory and ``fully_shard`` moves one block at a time to the device as it
         shards it, whose cached memory the step reuses (0 for other modes)."""
-        wanted = config.parallel == "fsdp" and self.device_type == "cpu"
-        peak = self.tensor_peak(config) if wanted else None
-        return self._unsharded(peak, config) if peak is not None else 0
-
-    def _unsharded(self, peak: TensorPeak, config: TrainConfig) -> int:
         cpu_fsdp = config.parallel == "fsdp" and self.device_type == "cpu"
         return peak.parameters_bytes if cpu_fsdp else 0
 
@@ -371,8 +389,8 @@ class MemoryModel:
         rank in fp32: one worker added 567 MiB, a persistent one 33 (its step's tensors 730 MiB,
         ``results/memory_prediction_workers.json``). 0 without workers, and on CUDA (host
         memory)."""
-        peak = self.tensor_peak(config) if self.workers(config) else None
-        return self._forked(device_parts(peak, config), config) if peak is not None else 0
+        traced = self.traced(config) if self.workers(config) else None
+        return traced.forked_bytes if traced is not None else 0
 
     def _forked(self, parts: dict[str, int], config: TrainConfig) -> int:
         """``forked`` of ``config``, whose tensors per device by part are ``parts``."""
@@ -381,16 +399,16 @@ class MemoryModel:
         return parts.get("parameters", 0) if config.persistent_workers else sum(parts.values())
 
     def predict(self, config: TrainConfig) -> Prediction | None:
-        peak = self.tensor_peak(config)  # once: an interpolated one is mixed at each call
-        if peak is None:
+        traced = self.traced(config)
+        if traced is None:
             return None
-        parts = device_parts(peak, config)
+        parts = traced.parts
         calibration = self.calibration or self.prior
-        tensors = sum(parts.values())
+        tensors = traced.tensors_bytes
         workers = self.workers(config)
-        unsharded = self._unsharded(peak, config)
+        unsharded = traced.unsharded_bytes
         compiled = config.compile != "off"
-        forked = self._forked(parts, config)
+        forked = traced.forked_bytes
         per_device = calibration.apply(tensors, workers, unsharded, compiled, forked)
         shown = dict(parts)
         if unsharded:
