@@ -27,8 +27,9 @@ from autotune.runner.workload import (
 )
 from autotune.search.driver import resolve_global_batch, run_search
 from autotune.search.log import memory_used
+from autotune.search.meta_build import check_batches, check_optimizer
+from autotune.search.model_facts import check_segments
 from autotune.search.plan import Plan, make_plan
-from autotune.search.probe import check_batches, check_optimizer, check_segments
 from autotune.search.progress import LineReporter, Reporter
 from autotune.search.refusals import check_refusals, forget
 from autotune.search.settings import make_settings

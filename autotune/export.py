@@ -139,7 +139,7 @@ def _norms_kept_whole(target: Recommendation) -> bool:
     config = target.config
     if config.parallel != "fsdp" or config.fsdp_mixed_precision == "off" or not target.model:
         return False
-    from autotune.search.probe import batch_norm  # imports torch: a build on the meta device
+    from autotune.search.model_facts import batch_norm  # imports torch: a build on the meta device
 
     return batch_norm(target.model) is not None
 

@@ -34,7 +34,8 @@ NOT_DONE = 3
 
 def _start(args: argparse.Namespace, platform: object) -> GridState:
     from autotune.runner.platform import native_autocast
-    from autotune.search.probe import repeated_blocks, restrict_space
+    from autotune.search.model_facts import repeated_blocks
+    from autotune.search.probe import restrict_space
     from autotune.search.space import enumerate_configs, load_space
 
     blocks = repeated_blocks(args.model)

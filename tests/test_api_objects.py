@@ -118,7 +118,7 @@ def test_the_checks_before_any_trial_leave_the_callers_model_as_it_was() -> None
     # coupling check cast it to float64, the bf16 check to bf16 (its weights rounded), and the
     # memory trace swapped its parameters for fake tensors, so the pipeline trained nothing.
     from autotune.runner.fake_memory import trace_step
-    from autotune.search import coupled, probe, refusals
+    from autotune.search import coupled, meta_build, refusals
     from tests.fixtures.models import Small
 
     model = Small()
@@ -129,7 +129,7 @@ def test_the_checks_before_any_trial_leave_the_callers_model_as_it_was() -> None
     coupled.coupling(workload)
     refusals.fsdp_bf16_failure(workload)
     assert trace_step(workload, 4, amp="bf16", checkpoint_segments=1).total_bytes > 0
-    meta = probe.meta_model(workload.model)
+    meta = meta_build.meta_model(workload.model)
     assert meta is not None and all(p.is_meta for p in meta[1].parameters())  # a copy, on meta
     now = model.state_dict(keep_vars=True)
     assert now.keys() == held.keys()

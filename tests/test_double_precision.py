@@ -73,7 +73,7 @@ def test_a_model_built_in_bf16_gets_bf16_samples_and_its_arithmetic_named() -> N
     # and a recommendation without autocast said "numerics: unchanged (fp32 arithmetic, ...)".
     from autotune.report import numerics_line
     from autotune.runner.workload import WorkloadSpec, build_workload, parameter_dtype
-    from autotune.search.probe import parameters_dtype
+    from autotune.search.model_facts import parameters_dtype
     from tests.test_export import _recommendation
 
     spec = WorkloadSpec(model="tests.fixtures.double:Brain", input_shape=(3,))

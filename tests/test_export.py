@@ -100,7 +100,7 @@ def test_hugging_face_checkpointing_where_the_class_refuses_it(tmp_path: Path) -
     from transformers import Trainer, TrainingArguments
 
     from autotune.runner.checkpointing import apply_checkpointing
-    from autotune.search.probe import refuses_own_checkpointing
+    from autotune.search.model_facts import refuses_own_checkpointing
     from tests.fixtures import hf_zoo
 
     refused = refuses_own_checkpointing("tests.fixtures.hf_zoo:convnext")
@@ -436,7 +436,7 @@ def test_a_trainer_s_fsdp_is_told_of_the_scalar_parameters_fully_shard_refuses()
 
 
 def test_the_search_names_a_model_s_scalar_parameters() -> None:
-    from autotune.search.probe import scalar_parameters
+    from autotune.search.model_facts import scalar_parameters
 
     assert scalar_parameters("tests.fixtures.traced:Stack") == []
     pytest.importorskip("transformers")

@@ -21,7 +21,8 @@ from autotune.bench.referee import run_fidelity, run_judge
 from autotune.bench.scoring import summarise, targets
 from autotune.result import Platform
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.probe import repeated_blocks, restrict_space
+from autotune.search.model_facts import repeated_blocks
+from autotune.search.probe import restrict_space
 from autotune.search.space import enumerate_configs, load_space
 
 

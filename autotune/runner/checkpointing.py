@@ -16,7 +16,7 @@ below every trainable one (a fine-tune's frozen lower layers, a frozen encoder r
 ``no_grad``) keeps nothing for backward, so checkpointing it saves nothing, and a k that took it
 first would change nothing at all; a frozen block above a trainable one passes gradients back
 and keeps its activations like any other. (The search leaves out the k that would reach the
-blocks that keep nothing: ``probe.idle_blocks``.)
+blocks that keep nothing: ``model_facts.idle_blocks``.)
 
 Recomputing a block runs its forward again, and a forward that updates the block's buffers
 (BatchNorm's running statistics, spectral normalisation's power iteration) would update them

@@ -519,7 +519,7 @@ def _checked_optimizer(
 
 def describe_optimizer(spec: WorkloadSpec, configures: bool = False) -> str:
     """Where the trials' optimizer comes from, in words (the default says how to give one);
-    ``configures``: the model, as built, configures its own (``probe.configures_optimizer``:
+    ``configures``: the model, as built, configures its own (``meta_build.configures_optimizer``:
     a factory's LightningModule, which the reference alone does not tell)."""
     from autotune.runner.lightning import CONFIGURED, is_lightning_module  # imports torch
 

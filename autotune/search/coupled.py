@@ -11,7 +11,8 @@ from typing import Any
 from autotune.errors import error_line
 from autotune.runner.instances import names_an_instance, real_copy
 from autotune.runner.workload import WorkloadSpec, load_collate, load_loss, load_model
-from autotune.search.probe import BATCH_CHECKED, batch_norm, meta_inputs, meta_model, read_samples
+from autotune.search.meta_build import BATCH_CHECKED, meta_inputs, meta_model, read_samples
+from autotune.search.model_facts import batch_norm
 from autotune.search.recipe import Coupling
 
 COUPLING_BUILD_BYTES = 2**30

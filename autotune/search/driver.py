@@ -33,27 +33,27 @@ from autotune.runner.workload import (
 from autotune.search.calibration import start_prior
 from autotune.search.coupled import coupling
 from autotune.search.memory_model import budget_scope
-from autotune.search.probe import (
+from autotune.search.meta_build import (
     batch_source_note,
     check_batches,
     check_dataset_size,
     check_optimizer,
     configures_optimizer,
     data_source,
-    every_block,
     feeds_images,
+    optimizer_flags,
+)
+from autotune.search.model_facts import (
     fsdp_block_classes,
     idle_blocks,
-    is_looped,
-    optimizer_flags,
     own_checkpointing,
     own_compile,
     parameters_dtype,
     refuses_own_checkpointing,
     repeated_blocks,
-    restrict_space,
     scalar_parameters,
 )
+from autotune.search.probe import every_block, is_looped, restrict_space
 from autotune.search.progress import Reporter
 from autotune.search.recipe import BatchNorm, Coupling
 from autotune.search.refusals import fsdp_bf16_refusals, model_refusals

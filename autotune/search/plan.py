@@ -22,15 +22,9 @@ from autotune.errors import ConfigError
 from autotune.runner.workload import WorkloadSpec, describe_optimizer
 from autotune.search.calibration import Point, fit, prior_for
 from autotune.search.memory_model import MEMORY_FIELDS, MemoryModel, Prediction
-from autotune.search.probe import (
-    blocks_phrase,
-    check_segments,
-    configures_optimizer,
-    every_block,
-    idle_blocks,
-    idle_reason,
-    repeated_blocks,
-)
+from autotune.search.meta_build import configures_optimizer
+from autotune.search.model_facts import check_segments, idle_blocks, repeated_blocks
+from autotune.search.probe import blocks_phrase, every_block, idle_reason
 from autotune.search.refusals import check_refusals, fsdp_bf16_refusals, model_refusals
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
@@ -297,7 +291,7 @@ def _checkpointable(
     workload: WorkloadSpec, configs: list[TrainConfig], one: bool
 ) -> tuple[list[TrainConfig], list[str]]:
     """``configs`` without those that checkpoint more blocks than the model repeats, or blocks
-    that keep nothing for backward (``probe.idle_blocks``), as the search's probe drops them,
+    that keep nothing for backward (``model_facts.idle_blocks``), as the search's probe drops them,
     and lines saying which were left out; for a configuration given alone, a one-line error
     instead where it asks for more blocks than there are. A model that cannot be built on the
     meta device is left to the trace."""

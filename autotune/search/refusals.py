@@ -23,8 +23,9 @@ from autotune.records import Value
 from autotune.runner.tensor_hooks import fsdp_drops_hooks
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.coupled import built_for_real
-from autotune.search.probe import forget as forget_probed
-from autotune.search.probe import meta_model, parameters_dtype
+from autotune.search.meta_build import forget as forget_built
+from autotune.search.meta_build import meta_model
+from autotune.search.model_facts import parameters_dtype
 
 
 def fsdp_refusal(model_reference: str) -> str | None:
@@ -188,10 +189,10 @@ def fsdp_bf16_failure(workload: WorkloadSpec) -> tuple[str, bool] | None:
 
 
 def forget() -> None:
-    """Drop what is kept of the workloads refused here, and of their probing."""
+    """Drop what is kept of the workloads refused here, and of their builds on the meta device."""
     fsdp_bf16_refusals.cache_clear()
     model_refusals.cache_clear()
-    forget_probed()
+    forget_built()
 
 
 @functools.cache

@@ -8,7 +8,7 @@ from autotune.config import TrainConfig
 from autotune.runner.loss import default_loss
 from autotune.runner.training import TrainStep, prepare_model
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.probe import feeds_images
+from autotune.search.meta_build import feeds_images
 from tests.fixtures.traced import SeesLayout
 
 

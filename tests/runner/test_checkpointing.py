@@ -205,7 +205,7 @@ def test_checkpointing_one_block_of_a_model_with_frozen_lower_blocks_lowers_its_
 def test_a_model_that_checkpoints_itself_is_turned_off_so_that_zero_is_off() -> None:
     from autotune.runner.fake_memory import trace_step
     from autotune.runner.workload import WorkloadSpec
-    from autotune.search.probe import own_checkpointing
+    from autotune.search.model_facts import own_checkpointing
     from tests.fixtures import self_checkpointed
 
     model = self_checkpointed.make()

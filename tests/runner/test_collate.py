@@ -117,7 +117,7 @@ def test_samples_default_collate_cannot_batch_are_said_with_the_fix() -> None:
 
     from autotune.errors import WorkloadError
     from autotune.runner.workload import WorkloadSpec
-    from autotune.search.probe import check_batches
+    from autotune.search.meta_build import check_batches
 
     spec = WorkloadSpec(model="tests.fixtures.dataclass_samples:Net")
     with pytest.raises(WorkloadError, match=r"found <class .*Sample'>; torch's default_collate"):

@@ -59,7 +59,7 @@ def test_a_factorys_compiled_model_is_trained_as_the_module_it_wraps() -> None:
     # ("'function' object has no attribute 'parameters'")
     from autotune.api import run_trial
     from autotune.runner.workload import load_model
-    from autotune.search.probe import own_compile
+    from autotune.search.model_facts import own_compile
     from tests.fixtures.precompiled import Net
 
     reference = "tests.fixtures.precompiled:model"

@@ -115,11 +115,11 @@ def test_float64_tells_a_token_mean_that_float32_cannot() -> None:
 def test_a_forward_counted_over_the_operations_budget_is_not_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from autotune.search import coupled, probe
+    from autotune.search import coupled, meta_build
 
     towers = WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers")
-    batch = default_collate(list(probe.read_samples(towers, 2) or ()))
-    flops = coupled._meta_forward_flops(probe.meta_model(towers.model)[1], batch)
+    batch = default_collate(list(meta_build.read_samples(towers, 2) or ()))
+    flops = coupled._meta_forward_flops(meta_build.meta_model(towers.model)[1], batch)
     assert flops is not None and 0 < flops < coupled.COUPLING_FORWARD_FLOPS
     monkeypatch.setattr(coupled, "COUPLING_FORWARD_FLOPS", flops - 1)
     told = loss_coupling(towers)

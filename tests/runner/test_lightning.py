@@ -24,7 +24,7 @@ from autotune.runner.workload import (
     load_model,
     model_optimizer,
 )
-from autotune.search.probe import configures_optimizer, data_source
+from autotune.search.meta_build import configures_optimizer, data_source
 from tests.fixtures import lit
 
 FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}

@@ -18,7 +18,7 @@ from autotune.runner.workload import (
     check_workload,
     describe_optimizer,
 )
-from autotune.search.probe import check_optimizer
+from autotune.search.meta_build import check_optimizer
 from tests.fixtures.optimizers import PARAMETER_BYTES, Features, Wide
 from tests.fixtures.optimizers import decayed as decayed_factory
 

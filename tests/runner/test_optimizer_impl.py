@@ -10,7 +10,7 @@ from autotune.api import run_trial
 from autotune.errors import ConfigError
 from autotune.runner.optimizer import with_implementation
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.probe import optimizer_flags
+from autotune.search.meta_build import optimizer_flags
 
 
 def test_the_users_optimizer_is_rebuilt_fused_keeping_its_hyperparameters() -> None:

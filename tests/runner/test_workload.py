@@ -17,7 +17,7 @@ from autotune.runner.workload import (
     check_workload,
     load_model,
 )
-from autotune.search.probe import data_source
+from autotune.search.meta_build import data_source
 
 
 @pytest.mark.parametrize(

@@ -418,7 +418,7 @@ def test_a_plan_for_one_device_leaves_out_the_modes_that_need_more() -> None:
 def test_a_plan_leaves_out_checkpointing_of_blocks_that_keep_nothing_for_backward(
     tmp_path: Path,
 ) -> None:
-    # As the search's probe drops them (probe.idle_blocks): the plan tabulated k=4 of a model
+    # As the search's probe drops them (model_facts.idle_blocks): the plan tabulated k=4 of a model
     # whose lower two of four blocks are frozen, the same peak as k=2.
     from autotune.api import plan
 

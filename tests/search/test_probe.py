@@ -12,7 +12,8 @@ from autotune.errors import ConfigError
 from autotune.records import Exclusion, exclusion_lines
 from autotune.runner.platform import detect_platform
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.probe import repeated_blocks, restrict_space
+from autotune.search.model_facts import repeated_blocks
+from autotune.search.probe import restrict_space
 from autotune.search.refusals import fsdp_refusal, model_refusals
 from autotune.search.space import load_space
 
@@ -319,7 +320,7 @@ def test_the_default_space_checkpoints_every_block_of_a_deep_model() -> None:
 
 def test_checkpointing_that_would_reach_blocks_keeping_nothing_for_backward_is_left_out() -> None:
     from autotune.runner.workload import WorkloadSpec
-    from autotune.search.probe import idle_blocks
+    from autotune.search.model_facts import idle_blocks
     from autotune.search.space import parse_space
 
     # the lower two of four blocks are frozen, with nothing trainable below them
@@ -352,7 +353,8 @@ def test_a_looped_layers_calls_are_counted_before_any_trial() -> None:
     # ALBERT's shared group, a Perceiver's tower: the meta device's forward counts the calls a
     # rank checkpoints, so the space's 'all' and its limit are the calls, and a trial asking for
     # more is one line before any rank is launched.
-    from autotune.search.probe import blocks_phrase, fsdp_block_classes
+    from autotune.search.model_facts import fsdp_block_classes
+    from autotune.search.probe import blocks_phrase
 
     spec = WorkloadSpec(model="tests.fixtures.looped:Looped")
     assert repeated_blocks(spec) == (4, "looped Tower")

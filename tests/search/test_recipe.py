@@ -10,7 +10,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.report import format_recommendation
 from autotune.result import TrialResult
-from autotune.search.probe import batch_norm
+from autotune.search.model_facts import batch_norm
 from autotune.search.recipe import (
     Coupling,
     knobs_moved,
