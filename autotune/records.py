@@ -129,6 +129,14 @@ class TrialRecord(BaseModel):
         return (measured - predicted) / measured
 
     @property
+    def prediction_miss(self) -> str | None:
+        """``prediction_error`` in words, as every output says it: "19% low", "4% high"."""
+        error = self.prediction_error
+        if error is None:
+            return None
+        return f"{abs(error):.0%} {'low' if error > 0 else 'high'}"
+
+    @property
     def fits(self) -> bool:
         """Measured ok with a peak under the memory limit."""
         return self.status == "ok" and bool(self.feasible)

@@ -395,12 +395,12 @@ def memory_cell(record: TrialRecord) -> str:
     predicted = record.predicted_memory_bytes
     if record.memory_used_bytes:
         measured = format_bytes(record.memory_used_bytes)
-        error = record.prediction_error
+        miss = record.prediction_miss
         if predicted is None:
             return measured
-        if error is None:
+        if miss is None:
             return f"{measured} (~{format_bytes(predicted)} predicted)"
-        return f"{measured} (~{format_bytes(predicted)} predicted, {error:+.0%})"
+        return f"{measured} (~{format_bytes(predicted)} predicted, {miss})"
     if predicted:
         return f"~{format_bytes(predicted)} predicted"
     return ""

@@ -40,9 +40,8 @@ def prediction_text(record: TrialRecord) -> str:
     if record.predicted_memory_bytes is None:
         return ""
     text = f"predicted ~{record.predicted_memory_bytes / 2**20:,.0f} MiB"
-    error = record.prediction_error
-    if error is not None:
-        text += f", {abs(error):.0%} {'low' if error > 0 else 'high'}"
+    if (miss := record.prediction_miss) is not None:
+        text += f", {miss}"
     return text
 
 

@@ -132,7 +132,10 @@ def test_a_trial_that_ran_shows_its_prediction_beside_its_measurement() -> None:
     stream = io.StringIO()
     LineReporter(stream).trial_finished(record, record)
     assert "300 MiB (fits; predicted ~270 MiB, 10% low)" in stream.getvalue()
-    assert memory_cell(record) == "300.0 MiB (~270.0 MiB predicted, +10%)"
+    # show and the HTML report say the error in the progress line's words, not as a sign
+    assert memory_cell(record) == "300.0 MiB (~270.0 MiB predicted, 10% low)"
+    high = record.model_copy(update={"predicted_memory_bytes": 330 << 20})
+    assert memory_cell(high) == "300.0 MiB (~330.0 MiB predicted, 10% high)"
     skipped = record.model_copy(update={"status": "skipped", "memory_used_bytes": None})
     assert memory_cell(skipped) == "~270.0 MiB predicted"  # never shown as measured
     pruned = record.model_copy(update={"status": "pruned"})  # its peak may be partial: no error
