@@ -74,9 +74,15 @@ COMPILED_WRITE = "under torch.compile alone"
 """How the note begins that a compiled step's backward carries where it failed on a tensor
 written in place after it was saved (a graph break between its use and the write): the rank's
 reason ends with it in brackets, as ``NOT_TENSORS``'s does."""
+TARGET_AS_INPUT = "the forward was given the batch's target"
+"""How the note begins that a forward carries where it failed after the batch's target went to
+its last required parameter, as ``model(*batch)`` would pass it (``training.required_parameter``:
+a discriminator's ``forward(x, y)``), where that parameter may be something else (an RNN's
+``forward(input, hidden)``): the rank's reason ends with it in brackets, as ``NOT_TENSORS``'s
+does."""
 RANK_HINTS = (
     DIVERGED, NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS, NO_TARGET, WHOLE_DICT,
-    FSDP_CASTS, COMPILED_WRITE,
+    FSDP_CASTS, COMPILED_WRITE, TARGET_AS_INPUT,
 )  # fmt: skip
 """The notes a rank's reason ends with, in brackets, and a search that stops on it repeats."""
 NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")

@@ -20,9 +20,11 @@ from autotune.errors import (
     NO_CUDA_HERE,
     NO_TARGET,
     NOT_TENSORS,
+    TARGET_AS_INPUT,
     TUPLE_SPLIT,
     WHOLE_DICT,
 )
+from autotune.runner.loss import TARGET_PARAMETERS
 from autotune.runner.training import WHOLE_BATCH, dataclass_instance, map_tensors, maps_own_tensors
 
 
@@ -179,6 +181,23 @@ def target_hint(error: BaseException, target: Any, forward: bool = False) -> str
         f"{NO_TARGET}, a lone tensor or synthetic samples of --input-shape, so {given}: give "
         "samples of (input, target) by --data module:attr or autotune_dataset beside the model "
         "(an autoencoder's: (x, x))"
+    )
+
+
+def target_input_hint(kwargs: dict[str, Any], target: Any) -> str | None:
+    """Why a forward may have failed where the batch's target went to its last required
+    parameter (``training.required_parameter``), one not named for a target: that parameter may
+    be no target (an RNN's ``forward(input, hidden)`` given the next tokens as its state), with
+    the fix; None where the target went elsewhere, or to a parameter named for it."""
+    given = [k for k, v in kwargs.items() if v is target and target is not None]
+    if not given or given[0] in TARGET_PARAMETERS:
+        return None
+    name = given[0]
+    return (
+        f"{TARGET_AS_INPUT} as '{name}', its last required parameter, as model(*batch) passes "
+        f"it: where '{name}' is no target (a recurrent state), give a model whose forward "
+        f"makes it (a wrapper taking the inputs alone), or samples of every input and the "
+        "target"
     )
 
 

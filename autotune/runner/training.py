@@ -540,6 +540,7 @@ class TrainStep:
                             fsdp_dtype_hint,
                             input_hint,
                             target_hint,
+                            target_input_hint,
                             tuple_hint,
                         )
 
@@ -552,6 +553,7 @@ class TrainStep:
                             or double_hint(error, self.model, (args, kwargs))
                             or fsdp_dtype_hint(error, self.config)
                             or target_hint(error, target, forward=True)
+                            or target_input_hint(kwargs, target)
                         )
                         if hint:
                             error.add_note(hint)

@@ -144,3 +144,26 @@ def test_a_forward_that_takes_the_batch_dict_whole_is_given_it() -> None:
     assert "(the batch went whole to the forward as its first argument, a dict of 'features', " in (
         failed.message or ""
     )
+
+
+def test_a_forward_that_failed_on_the_target_given_as_its_state_says_where_it_went() -> None:
+    # PyTorch examples' word-language model: forward(input, hidden). The target went to
+    # `hidden`, as model(*batch) passes it, and the trial said only what the LSTM said of it
+    # ("hx and cx should also be 3-D"), of a state the user never passed.
+    result = run_trial(
+        "tests.fixtures.word_lm:RNNModel", {"global_batch_size": 8, "device": "cpu"}, **FEW
+    )
+    assert result.status == "error"
+    assert "(the forward was given the batch's target as 'hidden', its last required" in (
+        result.message
+    )
+    assert "a wrapper taking the inputs alone" in result.message
+
+
+def test_a_target_given_to_a_parameter_named_for_it_adds_no_note() -> None:
+    from autotune.runner.hints import target_input_hint
+
+    y = torch.zeros(2)
+    assert target_input_hint({"targets": y}, y) is None  # nanoGPT's, meant for it
+    assert target_input_hint({}, y) is None  # went to the loss alone
+    assert target_input_hint({"n": y}, y) is not None  # a triplet's negative: said, if it fails
