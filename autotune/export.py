@@ -18,6 +18,7 @@ from autotune.config import TrainConfig
 from autotune.recommendation import Recommendation
 from autotune.runner.platform import usable_cpus
 from autotune.trainers import accelerate, hugging_face, lightning, render_yaml
+from autotune.units import format_rate
 
 FORMATS = ("yaml", "json", "torchrun", "hf", "lightning", "accelerate")
 Exported = Recommendation | TrainConfig
@@ -42,7 +43,7 @@ def _header(r: Recommendation) -> str:
                 f"({close.ratio:.2f}x its samples/s): either may be the faster\n"
             )
     return (
-        f"# autotune recommendation for study {r.study_name}: {r.samples_per_s:,.1f} samples/s"
+        f"# autotune recommendation for study {r.study_name}: {format_rate(r.samples_per_s)}"
         + (f", {r.speedup:.2f}x the baseline" if r.speedup else "")
         + (
             f", {r.speedup_over_recipe:.2f}x the standard recipe"

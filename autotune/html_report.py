@@ -31,7 +31,7 @@ from autotune.report import (
 from autotune.search.driver import finished_recommendation
 from autotune.search.storage import load_stored_study
 from autotune.secrets import mask_url
-from autotune.units import format_bytes
+from autotune.units import format_bytes, format_speed
 
 _W, _H, _PAD = 640, 320, 64
 IMPORTANCE_METHOD = "PED-ANOVA, Optuna's PedAnovaImportanceEvaluator"
@@ -164,7 +164,7 @@ def importance_table(importances: dict[str, float]) -> str:
 
 
 def _trial_row(t: TrialRecord, winner: bool) -> str:
-    speed = f"{t.samples_per_s:,.1f}" if t.samples_per_s else ""
+    speed = format_speed(t.samples_per_s) if t.samples_per_s else ""
     memory = memory_cell(t)
     fits = "" if t.feasible is None else ("yes" if t.feasible else "no")
     cells = [

@@ -15,7 +15,7 @@ from autotune.search.plan import Plan
 from autotune.search.race import race_runs
 from autotune.search.storage import abandoned, load_stored_study, pick_study, stored_studies
 from autotune.secrets import mask_url
-from autotune.units import format_bytes
+from autotune.units import format_bytes, format_rate, format_speed
 
 
 def format_trial(result: TrialResult) -> str:
@@ -31,16 +31,16 @@ def format_trial(result: TrialResult) -> str:
         assert result.step_time_p10_s is not None and result.step_time_p90_s is not None
         interval = ""
         if result.samples_per_s_low is not None and result.samples_per_s_high is not None:
-            interval = f" [95%: {result.samples_per_s_low:,.1f}-{result.samples_per_s_high:,.1f}]"
+            interval = _range(result.samples_per_s_low, result.samples_per_s_high)
         epoch = ""
         if result.epoch_boundary_s is not None and result.steps_per_epoch:
             epoch = (
                 f"  epoch         a boundary costs {result.epoch_boundary_s * 1e3:.1f} ms every "
                 f"{result.steps_per_epoch:g} steps: included (window alone "
-                f"{result.steady_samples_per_s or 0:,.1f} samples/s)"
+                f"{format_rate(result.steady_samples_per_s or 0)})"
             )
         lines += [
-            f"  throughput    {result.samples_per_s:,.1f} samples/s{interval} "
+            f"  throughput    {format_rate(result.samples_per_s)}{interval} "
             f"(global batch {config.global_batch_size}, micro-batch {config.micro_batch_size})",
             *([epoch] if epoch else []),
             f"  step time     median {result.step_time_median_s * 1e3:.1f} ms, "
@@ -113,7 +113,7 @@ def baseline_cells(r: Recommendation) -> tuple[str, str]:
         return "-", "-"
     if r.baseline_failed:
         return f"{r.baseline.status}", "-"
-    speed = f"{r.baseline_samples_per_s:,.1f}" if r.baseline_samples_per_s else "-"
+    speed = format_speed(r.baseline_samples_per_s) if r.baseline_samples_per_s else "-"
     raced = race_runs(r.trials, r.baseline.config) if r.baseline.config else {}
     if r.baseline_samples_per_s and raced and len(raced) != len(r.samples_per_s_runs):
         # It left the race before the recommended did: its mean and the recommended's cover
@@ -161,7 +161,7 @@ def verification_line(r: Recommendation) -> str:
         return f"NOT verified: the verification run ended {v.status}: {v.message}"
     within = "within" if r.memory_confirmed else "OVER"
     memory = f"{within} the memory limit {format_bytes(r.memory_limit_bytes)}"
-    run = f"a {v.measured_steps}-step run at {v.samples_per_s:,.1f} samples/s"
+    run = f"a {v.measured_steps}-step run at {format_rate(v.samples_per_s or 0)}"
     tolerance = f"tolerance ±{r.throughput_tolerance:.0%}"
     if r.throughput_verdict == "too noisy":
         return (
@@ -175,10 +175,13 @@ def verification_line(r: Recommendation) -> str:
     )
 
 
-def _range(low: float | None, high: float | None, spec: str, level: str = "95%") -> str:
-    """ " [95%: low-high]" for an interval, "" when there is none."""
+def _range(low: float | None, high: float | None, spec: str = "", level: str = "95%") -> str:
+    """ " [95%: low-high]" for an interval, "" when there is none; each end formatted by
+    ``spec``, a throughput's way (``format_speed``) without one."""
     if low is None or high is None:
         return ""
+    if not spec:
+        return f" [{level}: {format_speed(low)}-{format_speed(high)}]"
     return f" [{level}: {low:{spec}}-{high:{spec}}]"
 
 
@@ -243,9 +246,9 @@ def compile_line(r: Recommendation) -> str:
 
 def throughput_cell(r: Recommendation) -> str:
     """The recommended throughput with its interval and how many race runs it rests on."""
-    interval = _range(r.samples_per_s_low, r.samples_per_s_high, ",.1f")
+    interval = _range(r.samples_per_s_low, r.samples_per_s_high)
     runs = len(r.samples_per_s_runs)
-    return f"{r.samples_per_s:,.1f}{interval} ({runs} race runs, spread {r.spread:.0%})"
+    return f"{format_speed(r.samples_per_s)}{interval} ({runs} race runs, spread {r.spread:.0%})"
 
 
 def selection_line(r: Recommendation) -> str | None:
@@ -255,7 +258,7 @@ def selection_line(r: Recommendation) -> str | None:
         return None
     mean = r.samples_per_s / r.selection_factor
     return (
-        f"samples/s and speed-up: the race runs' mean {mean:,.1f} less "
+        f"samples/s and speed-up: the race runs' mean {format_speed(mean)} less "
         f"{1 - r.selection_factor:.1%} for having been chosen among finalists the noise could "
         "not split (the best of close means is flattered: the winner's curse)"
     )
@@ -278,7 +281,7 @@ def recipe_lines(r: Recommendation) -> list[str]:
             "the standard recipe is the recommendation: tuning found nothing the race could "
             f"show faster than {r.recipe.summary()}"
         ]
-    speed = f"{r.recipe_samples_per_s:,.1f} samples/s" if r.recipe_samples_per_s else "-"
+    speed = format_rate(r.recipe_samples_per_s) if r.recipe_samples_per_s else "-"
     over = "-"
     if r.speedup_over_recipe:
         interval = _range(r.speedup_over_recipe_low, r.speedup_over_recipe_high, ".2f")
@@ -423,7 +426,7 @@ def format_study(storage: str, study_name: str | None) -> str:
         f"{'#':>4}  {'role':9}  {'status':9}  {'samples/s':>10}  {'memory':>36}  config",
     ]
     for t in stored_records(study):
-        speed = f"{t.samples_per_s:,.1f}" if t.samples_per_s else "-"
+        speed = format_speed(t.samples_per_s) if t.samples_per_s else "-"
         memory = memory_cell(t) or "-"
         fits = "" if t.feasible is None else (" fits" if t.feasible else " over")
         what = t.config.summary() if t.config else t.message

@@ -74,10 +74,15 @@ def format_budget(value: float) -> str:
     return format_bytes(value)
 
 
-def format_rate(samples_per_s: float) -> str:
-    """A throughput as the progress lines write it ("12,345.6 samples/s"; below one sample a
-    second, to three figures: a large model's cut warm-up step, "0.0267 samples/s"): a pruned
-    trial's bound read "1.197e+04 samples/s" beside its neighbours' "9,452.0"."""
+def format_speed(samples_per_s: float) -> str:
+    """A throughput's number as every output writes it: "12,345.6"; below one sample a second,
+    to three figures ("0.0267": a large model's step on a small machine read "0.0")."""
     if abs(samples_per_s) < 1:
-        return f"{samples_per_s:.3g} samples/s"
-    return f"{samples_per_s:,.1f} samples/s"
+        return f"{samples_per_s:.3g}"
+    return f"{samples_per_s:,.1f}"
+
+
+def format_rate(samples_per_s: float) -> str:
+    """A throughput with its unit: "12,345.6 samples/s", "0.0267 samples/s" (``format_speed``);
+    a pruned trial's bound read "1.197e+04 samples/s" beside its neighbours' "9,452.0"."""
+    return f"{format_speed(samples_per_s)} samples/s"

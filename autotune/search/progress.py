@@ -10,6 +10,7 @@ from autotune.config import TrainConfig
 from autotune.errors import shortened
 from autotune.records import PREDICTED_NOT_TO_FIT, TrialRecord
 from autotune.stats import drift_size
+from autotune.units import format_rate
 
 
 class Reporter:
@@ -55,9 +56,7 @@ def _outcome(record: TrialRecord) -> str:
             way = "rising" if drift > 1 else "falling"
             compiled += f", step time {way} {drift_size(drift):.1f}x over its steps"
         predicted = f"; {predicted}" if predicted else ""
-        return (
-            f"{record.samples_per_s:,.1f} samples/s, {used:,.0f} MiB ({fits}{predicted}){compiled}"
-        )
+        return f"{format_rate(record.samples_per_s)}, {used:,.0f} MiB ({fits}{predicted}){compiled}"
     return shortened(f"{record.status}: {record.message}")
 
 
@@ -107,7 +106,7 @@ class LineReporter(Reporter):
     def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
         if record.counts_toward_budget:  # what the tuner's trial budget counts
             self.done += 1
-        best_text = f"{best.samples_per_s:,.1f} samples/s" if best and best.samples_per_s else "-"
+        best_text = format_rate(best.samples_per_s) if best and best.samples_per_s else "-"
         counted = f"[trials {self.counted}, best {best_text}]"
         self._line(f"  #{record.number} {_outcome(record)}  {counted}")
 
@@ -136,7 +135,7 @@ class RichReporter(LineReporter):
 
     def trial_finished(self, record: TrialRecord, best: TrialRecord | None) -> None:
         if best and best.samples_per_s:
-            self.best_text = f"{best.samples_per_s:,.1f} samples/s"
+            self.best_text = format_rate(best.samples_per_s)
         super().trial_finished(record, best)
 
     def close(self) -> None:

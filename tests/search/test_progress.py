@@ -175,3 +175,30 @@ def test_skips_in_a_row_are_said_five_then_summed_up_and_said_again_after_a_tria
     for number in range(10, 10 + SAID_IN_A_ROW + SUMMED_EVERY):  # a progress line while none runs
         skips.skipped(skipped(number, 700), None)
     assert "50 more configurations" in stream.getvalue().splitlines()[-1]
+
+
+def test_a_slow_models_throughput_reads_in_three_figures_everywhere() -> None:
+    # A large model on a small machine, 38 s a step of 1: the progress line, show and the
+    # trial's own output said "0.0 samples/s", where the pruning line already said 0.0263.
+    from autotune.report import format_trial
+    from autotune.result import TrialResult
+
+    stream = io.StringIO()
+    slow = _record(1, 0.02634)
+    LineReporter(stream, trials=4).trial_finished(slow, slow)
+    assert "#1 0.0263 samples/s, 300 MiB (fits)  [trials 1/4, best 0.0263 samples/s]" in (
+        stream.getvalue()
+    )
+    result = TrialResult(
+        config=CONFIG,
+        status="ok",
+        samples_per_s=0.02634,
+        samples_per_s_low=0.0251,
+        samples_per_s_high=0.0277,
+        step_time_median_s=38.0,
+        step_time_p10_s=37.0,
+        step_time_p90_s=39.0,
+        step_time_spread=0.05,
+        data_wait_share=0.0,
+    )
+    assert "throughput    0.0263 samples/s [95%: 0.0251-0.0277]" in format_trial(result)
