@@ -29,6 +29,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
 from autotune.runner.fake_batch import fake_batch, varying
+from autotune.runner.fake_transformers import own_positions_unpacked
 from autotune.runner.instances import copy_with_tensors
 from autotune.runner.loss import call_loss
 from autotune.runner.optimizer import chosen_optimizer, device_default, with_implementation
@@ -641,8 +642,19 @@ def _trace(
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing)
         scalars = FormattedScalars()
+        unpacked = own_positions_unpacked(batch)  # Hugging Face's masks, as a real step's
         # the policy holds for checkpoints' recomputation too
-        with routing, workspace, tracker, policy, attention, packing, scalars, _unmoved_modules():
+        with (
+            routing,
+            workspace,
+            tracker,
+            policy,
+            attention,
+            packing,
+            scalars,
+            unpacked,
+            _unmoved_modules(),
+        ):
             args, kwargs, target = split_batch(batch, accepts, into)
             found = _carried(model)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
