@@ -29,7 +29,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
 from autotune.runner.fake_batch import fake_batch, varying
-from autotune.runner.fake_transformers import own_positions_unpacked
+from autotune.runner.fake_transformers import values_read_where_known
 from autotune.runner.instances import copy_with_tensors
 from autotune.runner.loss import call_loss
 from autotune.runner.optimizer import chosen_optimizer, device_default, with_implementation
@@ -642,7 +642,7 @@ def _trace(
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing)
         scalars = FormattedScalars()
-        unpacked = own_positions_unpacked(batch)  # Hugging Face's masks, as a real step's
+        unmasked = values_read_where_known(routing.shadows)  # Hugging Face's masks, as real
         # the policy holds for checkpoints' recomputation too
         with (
             routing,
@@ -652,7 +652,7 @@ def _trace(
             attention,
             packing,
             scalars,
-            unpacked,
+            unmasked,
             _unmoved_modules(),
         ):
             args, kwargs, target = split_batch(batch, accepts, into)
