@@ -529,4 +529,16 @@ def format_plan(plan: Plan, model: str) -> str:
             "limit; more devices (FSDP shards the model state), a smaller global batch or "
             "devices with more memory"
         )
+    if plan.beyond is not None:
+        beyond = plan.beyond
+        needs = beyond.prediction.peak_bytes
+        verdict = (
+            "fits (give a space that offers it: --space FILE)"
+            if beyond.fits(plan.limit_bytes)
+            else f"{format_bytes(needs - plan.limit_bytes)} over the limit too"
+        )
+        lines.append(
+            f"beyond the space: {beyond.config.summary()} (its blocks checkpointed, micro-batch "
+            f"1) predicted ~{format_bytes(needs)}: {verdict}"
+        )
     return "\n".join(lines)

@@ -196,7 +196,7 @@ def target_input_hint(kwargs: dict[str, Any], target: Any) -> str | None:
     return (
         f"{TARGET_AS_INPUT} as '{name}', its last required parameter, as model(*batch) passes "
         f"it: where '{name}' is no target (a recurrent state), give a model whose forward "
-        f"makes it (a wrapper taking the inputs alone), or samples of every input and the "
+        "makes it (a wrapper taking the inputs alone), or samples of every input and the "
         "target"
     )
 

@@ -71,6 +71,10 @@ class Plan:
     """Choices added to the space for this model, each with why (``probe.every_block``)."""
     needs_find_unused_parameters: bool = False
     """The trace showed DDP to need ``find_unused_parameters`` (``TensorPeak``'s reasons)."""
+    beyond: PlanRow | None = None
+    """Where nothing in the space fits: its least-memory configuration with every repeated
+    block checkpointed at micro-batch 1, predicted, where the space stops short of that
+    (``_beyond_space``); None otherwise."""
     optimizer: str = ""
     """Whose optimizer's state the traces counted, in words (the default says how to give one)."""
 
@@ -119,6 +123,7 @@ class Plan:
                     for (mode, precision), r in self.largest_micro_batches().items()
                 },
                 "least_memory": _row_json(least, self.limit_bytes) if least else None,
+                "beyond_space": _row_json(self.beyond, self.limit_bytes) if self.beyond else None,
             },
             indent=2,
         )
@@ -234,6 +239,7 @@ def make_plan(
         if prediction is None:
             break
         rows.append(PlanRow(c, prediction))
+    beyond = _beyond_space(model, rows, limit_bytes, workload) if config is None else None
     calibrated = model.calibration or model.prior
     copied = model.prior.epoch_copy
     copies = (
@@ -252,6 +258,7 @@ def make_plan(
         left_out=left_out,
         added=added,
         needs_find_unused_parameters=model.needs_unused_parameters,
+        beyond=beyond,
         optimizer=describe_optimizer(workload, configures_optimizer(workload.model)),
         calibration=calibrated.describe()
         if calibrated.trials
@@ -268,6 +275,36 @@ def make_plan(
         )
         + copies,
     )
+
+
+def _beyond_space(
+    model: MemoryModel, rows: list[PlanRow], limit_bytes: int, workload: WorkloadSpec
+) -> PlanRow | None:
+    """Where nothing in the space fits, its least-memory configuration with the model's own
+    levers pulled as far as they go, predicted: every repeated block that keeps something for
+    backward checkpointed, at micro-batch 1 (accumulation makes up the global batch). A narrow
+    space (the quick one checkpoints at most 2 of a 32-layer model's blocks) would otherwise
+    send a user to more devices where checkpointing fits. None where something fits, or the
+    space already reaches that configuration."""
+    if not rows or any(r.fits(limit_bytes) for r in rows):
+        return None
+    least = min(rows, key=lambda r: r.prediction.peak_bytes).config
+    found = repeated_blocks(workload)
+    blocks = found[0] - idle_blocks(workload) if found else 0
+    try:
+        further = TrainConfig(
+            **least.model_dump()
+            | {
+                "checkpoint_segments": max(least.checkpoint_segments, blocks),
+                "grad_accum_steps": least.global_batch_size // least.world_size,
+            }
+        )
+    except ValueError:  # no such configuration: nothing to say beyond the space
+        return None
+    if further.key() == least.key():
+        return None
+    prediction = model.predict(further)
+    return PlanRow(further, prediction) if prediction is not None else None
 
 
 def _unsplittable(space: SearchSpace, global_batch_size: int) -> list[str]:

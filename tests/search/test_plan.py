@@ -494,3 +494,29 @@ def test_a_cpu_plan_says_what_its_workers_copy_of_a_dataset_of_objects_over_an_e
     argv = _plan_argv(tmp_path, "parallel: [single]\nnum_workers: [0]\n")
     assert main([*argv, "--device", "cpu", "--json"]) == 0
     assert "over an epoch" not in json.loads(capsys.readouterr().out)["calibration"]
+
+
+def test_nothing_fitting_in_a_narrow_space_says_what_its_blocks_and_micro_batch_1_would_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # plan of a Llama-3-8B shape over the quick space (at most 2 of its 32 blocks checkpointed)
+    # said nothing fits and to buy more devices, where checkpointing every block fits.
+    space = tmp_path / "narrow.yaml"
+    space.write_text("parallel: [single]\namp: ['off']\ncheckpoint_segments: [0]\n")
+    argv = ["plan", "--model", "workloads.gpt:gpt_tiny", "--devices", "1", "--space", str(space)]
+    argv += ["--global-batch-size", "64", "--device-memory"]
+    assert main([*argv, "100MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing fits: the least memory is singlex1 amp=off accum=1 mbs=64" in out
+    assert (
+        "beyond the space: singlex1 amp=off ckpt=4 accum=64 mbs=1 workers=0 (its blocks "
+        "checkpointed, micro-batch 1) predicted ~"
+    ) in out
+    assert "fits (give a space that offers it: --space FILE)" in out
+    assert main([*argv, "100MiB", "--json"]) == 0
+    beyond = json.loads(capsys.readouterr().out)["beyond_space"]
+    assert beyond["fits"] and beyond["config"]["checkpoint_segments"] == 4
+    assert main([*argv, "1MiB"]) == 0  # too little even so: said, never as fitting
+    assert "over the limit too" in capsys.readouterr().out
+    assert main([*argv, "1GiB", "--json"]) == 0  # something fits: nothing beyond
+    assert json.loads(capsys.readouterr().out)["beyond_space"] is None
