@@ -18,6 +18,7 @@ from autotune.search import race, room
 from autotune.search.evidence import finalists, simplicity_reference
 from autotune.search.log import StudyLog
 from autotune.search.memory_gate import MemoryGate
+from autotune.search.model_facts import every_block_at_one
 from autotune.search.progress import Reporter
 from autotune.search.recipe import Coupling
 from autotune.search.settings import SearchSettings
@@ -215,6 +216,34 @@ class Finishing:
             f": the least was {least / 2**20:,.0f} MiB, {how} ({record.config.summary()}, "
             f"trial {record.number}); a budget of at least {format_budget(needed)} would hold it"
             + "".join(f", or {m}" for m in missing)
+            + self._beyond(record.config)
+        )
+
+    def _beyond(self, config: TrainConfig) -> str:
+        """For the no-fit error, where the space stops short of it: ``config`` with every block
+        checkpointed at micro-batch 1 (``model_facts.every_block_at_one``), predicted, as
+        ``plan`` says it; '' where nothing predicts or the space offers it."""
+        model = self.gate.model
+        further = every_block_at_one(config, model.workload) if model is not None else None
+        if further is None:
+            return ""
+        offered = all(
+            getattr(further, name) in self.choices.get(name, ())
+            for name in ("checkpoint_segments", "grad_accum_steps")
+        )
+        prediction = None if offered else self.gate.predict(further)
+        if prediction is None:
+            return ""
+        needs = prediction.peak_bytes
+        budget = needs / (1 - self.settings.memory.safety_margin)
+        verdict = (
+            "within the limit: a space that offers it would run it"
+            if self.gate.fits(prediction)
+            else f"over the limit too (a budget of {format_budget(budget)} would hold it)"
+        )
+        return (
+            f"; beyond the space, {further.summary()} (its blocks checkpointed, micro-batch 1) "
+            f"is predicted ~{needs / 2**20:,.0f} MiB, {verdict}"
         )
 
     def _last_failure(self, config: TrainConfig) -> str:

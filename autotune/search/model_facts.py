@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.config import TrainConfig
 from autotune.runner.compile_state import was_compiled
 from autotune.runner.workload import (
     WorkloadSpec,
@@ -182,3 +183,24 @@ def parameters_dtype(model_reference: str) -> str | None:
     build on the meta device; None where they differ, or it cannot be built there."""
     built = meta_model(model_reference)
     return parameter_dtype(built[1]) if built is not None else None
+
+
+def every_block_at_one(config: TrainConfig, workload: WorkloadSpec) -> TrainConfig | None:
+    """``config`` with the model's own levers on memory pulled as far as they go: every
+    repeated block that keeps something for backward checkpointed, at micro-batch 1 (the
+    accumulation making up the global batch); None where no such configuration can be made,
+    or it is ``config`` itself. What a narrow space that fits nowhere is measured against
+    (``plan``'s "beyond the space", the search's no-fit line)."""
+    found = repeated_blocks(workload)
+    blocks = found[0] - idle_blocks(workload) if found else 0
+    try:
+        further = TrainConfig(
+            **config.model_dump()
+            | {
+                "checkpoint_segments": max(config.checkpoint_segments, blocks),
+                "grad_accum_steps": config.global_batch_size // config.world_size,
+            }
+        )
+    except ValueError:  # not a configuration: nothing to say of it
+        return None
+    return None if further.key() == config.key() else further

@@ -23,7 +23,12 @@ from autotune.runner.workload import WorkloadSpec, describe_optimizer
 from autotune.search.calibration import Point, fit, prior_for
 from autotune.search.memory_model import MEMORY_FIELDS, MemoryModel, Prediction
 from autotune.search.meta_build import configures_optimizer
-from autotune.search.model_facts import check_segments, idle_blocks, repeated_blocks
+from autotune.search.model_facts import (
+    check_segments,
+    every_block_at_one,
+    idle_blocks,
+    repeated_blocks,
+)
 from autotune.search.probe import blocks_phrase, every_block, idle_reason
 from autotune.search.refusals import check_refusals, fsdp_bf16_refusals, model_refusals
 from autotune.search.space import Param, SearchSpace, enumerate_configs
@@ -289,19 +294,8 @@ def _beyond_space(
     if not rows or any(r.fits(limit_bytes) for r in rows):
         return None
     least = min(rows, key=lambda r: r.prediction.peak_bytes).config
-    found = repeated_blocks(workload)
-    blocks = found[0] - idle_blocks(workload) if found else 0
-    try:
-        further = TrainConfig(
-            **least.model_dump()
-            | {
-                "checkpoint_segments": max(least.checkpoint_segments, blocks),
-                "grad_accum_steps": least.global_batch_size // least.world_size,
-            }
-        )
-    except ValueError:  # no such configuration: nothing to say beyond the space
-        return None
-    if further.key() == least.key():
+    further = every_block_at_one(least, workload)
+    if further is None:
         return None
     prediction = model.predict(further)
     return PlanRow(further, prediction) if prediction is not None else None

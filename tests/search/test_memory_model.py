@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from autotune.config import TrainConfig
@@ -333,3 +335,35 @@ def test_a_dataset_of_python_objects_is_said_to_be_copied_by_each_worker_over_an
     monkeypatch.setattr(memory, "epoch_copy", lambda *args: (8 * MiB, True))
     model = MemoryModel(spec, "cpu", prior_for("cpu", spec))
     assert model.caveats(_config(num_workers=2)) == []  # too little to say
+
+
+def test_a_search_that_fits_nowhere_says_what_every_block_at_micro_batch_1_would_take() -> None:
+    # plan says it on its "beyond the space" line; a search over the same narrow space (no
+    # checkpointing offered) said only to raise the budget or allow checkpoint_segments.
+    from types import SimpleNamespace
+
+    from autotune.search.finishing import Finishing
+    from autotune.search.settings import SearchSettings
+
+    model = MemoryModel(WorkloadSpec(model="workloads.gpt:gpt_tiny"), "cuda", prior_for("cuda"))
+    least = TrainConfig(global_batch_size=64, device="cuda")
+
+    def finishing(limit_bytes: int, choices: dict[str, list[object]]) -> Any:
+        gate = SimpleNamespace(
+            model=model,
+            predict=model.predict,
+            fits=lambda p: p.peak_bytes <= limit_bytes,
+        )
+        return SimpleNamespace(gate=gate, choices=choices, settings=SearchSettings())
+
+    narrow = {"checkpoint_segments": [0], "grad_accum_steps": [1, 2]}
+    said = Finishing._beyond(finishing(100 * 2**20, narrow), least)  # type: ignore[arg-type]
+    assert said.startswith(
+        "; beyond the space, singlex1 amp=off ckpt=4 accum=64 mbs=1 workers=0 (its blocks "
+        "checkpointed, micro-batch 1) is predicted ~"
+    )
+    assert said.endswith("within the limit: a space that offers it would run it")
+    tight = Finishing._beyond(finishing(2**20, narrow), least)  # type: ignore[arg-type]
+    assert "over the limit too (a budget of" in tight
+    offered = {"checkpoint_segments": [0, 4], "grad_accum_steps": [1, 64]}  # tried already
+    assert Finishing._beyond(finishing(100 * 2**20, offered), least) == ""  # type: ignore[arg-type]
