@@ -58,7 +58,7 @@ def format_trial(result: TrialResult) -> str:
             f"  peak memory   {format_bytes(result.peak_memory_bytes or 0)} per rank "
             f"(largest of {len(result.ranks)}; {_memory_kind(result)})",
             f"  loss          {'finite' if result.loss_finite else 'NOT FINITE'} "
-            f"({_loss_trend(result)})" + (f": {result.loss_rule}" if result.loss_rule else ""),
+            f"({_loss_trend(result)})" + _loss_said(result),
             *(
                 [f"  diverged      {diverged}: a search never recommends such a configuration"]
                 if (diverged := result.diverged)
@@ -143,13 +143,21 @@ def baseline_over_limit_line(r: Recommendation) -> str | None:
     )
 
 
+def _loss_said(result: TrialResult) -> str:
+    """ ": " and what the trial's loss was: the default's rule, or where the user's came from
+    ("yours: mymodel.py:autotune_loss"); '' where neither is known."""
+    if result.loss_rule:
+        return f": {result.loss_rule}"
+    return f": yours, {result.loss_source}" if result.loss_source else ""
+
+
 def loss_rule(r: Recommendation) -> str | None:
     """What the recommended configuration's verification run trained on (the default loss's
-    rule: the model's own loss, or one from the target, with what it left out); None where the
-    user gave the loss or no run said."""
-    if r.verification is None or not r.verification.loss_rule:
+    rule: the model's own loss, or one from the target, with what it left out; the user's,
+    where it came from); None where no run said."""
+    if r.verification is None:
         return None
-    return r.verification.loss_rule
+    return _loss_said(r.verification).removeprefix(": ") or None
 
 
 def verification_line(r: Recommendation) -> str:

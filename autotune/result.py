@@ -127,6 +127,7 @@ class RankReport(BaseModel):
     loss_rule: str = Field(
         "", description="The rule the default loss took, in words (empty: the user's loss)."
     )
+    loss_source: str = Field("", description="Where the rank's loss function came from.")
     node: str = Field("", description="The Ray node the rank ran on (empty: the local launcher).")
     diagnostics: StepDiagnostics | None = None
 
@@ -156,6 +157,11 @@ class TrialResult(BaseModel):
         "",
         description="What the default loss computed, in words (empty: the user's loss, or no "
         "step ran).",
+    )
+    loss_source: str = Field(
+        "",
+        description="Where the user's loss came from ('--loss mod:attr', 'mymodel "
+        "autotune_loss'; empty: the default loss, or not built).",
     )
     warmup_steps: int = 0
     measured_steps: int = 0

@@ -88,6 +88,7 @@ def test_objects_a_pipeline_holds_are_pickled_for_the_ranks() -> None:
         "optimizer": "partial",
     }  # fmt: skip
     assert result.optimizer == "SGD" and result.loss_rule == ""  # theirs, not the defaults
+    assert result.loss_source.startswith("a CrossEntropyLoss object given to the API")
     assert result.collate == f"a Stacking object given to the API (pickled to {collate})"
     assert result.data.startswith("a TensorDataset object given to the API (pickled to ")
 

@@ -262,7 +262,7 @@ def test_a_recipe_that_went_over_the_limit_in_a_race_run_is_said_to_have() -> No
     ) in format_recommendation(r)
 
 
-def test_the_loss_the_recommendation_was_verified_on_is_said_unless_the_user_gave_it() -> None:
+def test_the_loss_the_recommendation_was_verified_on_is_said_the_users_by_its_source() -> None:
     from autotune.report import format_recommendation
     from autotune.result import TrialResult
 
@@ -273,7 +273,12 @@ def test_the_loss_the_recommendation_was_verified_on_is_said_unless_the_user_gav
     )
     assert f"\nloss {rule}\n" in format_recommendation(told)
     assert f"<td>loss</td><td>{rule.replace(chr(39), '&#x27;')}</td>" in render_html(told)
-    users = told.model_copy(update={"verification": TrialResult(config=base.config, status="ok")})
+    unknown = TrialResult(config=base.config, status="ok")  # no run said where it came from
+    users = told.model_copy(update={"verification": unknown})
     assert "\nloss " not in format_recommendation(users) and "<td>loss</td>" not in render_html(
         users
     )
+    given = unknown.model_copy(update={"loss_source": "mymodel.py:autotune_loss"})
+    named = told.model_copy(update={"verification": given})
+    assert "\nloss yours, mymodel.py:autotune_loss\n" in format_recommendation(named)
+    assert "<td>loss</td><td>yours, mymodel.py:autotune_loss</td>" in render_html(named)

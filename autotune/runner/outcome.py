@@ -110,6 +110,7 @@ def assemble_result(
         "collate": next((r.collate for r in reports if r.collate), ""),
         "data": next((r.data for r in reports if r.data), ""),
         "loss_rule": next((r.loss_rule for r in reports if r.loss_rule), ""),
+        "loss_source": next((r.loss_source for r in reports if r.loss_source), ""),
         "warmup_steps": options.warmup_for(request.config),
         "launch_s": launch_s,
         "total_s": total_s,

@@ -30,6 +30,7 @@ from autotune.errors import (
 from autotune.result import RankReport, StepDiagnostics, TrialStatus
 from autotune.runner.compile_state import compiled_graphs, compiled_since
 from autotune.runner.cuda_allocator import apply_expandable_segments
+from autotune.runner.loss import DefaultLoss
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
 from autotune.runner.optimizer import chosen_optimizer, running_implementation
 from autotune.runner.platform import usable_cpus
@@ -241,6 +242,8 @@ def _measure(
     )
     report["optimizer"] = type(training.optimizer).__name__
     report["collate"] = workload.collate_source
+    if not isinstance(workload.loss, DefaultLoss):  # the user's: named where it came from
+        report["loss_source"] = workload.loss_source
     report["data"] = workload.data_source
     batches = training.batches()
     step = training.runner

@@ -25,6 +25,9 @@ def test_ranks_and_their_dataloader_workers_batch_with_the_modules_collate_funct
     assert "  collate       tests.fixtures.padded:autotune_collate" in format_trial(result)
     assert result.data == "tests.fixtures.padded:autotune_dataset"  # where the samples came from
     assert result.loss_rule == ""  # the module's autotune_loss: no rule of the default's
+    # named as the samples and the collate function are (it was not said at all)
+    assert result.loss_source == "tests.fixtures.padded:autotune_loss"
+    assert ": yours, tests.fixtures.padded:autotune_loss" in format_trial(result)
     assert "  samples       tests.fixtures.padded:autotune_dataset" in format_trial(result)
 
 
