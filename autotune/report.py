@@ -11,6 +11,7 @@ from autotune.runner.fake_memory import UNUSED_PARAMETERS
 from autotune.search.driver import stored_recommendation
 from autotune.search.log import stored_records
 from autotune.search.memory_model import budget_scope
+from autotune.search.model_facts import EVERY_BLOCK_AT_ONE
 from autotune.search.plan import Plan
 from autotune.search.race import race_runs
 from autotune.search.storage import abandoned, load_stored_study, pick_study, stored_studies
@@ -29,9 +30,7 @@ def format_trial(result: TrialResult) -> str:
             lines.append(f"  reason        {result.message} (a partial measurement)")
         assert result.samples_per_s is not None and result.step_time_median_s is not None
         assert result.step_time_p10_s is not None and result.step_time_p90_s is not None
-        interval = ""
-        if result.samples_per_s_low is not None and result.samples_per_s_high is not None:
-            interval = _range(result.samples_per_s_low, result.samples_per_s_high)
+        interval = _range(result.samples_per_s_low, result.samples_per_s_high)
         epoch = ""
         if result.epoch_boundary_s is not None and result.steps_per_epoch:
             epoch = (
@@ -58,7 +57,7 @@ def format_trial(result: TrialResult) -> str:
             f"  peak memory   {format_bytes(result.peak_memory_bytes or 0)} per rank "
             f"(largest of {len(result.ranks)}; {_memory_kind(result)})",
             f"  loss          {'finite' if result.loss_finite else 'NOT FINITE'} "
-            f"({_loss_trend(result)})" + _loss_said(result),
+            f"({_loss_trend(result)})" + (f": {said}" if (said := _loss_words(result)) else ""),
             *(
                 [f"  diverged      {diverged}: a search never recommends such a configuration"]
                 if (diverged := result.diverged)
@@ -143,12 +142,12 @@ def baseline_over_limit_line(r: Recommendation) -> str | None:
     )
 
 
-def _loss_said(result: TrialResult) -> str:
-    """ ": " and what the trial's loss was: the default's rule, or where the user's came from
-    ("yours: mymodel.py:autotune_loss"); '' where neither is known."""
+def _loss_words(result: TrialResult) -> str:
+    """What the trial's loss was: the default's rule, or where the user's came from ("yours,
+    mymodel.py:autotune_loss"); '' where neither is known."""
     if result.loss_rule:
-        return f": {result.loss_rule}"
-    return f": yours, {result.loss_source}" if result.loss_source else ""
+        return result.loss_rule
+    return f"yours, {result.loss_source}" if result.loss_source else ""
 
 
 def loss_rule(r: Recommendation) -> str | None:
@@ -157,7 +156,7 @@ def loss_rule(r: Recommendation) -> str | None:
     where it came from); None where no run said."""
     if r.verification is None:
         return None
-    return _loss_said(r.verification).removeprefix(": ") or None
+    return _loss_words(r.verification) or None
 
 
 def verification_line(r: Recommendation) -> str:
@@ -546,7 +545,7 @@ def format_plan(plan: Plan, model: str) -> str:
             else f"{format_bytes(needs - plan.limit_bytes)} over the limit too"
         )
         lines.append(
-            f"beyond the space: {beyond.config.summary()} (its blocks checkpointed, micro-batch "
-            f"1) predicted ~{format_bytes(needs)}: {verdict}"
+            f"beyond the space: {beyond.config.summary()} ({EVERY_BLOCK_AT_ONE}) predicted "
+            f"~{format_bytes(needs)}: {verdict}"
         )
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from autotune.search import race, room
 from autotune.search.evidence import finalists, simplicity_reference
 from autotune.search.log import StudyLog
 from autotune.search.memory_gate import MemoryGate
-from autotune.search.model_facts import every_block_at_one
+from autotune.search.model_facts import EVERY_BLOCK_AT_ONE, every_block_at_one
 from autotune.search.progress import Reporter
 from autotune.search.recipe import Coupling
 from autotune.search.settings import SearchSettings
@@ -242,8 +242,8 @@ class Finishing:
             else f"over the limit too (a budget of {format_budget(budget)} would hold it)"
         )
         return (
-            f"; beyond the space, {further.summary()} (its blocks checkpointed, micro-batch 1) "
-            f"is predicted ~{needs / 2**20:,.0f} MiB, {verdict}"
+            f"; beyond the space, {further.summary()} ({EVERY_BLOCK_AT_ONE}) is predicted "
+            f"~{needs / 2**20:,.0f} MiB, {verdict}"
         )
 
     def _last_failure(self, config: TrainConfig) -> str:

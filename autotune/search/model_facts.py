@@ -185,6 +185,10 @@ def parameters_dtype(model_reference: str) -> str | None:
     return parameter_dtype(built[1]) if built is not None else None
 
 
+EVERY_BLOCK_AT_ONE = "its blocks checkpointed, micro-batch 1"
+"""What ``every_block_at_one`` moved, in the words ``plan`` and the search's no-fit line use."""
+
+
 def every_block_at_one(config: TrainConfig, workload: WorkloadSpec) -> TrainConfig | None:
     """``config`` with the model's own levers on memory pulled as far as they go: every
     repeated block that keeps something for backward checkpointed, at micro-batch 1 (the

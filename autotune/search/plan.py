@@ -295,8 +295,8 @@ def _beyond_space(
         return None
     least = min(rows, key=lambda r: r.prediction.peak_bytes).config
     further = every_block_at_one(least, workload)
-    if further is None:
-        return None
+    if further is None or any(r.config.key() == further.key() for r in rows):
+        return None  # nothing beyond, or a row of the space already
     prediction = model.predict(further)
     return PlanRow(further, prediction) if prediction is not None else None
 
