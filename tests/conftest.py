@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -89,6 +90,19 @@ def one_rank_group(tmp_path: Path):
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def rank_in_this_process() -> Iterator[None]:
+    """For a test that runs a rank in its own process (``run_rank``): a one-process trial's
+    rank stays in the group of one it joins, as a Ray rank does; left afterwards."""
+    import torch.distributed as dist
+
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
 from autotune.runner.fake_batch import fake_batch, varying
+from autotune.runner.fake_group import fake_group, in_group
 from autotune.runner.fake_transformers import values_read_where_known
 from autotune.runner.instances import copy_with_tensors
 from autotune.runner.loss import call_loss
@@ -70,6 +71,7 @@ class TensorPeak:
     )
     carried_state: tuple[str, ...] = ()  # module tensors a step leaves for the next (``_carried``)
     recurrent_layers: tuple[str, ...] = ()  # the kinds of recurrent layer traced (``nn.RNNBase``)
+    group_world: int = 0  # the ranks of the group it was traced in (0: none, ``fake_group``)
 
     @property
     def needs_unused_parameters(self) -> bool:
@@ -374,6 +376,13 @@ UNIFORM_ROUTING = (
 )
 """Said wherever a prediction rests on ``autotune.runner.fake_routing``'s estimate."""
 
+GROUP_TRACED = (
+    "the step calls torch.distributed (a gather from every rank): traced as one rank of a "
+    "group of the configuration's ranks that moves no data, what it gathers counted at its "
+    "shapes"
+)
+"""Said wherever a traced step called ``torch.distributed`` (``fake_group``)."""
+
 LIKELIEST_DRAWS = (
     "a branch a random draw decides (LayerDrop's skip) traced at its likeliest outcome: "
     "a layer dropped with a chance below one half runs, the most memory such a step takes"
@@ -525,9 +534,12 @@ def trace_step(
     learning_rate: float = 1e-4,
     optimizer_impl: str = "default",
     device_type: str = "cpu",
+    world_size: int = 1,
 ) -> TensorPeak:
     """The peak of one training step of ``spec``'s model on one ``device_type`` device, traced
-    on the CPU (for ``cuda``, autocast follows CUDA's op lists: ``fake_autocast``).
+    on the CPU (for ``cuda``, autocast follows CUDA's op lists: ``fake_autocast``), as rank 0 of
+    a group of ``world_size`` that moves no data (``fake_group``): what a step that calls
+    ``torch.distributed`` gathers from the other ranks is counted at its shapes.
 
     Raises ``TraceError`` (one line) when the model defeats the fake tensors."""
     import logging
@@ -560,6 +572,7 @@ def trace_step(
                     learning_rate,
                     optimizer_impl,
                     device_type,
+                    world_size,
                 )
     except _data_dependent_error() as error:
         raise TraceError(DATA_DEPENDENT) from error
@@ -580,6 +593,7 @@ def _trace(
     learning_rate: float,
     implementation: str,
     device_type: str,
+    world_size: int,
 ) -> TensorPeak:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -623,7 +637,8 @@ def _trace(
     dtype = _AMP_DTYPES.get(amp)
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
     into = target_into(model, loss_fn)
-    with mode:
+    world = world_size if in_group(model) else 0
+    with fake_group(world) if world else contextlib.nullcontext(), mode:
         for fake, values in observed:
             routing.observe(fake, values)
         with routing:  # the layers a model without stacks loops over, as a rank counts them
@@ -696,4 +711,5 @@ def _trace(
         recurrent_layers=tuple(
             sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.RNNBase)})
         ),
+        group_world=world,
     )

@@ -18,12 +18,14 @@ from autotune.errors import (
     FSDP_CASTS,
     NO_CUDA_ERRORS,
     NO_CUDA_HERE,
+    NO_GROUP_HERE,
     NO_TARGET,
     NOT_TENSORS,
     TARGET_AS_INPUT,
     TUPLE_SPLIT,
     WHOLE_DICT,
 )
+from autotune.runner.fake_group import NO_GROUP
 from autotune.runner.loss import TARGET_PARAMETERS
 from autotune.runner.training import WHOLE_BATCH, dataclass_instance, map_tensors, maps_own_tensors
 
@@ -182,6 +184,21 @@ def target_hint(error: BaseException, target: Any, forward: bool = False) -> str
         "samples of (input, target) by --data module:attr or autotune_dataset beside the model "
         "(an autoencoder's: (x, x))"
     )
+
+
+def group_hint(error: BaseException, model: nn.Module) -> str | None:
+    """Why a one-process step failed where the model called ``torch.distributed`` without a
+    group (``fake_group.NO_GROUP``), with the fix; None otherwise."""
+    if NO_GROUP not in str(error):
+        return None
+    synced = any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
+    why = (
+        "and holds SyncBatchNorm, which on a CPU refuses any group: a one-process trial here "
+        "joins none"
+        if synced
+        else "and this process has none"
+    )
+    return f"{NO_GROUP_HERE}, {why}; guard the call with dist.is_initialized()"
 
 
 def target_input_hint(kwargs: dict[str, Any], target: Any) -> str | None:

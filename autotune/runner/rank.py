@@ -35,7 +35,7 @@ from autotune.runner.memory import MemoryTracker, release_earlier_trials
 from autotune.runner.optimizer import chosen_optimizer, running_implementation
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
-from autotune.runner.session import device_for, init_distributed, prepare
+from autotune.runner.session import device_for, init_distributed, join_group_of_one, prepare
 from autotune.runner.training import OPTIMIZER_STEP
 from autotune.runner.window import AFTER_FASTER, STEP_PHASES, Decision, Window, warmup_phase
 from autotune.runner.workload import BUILDING, WorkloadCache, build_workload
@@ -230,6 +230,7 @@ def _measure(
     torch.manual_seed(options.seed)
     workload = workloads.get(request.workload) if workloads else build_workload(request.workload)
     progress("applying the configuration")
+    join_group_of_one(config, device, workload.model)
     training = prepare(
         config,
         workload.model,

@@ -89,6 +89,25 @@ def init_distributed(config: TrainConfig, device: torch.device, timeout_s: float
     return dist.get_rank()
 
 
+def join_group_of_one(config: TrainConfig, device: torch.device, model: nn.Module) -> None:
+    """Join a process group of one where a trial of a one-process config (single device,
+    DataParallel) finds none: a model that calls ``torch.distributed`` in its step (negatives
+    gathered from every rank, ``dist.get_world_size()`` unguarded) runs in the group its
+    script makes under ``torchrun``, even of one process, and fails without it. A trial's rank
+    stays in it (its process ends, or runs the next trial of its gang in it); ``prepare`` makes
+    none, as a user's script makes its own. A gloo group on CPU; NCCL on CUDA, which creates its
+    communicator only when the model first calls a collective. None on a CPU beside
+    ``nn.SyncBatchNorm``, which refuses any group there and trains as a batch norm without."""
+    if config.processes > 1 or not dist.is_available() or dist.is_initialized():
+        return
+    if device.type != "cuda" and any(isinstance(m, nn.SyncBatchNorm) for m in model.modules()):
+        return
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1
+    )
+
+
 def make_loader(
     config: TrainConfig,
     dataset: Dataset[Any],
@@ -282,7 +301,8 @@ def leave_process_group() -> None:
     """Destroy this process's gloo/NCCL group the way ``Training.close`` explains: collect the
     cyclic garbage holding collective work, wait for every rank, then tear down."""
     gc.collect()
-    dist.barrier()
+    if dist.get_world_size() > 1:  # a group of one has no peer to wait for
+        dist.barrier()
     dist.destroy_process_group()
 
 

@@ -538,6 +538,7 @@ class TrainStep:
                             diverged_hint,
                             double_hint,
                             fsdp_dtype_hint,
+                            group_hint,
                             input_hint,
                             target_hint,
                             target_input_hint,
@@ -553,6 +554,7 @@ class TrainStep:
                             or double_hint(error, self.model, (args, kwargs))
                             or fsdp_dtype_hint(error, self.config)
                             or target_hint(error, target, forward=True)
+                            or group_hint(error, self.model)
                             or target_input_hint(kwargs, target)
                         )
                         if hint:

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.runner.fake_memory import (
     CARRIED_STATE,
+    GROUP_TRACED,
     LIKELIEST_DRAWS,
     RECURRENT_ON_CPU,
     SAMPLE_SHARES,
@@ -161,7 +162,12 @@ class Prediction:
         return sum(v for k, v in self.parts.items() if k not in beyond)
 
 
-_TRACED: dict[tuple[str, str, int, str, int, str], TensorPeak] = {}
+WORLD_PROBE = 64
+"""The ranks a step is traced among to learn whether it holds more among more (a gather from
+every rank): many, so that what it gathers shows above the step's peak (a SimCLR step at
+micro-batch 512 held the same as one rank of two as alone; as one of eight, 67% more)."""
+
+_TRACED: dict[tuple[str, str, int, str, int, str, int], TensorPeak] = {}
 """Traces by workload and what they depend on, shared by every model in this process."""
 
 
@@ -219,8 +225,9 @@ class MemoryModel:
     """Told, in words, of each step about to be traced (seconds each): progress on long work."""
     last_trace_s: float | None = None
     """How long the last step traced took (None: none traced yet by this model)."""
-    _traces: dict[tuple[int, str, int, str], TensorPeak] = field(default_factory=dict)
+    _traces: dict[tuple[int, str, int, str, int], TensorPeak] = field(default_factory=dict)
     _corners: tuple[tuple[int, int], tuple[int, int]] | None = None
+    _world_dependent: bool | None = None  # None: no configuration of more processes traced
 
     def interpolate_between(self, configs: Iterable[TrainConfig]) -> None:
         """Trace only the corners of ``configs``' micro-batches and checkpointing (per
@@ -244,6 +251,7 @@ class MemoryModel:
         said += [SAMPLE_SHARES] if any(t.sampled_selections for t in self._traces.values()) else []
         carried = sorted({name for t in self._traces.values() for name in t.carried_state})
         said += [CARRIED_STATE.format(names=", ".join(carried))] if carried else []
+        said += [GROUP_TRACED] if self.gathers else []
         recurrent = sorted({kind for t in self._traces.values() for kind in t.recurrent_layers})
         if recurrent and self.device_type == "cuda":  # on CPU the trials run what was traced
             said += [RECURRENT_ON_CPU.format(names=", ".join(recurrent))]
@@ -253,6 +261,30 @@ class MemoryModel:
     def needs_unused_parameters(self) -> bool:
         """Whether a trace showed DDP to need ``find_unused_parameters`` (``TensorPeak``'s)."""
         return any(t.needs_unused_parameters for t in self._traces.values())
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the traced step holds more as one rank of more (a gather from every rank,
+        ``fake_group``): known once a configuration of more than one process was traced."""
+        return bool(self._world_dependent)
+
+    def _group_world(self, config: TrainConfig) -> int:
+        """The ranks ``config``'s step is traced among: its processes where the step holds more
+        among more (``gathers``), else one (one trace serves every world size)."""
+        return config.processes if self._world_dependent else 1
+
+    def _depends_on_world(self, config: TrainConfig) -> bool:
+        """Whether ``config``'s step (a table's least corner: a trace it holds anyway) traced
+        as one rank of many (``WORLD_PROBE``, or the config's more) holds other tensors than
+        as the only rank: one trace more, once a workload."""
+        mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
+        if self._corners is not None:
+            (mb, _), (k, _) = self._corners
+        one = self._trace(mb, amp, k, config.optimizer_impl, 1)
+        many = self._trace(mb, amp, k, config.optimizer_impl, max(WORLD_PROBE, config.processes))
+        if one is None or many is None:
+            return False
+        return replace(one, group_world=0) != replace(many, group_world=0)
 
     @property
     def sampled(self) -> bool:
@@ -269,8 +301,10 @@ class MemoryModel:
         """Whether the user's collate function batches other samples into other shapes."""
         return any(t.varying_batches for t in self._traces.values())
 
-    def _trace(self, micro_batch: int, amp: str, segments: int, impl: str) -> TensorPeak | None:
-        key = (micro_batch, precision(amp), segments, impl)
+    def _trace(
+        self, micro_batch: int, amp: str, segments: int, impl: str, world: int
+    ) -> TensorPeak | None:
+        key = (micro_batch, precision(amp), segments, impl, world)
         if key not in self._traces and self.trace_error is None:
             shared = (self.workload.model_dump_json(), self.device_type, *key)
             try:
@@ -289,6 +323,7 @@ class MemoryModel:
                         segments,
                         optimizer_impl=impl,
                         device_type=self.device_type,
+                        world_size=world,
                     )
                     self.last_trace_s = time.perf_counter() - started
                 self._traces[key] = _TRACED[shared]
@@ -298,12 +333,19 @@ class MemoryModel:
 
     def tensor_peak(self, config: TrainConfig) -> TensorPeak | None:
         """The single-device tensor trace ``config`` needs, or None (``trace_error`` says why)."""
+        if config.processes > 1 and self._world_dependent is None:
+            self._world_dependent = self._depends_on_world(config)
+        return self._tensor_peak(config, self._group_world(config))
+
+    def _tensor_peak(self, config: TrainConfig, world: int) -> TensorPeak | None:
         mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
         impl = config.optimizer_impl
-        if self._corners is None or (mb, precision(amp), k, impl) in self._traces:
-            return self._trace(mb, amp, k, impl)
+        if self._corners is None or (mb, precision(amp), k, impl, world) in self._traces:
+            return self._trace(mb, amp, k, impl, world)
         (mb0, mb1), (k0, k1) = self._corners
-        corners = {(b, s): self._trace(b, amp, s, impl) for b in (mb0, mb1) for s in (k0, k1)}
+        corners = {
+            (b, s): self._trace(b, amp, s, impl, world) for b in (mb0, mb1) for s in (k0, k1)
+        }
         if any(c is None for c in corners.values()):
             return None
         u = (mb - mb0) / (mb1 - mb0) if mb1 > mb0 else 0.0
@@ -423,6 +465,7 @@ class MemoryModel:
             precision(traced_amp(config)),
             config.checkpoint_segments,
             config.optimizer_impl,
+            self._group_world(config),
         )
         source = "fake-tensor trace" + ("" if exact in self._traces else ", interpolated")
         if compiled:

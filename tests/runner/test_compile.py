@@ -120,6 +120,7 @@ def test_a_warm_up_step_that_compiles_again_is_compile_time_not_a_hopeless_step(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("rank_in_this_process")
 def test_a_rank_that_compiled_before_says_so_beside_its_compile_time() -> None:
     # A reused rank (a Ray actor) resets dynamo between trials but keeps Inductor's imports and
     # kernels: its later compiles are cheaper than a run of its own (the recommendation says so).

@@ -3,6 +3,7 @@ keep the previous trial's setting; the private calls it relies on are pinned her
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from autotune.config import make_config
@@ -18,6 +19,7 @@ def test_the_private_setter_and_getter_still_exist_and_round_trip() -> None:
     assert apply_expandable_segments(False) == "expandable_segments:False"
 
 
+@pytest.mark.usefixtures("rank_in_this_process")
 def test_a_reused_rank_sets_it_for_each_trial() -> None:
     workloads = WorkloadCache()  # one process, trial after trial, as a Ray rank actor
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)

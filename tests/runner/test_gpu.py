@@ -155,6 +155,7 @@ def test_data_parallel_on_two_gpus() -> None:
     _ok(_trial("workloads.gpt:gpt_tiny", parallel="dp", world_size=2))
 
 
+@pytest.mark.usefixtures("rank_in_this_process")
 def test_a_reused_rank_process_gives_back_what_earlier_trials_held() -> None:
     # A Ray gang's ranks run trial after trial in one process, as this test does. Seen on an
     # H100: CUDA graphs' pools (compile=reduce-overhead) kept 38 GiB, and the next trial, which
@@ -370,3 +371,8 @@ def test_a_model_the_caller_moved_to_the_gpu_is_pickled_in_host_memory(
     _, loaded = pickled.load_pickled(reference, "--model", import_location)
     assert all(t.device.type == "cpu" for t in loaded.state_dict().values())
     assert all(t.is_cuda for t in model.state_dict().values())  # the caller's, where it was
+
+
+def test_a_one_device_trial_gathering_from_every_rank_joins_an_nccl_group_of_one() -> None:
+    # its all_gather and all_reduce run on NCCL, whose communicator the first one makes
+    _ok(_trial("tests.fixtures.contrastive:GatheredTowers", global_batch_size=8))

@@ -222,6 +222,7 @@ def test_a_loss_that_is_not_a_scalar_is_refused_naming_its_shape() -> None:
         check_loss(0.5)
 
 
+@pytest.mark.usefixtures("rank_in_this_process")
 def test_a_ranks_reason_ends_with_the_hint_the_forward_left() -> None:
     from autotune.runner.rank import run_rank
     from autotune.runner.request import TrialOptions, TrialRequest

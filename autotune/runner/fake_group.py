@@ -1,0 +1,52 @@
+"""A process group that communicates nothing, for the memory trace's fake tensors.
+
+A model may call ``torch.distributed`` in its step: research code gathers a contrastive loss's
+negatives from every rank (SimCLR's ``GatherLayer``, MoCo's ``concat_all_gather``, open_clip's
+``gather_features``), often without asking ``dist.is_initialized()`` first. Every trial runs in
+a group (a one-process trial in a group of one: ``session.join_group_of_one``); the trace, which
+runs in the driver's process, had none, so an unguarded call stopped it ("Default process group
+has not been initialized", and the search fell back to a fit over measured trials) and a
+guarded one traced the step without its gather. ``fake_group(world_size)`` makes the tracing
+process rank 0 of a group of ``world_size`` whose collectives move no data: a gathered list
+holds the tensor's shape once a rank, so what a DDP rank gathers from the others is counted at
+its shapes. As in a trial, none beside ``nn.SyncBatchNorm`` (``in_group``), which refuses any
+group on a CPU, where the trace runs.
+
+The backend is PyTorch's test tool ``torch.testing._internal.distributed.fake_pg`` (private:
+importing it registers the ``fake`` backend, whose collectives fake tensors pass through);
+``tests/runner/test_fake_group.py`` pins what is relied on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+NO_GROUP = "Default process group has not been initialized"
+"""What ``torch.distributed`` says when a collective or ``get_world_size()`` finds no group."""
+
+
+def in_group(model: Any) -> bool:
+    """Whether a step of ``model`` is traced in a group, as a trial runs it: not where this
+    process has one of its own (left alone), nor beside ``nn.SyncBatchNorm``."""
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    if not dist.is_available() or dist.is_initialized():
+        return False
+    return not any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
+
+
+@contextlib.contextmanager
+def fake_group(world_size: int = 1) -> Iterator[None]:
+    """Within it, this process is rank 0 of a default group of ``world_size`` that moves no
+    data."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg as fake_pg  # registers "fake"
+
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
