@@ -12,6 +12,10 @@ holds the tensor's shape once a rank, so what a DDP rank gathers from the others
 its shapes. As in a trial, none beside ``nn.SyncBatchNorm`` (``in_group``), which refuses any
 group on a CPU, where the trace runs.
 
+The coupling check (``runner.coupling``), whose values count, runs such a model on real tensors
+in the driver: ``group_of_one()`` gives it a real gloo group of one for that, where it asked
+for a group and found none.
+
 The backend is PyTorch's test tool ``torch.testing._internal.distributed.fake_pg`` (private:
 importing it registers the ``fake`` backend, whose collectives fake tensors pass through);
 ``tests/runner/test_fake_group.py`` pins what is relied on.
@@ -50,3 +54,25 @@ def fake_group(world_size: int = 1) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def group_of_one() -> Iterator[None]:
+    """Within it, this process is the only rank of a real gloo group (a gather gives back the
+    tensor itself), for a check that runs the model on real tensors."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def needs_group(told: object) -> bool:
+    """Whether a check's ``told`` (its reason, where it could not tell) is a call into
+    ``torch.distributed`` that found no group, in a process that has none."""
+    import torch.distributed as dist
+
+    return isinstance(told, str) and NO_GROUP in told and not dist.is_initialized()

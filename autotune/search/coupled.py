@@ -6,11 +6,15 @@ bounds below; a model too large for that has its loss taken as its samples' mean
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from autotune.errors import error_line
+from autotune.runner.fake_group import group_of_one, needs_group
+from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.instances import names_an_instance, real_copy
 from autotune.runner.workload import WorkloadSpec, load_collate, load_loss, load_model
+from autotune.search.memory_model import WORLD_PROBE
 from autotune.search.meta_build import BATCH_CHECKED, meta_inputs, meta_model, read_samples
 from autotune.search.model_facts import batch_norm
 from autotune.search.recipe import Coupling
@@ -78,6 +82,14 @@ def loss_coupling(workload: WorkloadSpec) -> bool | str:
     dataset's first two samples (``built_for_real``); where that cannot be told, why, in a few
     words: what ``built_for_real`` says, a loss that draws at random, a forward over
     ``COUPLING_FORWARD_S``."""
+    told = _loss_coupling(workload)
+    if needs_group(told):  # it gathers from every rank: one rank's gather is its own rows
+        with group_of_one():
+            told = _loss_coupling(workload)
+    return told
+
+
+def _loss_coupling(workload: WorkloadSpec) -> bool | str:
     from autotune.runner.coupling import loss_couples_samples  # imports torch
 
     built = built_for_real(workload)
@@ -92,6 +104,17 @@ def loss_coupling(workload: WorkloadSpec) -> bool | str:
         budget_s=COUPLING_FORWARD_S,
         float64=True,  # the model was built for this check alone
     )
+
+
+def gathers(workload: WorkloadSpec) -> bool:
+    """Whether the workload's step holds more as one rank of many than alone: its loss covers
+    what it gathers from every rank (``fake_group``), told by two traces of a micro-batch of
+    two (False where it cannot be traced)."""
+    try:
+        one, many = (trace_step(workload, 2, world_size=w) for w in (1, WORLD_PROBE))
+    except TraceError:
+        return False
+    return replace(one, group_world=0) != replace(many, group_world=0)
 
 
 def _meta_forward_flops(model: Any, batch: Any) -> int | None:
@@ -115,5 +138,8 @@ def coupling(workload: WorkloadSpec) -> Coupling | None:
     the loss's part could not be told; None where nothing does and all was told."""
     told = loss_coupling(workload)
     untold = "" if isinstance(told, bool) else told
-    found = Coupling(batch_norm(workload.model), loss=told is True, loss_untold=untold)
+    gathered = told is True and gathers(workload)
+    found = Coupling(
+        batch_norm(workload.model), loss=told is True, loss_untold=untold, loss_gathered=gathered
+    )
     return found if found or untold else None

@@ -195,10 +195,15 @@ def _coupling_lines(coupled: Coupling | None) -> dict[str, str]:
     if coupled and coupled.batch_norm:
         lines["batch norm"] = _norm_line(coupled.batch_norm)
     if coupled and coupled.loss:
+        over = (
+            "every rank's micro-batches together (it gathers from every rank)"
+            if coupled.loss_gathered
+            else "each device's micro-batch together"
+        )
         lines["loss"] = (
-            "over each device's micro-batch together, not a mean of its samples' own (two "
-            "samples' loss is not the mean of each one's with a copy of itself: in-batch "
-            f"negatives, a mean over padded tokens): {_OTHER_SAMPLES}"
+            f"over {over}, not a mean of its samples' own (two samples' loss is not the mean "
+            "of each one's with a copy of itself: in-batch negatives, a mean over padded "
+            f"tokens): {_OTHER_SAMPLES}"
         )
     if coupled is not None and coupled.loss_untold:  # falsy: nothing known couples
         lines["loss"] = (

@@ -162,6 +162,9 @@ class Coupling:
     loss: bool = False
     """The loss of a micro-batch is not the mean (or sum) of its samples' own: in-batch
     negatives, a mean over the tokens of padded samples (``runner.coupling``)."""
+    loss_gathered: bool = False
+    """The loss covers what the step gathers from every rank (SimCLR's negatives): DDP's and
+    FSDP's ranks compute it over all their micro-batches together (``coupled.gathers``)."""
     loss_untold: str = ""
     """Why the check could not tell whether the loss couples the samples (a model too large to
     run here, a loss that draws at random); "" where it told. Untold, a split of the global
@@ -173,7 +176,17 @@ class Coupling:
 
 def norm_samples(config: TrainConfig, batch_norm: BatchNorm) -> int:
     """The samples a batch norm's statistics cover in one forward of ``config``."""
-    if batch_norm == "synced" and config.parallel in ("ddp", "fsdp"):
+    return _over_ranks(config, batch_norm == "synced")
+
+
+def loss_samples(config: TrainConfig, coupling: Coupling) -> int:
+    """The samples a coupled loss covers in one forward of ``config``."""
+    return _over_ranks(config, coupling.loss_gathered)
+
+
+def _over_ranks(config: TrainConfig, gathered: bool) -> int:
+    """One forward's samples: every rank's micro-batch where they are ``gathered``."""
+    if gathered and config.parallel in ("ddp", "fsdp"):
         return config.micro_batch_size * config.world_size
     return config.micro_batch_size
 
@@ -205,9 +218,10 @@ def numerics_changes(
         theirs = norm_samples(reference, coupling.batch_norm)
         if mine != theirs:
             changes.append(f"batch_norm_samples={mine} (the baseline's {theirs})")
-    if coupling.loss and config.micro_batch_size != reference.micro_batch_size:
-        mine, theirs = config.micro_batch_size, reference.micro_batch_size
-        changes.append(f"loss_samples={mine} (the baseline's {theirs})")
+    if coupling.loss:
+        mine, theirs = loss_samples(config, coupling), loss_samples(reference, coupling)
+        if mine != theirs:
+            changes.append(f"loss_samples={mine} (the baseline's {theirs})")
     return changes
 
 

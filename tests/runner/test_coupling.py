@@ -91,6 +91,25 @@ def test_a_coupled_loss_over_other_samples_than_the_baselines_is_a_numerics_chan
     assert simplicity(ddp, base, loss)[0] == 1 and simplicity(ddp, base)[0] == 0
 
 
+def test_a_loss_over_negatives_gathered_from_every_rank_couples_them_all() -> None:
+    from autotune.search.driver import _coupling_lines
+
+    # the unguarded gather needs a group: the check runs it in a real one of one
+    gathered = coupling(WorkloadSpec(model="tests.fixtures.contrastive:GatheredTowers"))
+    guarded = coupling(WorkloadSpec(model="tests.fixtures.contrastive:GuardedTowers"))
+    assert gathered == guarded == Coupling(loss=True, loss_gathered=True)
+    assert not torch.distributed.is_initialized()
+    line = _coupling_lines(gathered)["loss"]
+    assert line.startswith("over every rank's micro-batches together (it gathers from every")
+    base = TrainConfig(global_batch_size=32, device="cpu")
+    ddp = TrainConfig(global_batch_size=32, parallel="ddp", world_size=2, device="cpu")
+    assert numerics_changes(ddp, gathered, base) == []  # 2 x 16 gathered: the baseline's 32
+    accumulating = ddp.model_copy(update={"grad_accum_steps": 2})
+    assert numerics_changes(accumulating, gathered, base) == [
+        "loss_samples=16 (the baseline's 32)"
+    ]
+
+
 def test_a_forward_slower_than_the_budget_leaves_the_loss_unchecked() -> None:
     workload = build_workload(WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers"))
     samples = first_samples(workload.dataset, 2)
