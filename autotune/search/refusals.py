@@ -20,6 +20,7 @@ from typing import get_args
 from autotune.config import Compile, TrainConfig
 from autotune.errors import ConfigError, error_line, first_three
 from autotune.records import Value
+from autotune.runner.fake_group import group_of_one, needs_group
 from autotune.runner.tensor_hooks import fsdp_drops_hooks
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.coupled import built_for_real
@@ -167,17 +168,12 @@ def fsdp_bf16_failure(workload: WorkloadSpec) -> tuple[str, bool] | None:
     (``runner.bf16_forward``): (the error's line, whether it is a kernel this CPU lacks for
     bf16 rather than two dtypes meeting in one op). None where it runs, fails otherwise (the
     trials will say), or the model is not built here (``coupled.built_for_real``)."""
-    from autotune.runner.bf16_forward import bf16_forward_error  # imports torch
     from autotune.runner.hints import MIXED_DTYPES  # imports torch
 
-    built = built_for_real(workload)
-    if isinstance(built, str):
-        return None
-    model, loss, samples, collate = built
-    try:
-        error = bf16_forward_error(model, collate(samples), loss)
-    except Exception:  # the samples do not batch: the search says so before any trial
-        return None
+    error = _bf16_forward_error(workload)
+    if error is not None and needs_group(str(error)):  # a gather from every rank
+        with group_of_one():
+            error = _bf16_forward_error(workload)
     if error is None:
         return None
     text = str(error)
@@ -186,6 +182,19 @@ def fsdp_bf16_failure(workload: WorkloadSpec) -> tuple[str, bool] | None:
     if any(words in text for words in MIXED_DTYPES):
         return error_line(error), False
     return None
+
+
+def _bf16_forward_error(workload: WorkloadSpec) -> BaseException | None:
+    from autotune.runner.bf16_forward import bf16_forward_error  # imports torch
+
+    built = built_for_real(workload)
+    if isinstance(built, str):
+        return None
+    model, loss, samples, collate = built
+    try:
+        return bf16_forward_error(model, collate(samples), loss)
+    except Exception:  # the samples do not batch: the search says so before any trial
+        return None
 
 
 def forget() -> None:

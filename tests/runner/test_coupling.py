@@ -105,9 +105,17 @@ def test_a_loss_over_negatives_gathered_from_every_rank_couples_them_all() -> No
     ddp = TrainConfig(global_batch_size=32, parallel="ddp", world_size=2, device="cpu")
     assert numerics_changes(ddp, gathered, base) == []  # 2 x 16 gathered: the baseline's 32
     accumulating = ddp.model_copy(update={"grad_accum_steps": 2})
-    assert numerics_changes(accumulating, gathered, base) == [
-        "loss_samples=16 (the baseline's 32)"
-    ]
+    assert numerics_changes(accumulating, gathered, base) == ["loss_samples=16 (the baseline's 32)"]
+
+
+def test_a_forward_that_asks_for_a_group_is_held_as_fsdps_bf16_parameters_hold_it() -> None:
+    from autotune.search.refusals import fsdp_bf16_refusals
+
+    spec = WorkloadSpec(model="tests.fixtures.contrastive:GatheredCentred")
+    refusals = fsdp_bf16_refusals(spec)  # before: no group, so no verdict on the dtypes
+    assert [r.value for r in refusals] == ["bf16", "bf16-reduce-fp32"]
+    assert "same dtype" in refusals[0].reason
+    assert not torch.distributed.is_initialized()
 
 
 def test_a_forward_slower_than_the_budget_leaves_the_loss_unchecked() -> None:
