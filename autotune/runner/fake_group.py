@@ -12,13 +12,14 @@ holds the tensor's shape once a rank, so what a DDP rank gathers from the others
 its shapes. As in a trial, none beside ``nn.SyncBatchNorm`` (``in_group``), which refuses any
 group on a CPU, where the trace runs.
 
-The coupling check (``runner.coupling``), whose values count, runs such a model on real tensors
-in the driver: ``group_of_one()`` gives it a real gloo group of one for that, where it asked
-for a group and found none.
+The driver's checks that run such a model on real tensors, whose values count (the coupling
+check, FSDP's bf16 forward), get a real gloo group of one from ``group_of_one()`` where the
+model asked for a group and found none.
 
 The backend is PyTorch's test tool ``torch.testing._internal.distributed.fake_pg`` (private:
 importing it registers the ``fake`` backend, whose collectives fake tensors pass through);
-``tests/runner/test_fake_group.py`` pins what is relied on.
+``tests/runner/test_fake_group.py`` pins what is relied on. Where a release lacks it, the
+fallback is the trace without a group, as before it (``in_group`` says no).
 """
 
 from __future__ import annotations
@@ -37,9 +38,18 @@ def in_group(model: Any) -> bool:
     import torch.distributed as dist
     import torch.nn as nn
 
-    if not dist.is_available() or dist.is_initialized():
+    if not dist.is_available() or dist.is_initialized() or not _fake_backend():
         return False
     return not any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
+
+
+def _fake_backend() -> bool:
+    """Whether this torch has the ``fake`` backend (registered as its module is imported)."""
+    try:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -98,3 +98,13 @@ def test_beside_them_a_call_that_needs_a_group_fails_saying_why() -> None:
     assert result.status == "error"
     assert f"({NO_GROUP_HERE}, and holds SyncBatchNorm, which on a CPU refuses" in result.message
     assert TARGET_AS_INPUT not in result.message
+
+
+def test_without_the_fake_backend_the_step_is_traced_without_a_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune.runner import fake_group
+
+    assert fake_group._fake_backend()  # this torch has it
+    monkeypatch.setattr(fake_group, "_fake_backend", lambda: False)
+    assert trace_step(PLAIN, 8).group_world == 0  # the fallback: as before the backend
