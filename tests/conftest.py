@@ -79,17 +79,12 @@ def probe_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
 
 
 @pytest.fixture
-def one_rank_group(tmp_path: Path):
+def one_rank_group():
     """A one-rank gloo process group in the test's own process, left afterwards."""
-    import torch.distributed as dist
+    from autotune.runner.fake_group import group_of_one
 
-    dist.init_process_group(
-        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
-    )
-    try:
+    with group_of_one():
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture

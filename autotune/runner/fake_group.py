@@ -31,16 +31,28 @@ from typing import Any
 NO_GROUP = "Default process group has not been initialized"
 """What ``torch.distributed`` says when a collective or ``get_world_size()`` finds no group."""
 
+WORLD_PROBE = 64
+"""The ranks a step is traced among to learn whether it holds more among more (a gather from
+every rank): many, so that what it gathers shows above the step's peak (a SimCLR step at
+micro-batch 512 held the same as one rank of two as alone; as one of eight, 67% more)."""
+
 
 def in_group(model: Any) -> bool:
     """Whether a step of ``model`` is traced in a group, as a trial runs it: not where this
     process has one of its own (left alone), nor beside ``nn.SyncBatchNorm``."""
     import torch.distributed as dist
-    import torch.nn as nn
 
     if not dist.is_available() or dist.is_initialized() or not _fake_backend():
         return False
-    return not any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
+    return not holds_sync_batch_norm(model)
+
+
+def holds_sync_batch_norm(model: Any) -> bool:
+    """Whether ``model`` holds an ``nn.SyncBatchNorm``, which in training refuses any group on a
+    CPU (even of one): a trial there joins none, and the trace, on CPU kernels, takes none."""
+    import torch.nn as nn
+
+    return any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
 
 
 def _fake_backend() -> bool:

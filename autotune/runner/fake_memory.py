@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.config import TrainConfig
@@ -72,6 +72,11 @@ class TensorPeak:
     carried_state: tuple[str, ...] = ()  # module tensors a step leaves for the next (``_carried``)
     recurrent_layers: tuple[str, ...] = ()  # the kinds of recurrent layer traced (``nn.RNNBase``)
     group_world: int = 0  # the ranks of the group it was traced in (0: none, ``fake_group``)
+
+    def held_alike(self, other: TensorPeak) -> bool:
+        """Whether ``other``, the same step traced in a group of another size, holds the same:
+        a step that gathers from every rank holds more among more."""
+        return replace(self, group_world=0) == replace(other, group_world=0)
 
     @property
     def needs_unused_parameters(self) -> bool:

@@ -25,7 +25,7 @@ from autotune.errors import (
     TUPLE_SPLIT,
     WHOLE_DICT,
 )
-from autotune.runner.fake_group import NO_GROUP
+from autotune.runner.fake_group import NO_GROUP, holds_sync_batch_norm
 from autotune.runner.loss import TARGET_PARAMETERS
 from autotune.runner.training import WHOLE_BATCH, dataclass_instance, map_tensors, maps_own_tensors
 
@@ -191,11 +191,10 @@ def group_hint(error: BaseException, model: nn.Module) -> str | None:
     group (``fake_group.NO_GROUP``), with the fix; None otherwise."""
     if NO_GROUP not in str(error):
         return None
-    synced = any(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
     why = (
         "and holds SyncBatchNorm, which on a CPU refuses any group: a one-process trial here "
         "joins none"
-        if synced
+        if holds_sync_batch_norm(model)
         else "and this process has none"
     )
     return f"{NO_GROUP_HERE}, {why}; guard the call with dist.is_initialized()"

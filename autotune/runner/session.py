@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from autotune.config import TrainConfig
 from autotune.runner.blocks import may_loop
+from autotune.runner.fake_group import holds_sync_batch_norm
 from autotune.runner.lazy_modules import first_batch, materialize_from_data
 from autotune.runner.lightning import LightningStep, trained_as
 from autotune.runner.loss import default_loss
@@ -100,7 +101,7 @@ def join_group_of_one(config: TrainConfig, device: torch.device, model: nn.Modul
     ``nn.SyncBatchNorm``, which refuses any group there and trains as a batch norm without."""
     if config.processes > 1 or not dist.is_available() or dist.is_initialized():
         return
-    if device.type != "cuda" and any(isinstance(m, nn.SyncBatchNorm) for m in model.modules()):
+    if device.type != "cuda" and holds_sync_batch_norm(model):
         return
     store = dist.HashStore()  # type: ignore[attr-defined]
     dist.init_process_group(

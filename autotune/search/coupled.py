@@ -6,15 +6,13 @@ bounds below; a model too large for that has its loss taken as its samples' mean
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from autotune.errors import error_line
-from autotune.runner.fake_group import group_of_one, needs_group
+from autotune.runner.fake_group import WORLD_PROBE, group_of_one, needs_group
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.instances import names_an_instance, real_copy
 from autotune.runner.workload import WorkloadSpec, load_collate, load_loss, load_model
-from autotune.search.memory_model import WORLD_PROBE
 from autotune.search.meta_build import BATCH_CHECKED, meta_inputs, meta_model, read_samples
 from autotune.search.model_facts import batch_norm
 from autotune.search.recipe import Coupling
@@ -114,7 +112,7 @@ def gathers(workload: WorkloadSpec) -> bool:
         one, many = (trace_step(workload, 2, world_size=w) for w in (1, WORLD_PROBE))
     except TraceError:
         return False
-    return replace(one, group_world=0) != replace(many, group_world=0)
+    return not one.held_alike(many)
 
 
 def _meta_forward_flops(model: Any, batch: Any) -> int | None:

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.records import TrialRecord
+from autotune.runner.fake_group import WORLD_PROBE
 from autotune.runner.fake_memory import (
     CARRIED_STATE,
     GROUP_TRACED,
@@ -162,11 +163,6 @@ class Prediction:
         return sum(v for k, v in self.parts.items() if k not in beyond)
 
 
-WORLD_PROBE = 64
-"""The ranks a step is traced among to learn whether it holds more among more (a gather from
-every rank): many, so that what it gathers shows above the step's peak (a SimCLR step at
-micro-batch 512 held the same as one rank of two as alone; as one of eight, 67% more)."""
-
 _TRACED: dict[tuple[str, str, int, str, int, str, int], TensorPeak] = {}
 """Traces by workload and what they depend on, shared by every model in this process."""
 
@@ -284,7 +280,7 @@ class MemoryModel:
         many = self._trace(mb, amp, k, config.optimizer_impl, max(WORLD_PROBE, config.processes))
         if one is None or many is None:
             return False
-        return replace(one, group_world=0) != replace(many, group_world=0)
+        return not one.held_alike(many)
 
     @property
     def sampled(self) -> bool:
