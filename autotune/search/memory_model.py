@@ -29,7 +29,6 @@ Where the model defeats the fake tensors, ``predict`` returns None and says why
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,11 +44,10 @@ from autotune.runner.fake_memory import (
     SAMPLE_SHARES,
     UNIFORM_ROUTING,
     TensorPeak,
-    TraceError,
-    trace_step,
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.calibration import Calibration, Point, fit
+from autotune.search.step_traces import Job, StepTraces, precision
 
 MEMORY_FIELDS = {
     "parallel": "DDP's buckets; FSDP's shards and what it gathers",
@@ -95,11 +93,6 @@ def budget_scope(device_type: str) -> str:
     """What a memory budget or limit covers, in words: one device, or on CPU the host that all
     ranks of a trial share (what a CPU trial measures: ``MemoryModel.devices_counted``)."""
     return "for all ranks together (one host)" if device_type == "cpu" else "per device"
-
-
-def precision(amp: str) -> str:
-    """fp16 and bf16 hold the same bytes: one trace serves both."""
-    return "fp32" if amp == "off" else "16-bit"
 
 
 def traced_amp(config: TrainConfig) -> str:
@@ -163,10 +156,6 @@ class Prediction:
         return sum(v for k, v in self.parts.items() if k not in beyond)
 
 
-_TRACED: dict[tuple[str, str, int, str, int, str, int], TensorPeak] = {}
-"""Traces by workload and what they depend on, shared by every model in this process."""
-
-
 EPOCH_COPY = (
     "each DataLoader worker copies the pages of the dataset's Python objects as it reads them "
     "(reading a sample writes their reference counts): over an epoch {each} a "
@@ -216,14 +205,31 @@ class MemoryModel:
     device_type: str
     prior: Calibration = field(default_factory=Calibration)
     calibration: Calibration | None = None
-    trace_error: str | None = None
-    tracing: Callable[[str], None] | None = None
-    """Told, in words, of each step about to be traced (seconds each): progress on long work."""
-    last_trace_s: float | None = None
-    """How long the last step traced took (None: none traced yet by this model)."""
-    _traces: dict[tuple[int, str, int, str, int], TensorPeak] = field(default_factory=dict)
+    steps: StepTraces = field(init=False)
     _corners: tuple[tuple[int, int], tuple[int, int]] | None = None
     _world_dependent: bool | None = None  # None: no configuration of more processes traced
+
+    def __post_init__(self) -> None:
+        self.steps = StepTraces(self.workload, self.device_type)
+
+    @property
+    def trace_error(self) -> str | None:
+        """Why a step could not be traced (then nothing more is predicted), or None."""
+        return self.steps.error
+
+    @property
+    def tracing(self) -> Callable[[str], None] | None:
+        """Told, in words, of each step about to be traced (seconds each)."""
+        return self.steps.tracing
+
+    @tracing.setter
+    def tracing(self, told: Callable[[str], None] | None) -> None:
+        self.steps.tracing = told
+
+    @property
+    def last_trace_s(self) -> float | None:
+        """How long the last step traced took (None: none traced yet by this model)."""
+        return self.steps.last_trace_s
 
     def interpolate_between(self, configs: Iterable[TrainConfig]) -> None:
         """Trace only the corners of ``configs``' micro-batches and checkpointing (per
@@ -242,13 +248,14 @@ class MemoryModel:
     def assumption(self) -> str | None:
         """What the traces assumed of values they do not have (a mixture of experts' routing,
         a random draw's branch), or None."""
+        traces = self.steps.held.values()
         said = [UNIFORM_ROUTING] if self.routed else []
-        said += [LIKELIEST_DRAWS] if any(t.drawn_branches for t in self._traces.values()) else []
-        said += [SAMPLE_SHARES] if any(t.sampled_selections for t in self._traces.values()) else []
-        carried = sorted({name for t in self._traces.values() for name in t.carried_state})
+        said += [LIKELIEST_DRAWS] if any(t.drawn_branches for t in traces) else []
+        said += [SAMPLE_SHARES] if self.sampled else []
+        carried = sorted({name for t in traces for name in t.carried_state})
         said += [CARRIED_STATE.format(names=", ".join(carried))] if carried else []
         said += [GROUP_TRACED] if self.gathers else []
-        recurrent = sorted({kind for t in self._traces.values() for kind in t.recurrent_layers})
+        recurrent = sorted({kind for t in traces for kind in t.recurrent_layers})
         if recurrent and self.device_type == "cuda":  # on CPU the trials run what was traced
             said += [RECURRENT_ON_CPU.format(names=", ".join(recurrent))]
         return "; ".join(said) or None
@@ -256,7 +263,7 @@ class MemoryModel:
     @property
     def needs_unused_parameters(self) -> bool:
         """Whether a trace showed DDP to need ``find_unused_parameters`` (``TensorPeak``'s)."""
-        return any(t.needs_unused_parameters for t in self._traces.values())
+        return any(t.needs_unused_parameters for t in self.steps.held.values())
 
     @property
     def gathers(self) -> bool:
@@ -273,59 +280,59 @@ class MemoryModel:
         """Whether ``config``'s step (a table's least corner: a trace it holds anyway) traced
         as one rank of many (``WORLD_PROBE``, or the config's more) holds other tensors than
         as the only rank: one trace more, once a workload."""
-        mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
-        if self._corners is not None:
-            (mb, _), (k, _) = self._corners
-        one = self._trace(mb, amp, k, config.optimizer_impl, 1)
-        many = self._trace(mb, amp, k, config.optimizer_impl, max(WORLD_PROBE, config.processes))
+        one, many = (self.steps.get(job) for job in self._probes(config))
         if one is None or many is None:
             return False
         return not one.held_alike(many)
 
+    def _probes(self, config: TrainConfig) -> list[Job]:
+        """The two steps ``_depends_on_world`` compares: as the only rank, and as one of many."""
+        mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
+        if self._corners is not None:
+            (mb, _), (k, _) = self._corners
+        impl = config.optimizer_impl
+        return [(mb, amp, k, impl, 1), (mb, amp, k, impl, max(WORLD_PROBE, config.processes))]
+
     @property
     def sampled(self) -> bool:
         """Whether the traces read sizes from the batch's values (``fake_routing``'s)."""
-        return any(t.sampled_selections for t in self._traces.values())
+        return any(t.sampled_selections for t in self.steps.held.values())
 
     @property
     def routed(self) -> bool:
         """Whether the traces estimated a mixture of experts' routing."""
-        return any(t.routed_sizes for t in self._traces.values())
+        return any(t.routed_sizes for t in self.steps.held.values())
 
     @property
     def varying(self) -> bool:
         """Whether the user's collate function batches other samples into other shapes."""
-        return any(t.varying_batches for t in self._traces.values())
+        return any(t.varying_batches for t in self.steps.held.values())
 
-    def _trace(
-        self, micro_batch: int, amp: str, segments: int, impl: str, world: int
-    ) -> TensorPeak | None:
-        key = (micro_batch, precision(amp), segments, impl, world)
-        if key not in self._traces and self.trace_error is None:
-            shared = (self.workload.model_dump_json(), self.device_type, *key)
-            try:
-                if shared not in _TRACED:
-                    if self.tracing is not None:
-                        self.tracing(
-                            f"tracing a step under fake tensors: micro-batch {micro_batch}, "
-                            f"{precision(amp)}, {segments} block(s) checkpointed"
-                            + (f", optimizer {impl}" if impl != "default" else "")
-                        )
-                    started = time.perf_counter()
-                    _TRACED[shared] = trace_step(
-                        self.workload,
-                        micro_batch,
-                        amp,
-                        segments,
-                        optimizer_impl=impl,
-                        device_type=self.device_type,
-                        world_size=world,
-                    )
-                    self.last_trace_s = time.perf_counter() - started
-                self._traces[key] = _TRACED[shared]
-            except TraceError as error:
-                self.trace_error = str(error)
-        return self._traces.get(key)
+    def trace_ahead(self, configs: Iterable[TrainConfig], processes: int) -> None:
+        """Trace every step ``configs``' predictions will look up, ``processes`` at a time
+        (``side_by_side``: a table's plan), before they are predicted one by one. A step no
+        copy answered for is traced when it is looked up, as without this."""
+        configs = list(configs)
+        spread = next((c for c in configs if c.processes > 1), None)
+        while processes > 1 and self.trace_error is None:
+            jobs = self.steps.missing(self._looked_up(configs, spread))
+            if jobs:
+                self.steps.ahead(jobs, processes)
+            if self.trace_error or spread is None or self._world_dependent is not None:
+                return
+            self._world_dependent = self._depends_on_world(spread)  # then its worlds' steps
+
+    def _looked_up(self, configs: list[TrainConfig], spread: TrainConfig | None) -> list[Job]:
+        """The steps predicting ``configs`` looks up, in that order (at the world each is traced
+        among, once ``_world_dependent`` is known; before, the probe's two steps too)."""
+        jobs: list[Job] = []
+        for config in configs:
+            world = self._group_world(config)
+            if config is spread and self._world_dependent is None:
+                jobs += self._probes(config)
+            amp, impl = traced_amp(config), config.optimizer_impl
+            jobs += [(mb, amp, k, impl, world) for mb, k in self._steps(config, world)]
+        return jobs
 
     def tensor_peak(self, config: TrainConfig) -> TensorPeak | None:
         """The single-device tensor trace ``config`` needs, or None (``trace_error`` says why)."""
@@ -336,12 +343,12 @@ class MemoryModel:
     def _tensor_peak(self, config: TrainConfig, world: int) -> TensorPeak | None:
         mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
         impl = config.optimizer_impl
-        if self._corners is None or (mb, precision(amp), k, impl, world) in self._traces:
-            return self._trace(mb, amp, k, impl, world)
+        steps = self._steps(config, world)
+        if steps == [(mb, k)]:
+            return self.steps.get((mb, amp, k, impl, world))
+        assert self._corners is not None
         (mb0, mb1), (k0, k1) = self._corners
-        corners = {
-            (b, s): self._trace(b, amp, s, impl, world) for b in (mb0, mb1) for s in (k0, k1)
-        }
+        corners = {(b, s): self.steps.get((b, amp, s, impl, world)) for b, s in steps}
         if any(c is None for c in corners.values()):
             return None
         u = (mb - mb0) / (mb1 - mb0) if mb1 > mb0 else 0.0
@@ -365,6 +372,16 @@ class MemoryModel:
                 sorted({n for p in corners.values() if p for n in getattr(p, name)})
             )
         return TensorPeak(**mixed)
+
+    def _steps(self, config: TrainConfig, world: int) -> list[tuple[int, int]]:
+        """The micro-batches and checkpointed blocks traced for ``config``: its own, or the four
+        corners of the table around it (``interpolate_between``)."""
+        mb, k = config.micro_batch_size, config.checkpoint_segments
+        key = (mb, precision(traced_amp(config)), k, config.optimizer_impl, world)
+        if self._corners is None or key in self.steps.held:
+            return [(mb, k)]
+        (mb0, mb1), (k0, k1) = self._corners
+        return [(b, s) for b in (mb0, mb1) for s in (k0, k1)]
 
     def device_tensors(self, config: TrainConfig) -> dict[str, int] | None:
         peak = self.tensor_peak(config)
@@ -463,7 +480,7 @@ class MemoryModel:
             config.optimizer_impl,
             self._group_world(config),
         )
-        source = "fake-tensor trace" + ("" if exact in self._traces else ", interpolated")
+        source = "fake-tensor trace" + ("" if exact in self.steps.held else ", interpolated")
         if compiled:
             source += (
                 ", compiled as eager plus what compiled trials added"

@@ -31,6 +31,7 @@ from autotune.search.model_facts import (
 )
 from autotune.search.probe import blocks_phrase, every_block, idle_reason
 from autotune.search.refusals import check_refusals, fsdp_bf16_refusals, model_refusals
+from autotune.search.side_by_side import processes_here
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
@@ -195,11 +196,13 @@ def make_plan(
     config: TrainConfig | None = None,
     measure: Callable[[TrainConfig], int | None] | None = None,
     progress: Callable[[str], None] | None = None,
+    processes: int | None = None,
 ) -> Plan:
     """The plan of ``space`` (or of ``config`` alone) on ``devices`` devices. ``measure`` (a
     short real trial on this machine, returning the peak one device measured) calibrates the
     process's share first, on the plan's least micro-batch on one device. ``progress`` is told
-    what takes time, in words (each traced step: seconds each)."""
+    what takes time, in words (each traced step: seconds each). A table's steps are traced
+    ``processes`` at a time (default: one per core, where forking is safe: ``side_by_side``)."""
     added: list[str] = []
     if config is not None:
         configs = [config]
@@ -236,6 +239,7 @@ def make_plan(
     model.tracing = progress
     if len(configs) > 1:
         model.interpolate_between(configs)
+        model.trace_ahead(configs, processes_here() if processes is None else processes)
     if measure is not None and configs:
         _calibrate(model, configs, measure, global_batch_size, device_type)
     rows = []

@@ -13,7 +13,7 @@ from autotune.errors import SearchError
 from autotune.result import TrialResult
 from autotune.runner import memory
 from autotune.runner.workload import WorkloadSpec
-from autotune.search import memory_gate, memory_model
+from autotune.search import memory_gate, step_traces
 from autotune.search.calibration import CPU_HEAP_SHARE
 from autotune.search.memory_model import MemoryModel, device_parts
 from autotune.search.progress import Reporter
@@ -191,7 +191,7 @@ def test_a_search_says_the_steps_it_traces_where_the_wait_shows(
     # A GRU over 120 frames unrolls into ~22,000 ops a step under fake tensors: each trace took
     # 6-12 s in a search of it, said nowhere while no trial ran. The first trace is said; the
     # next only after one that took TRACE_SAID_S or more.
-    monkeypatch.setattr(memory_model, "_TRACED", {})  # traced here, not by an earlier test
+    monkeypatch.setattr(step_traces, "_TRACED", {})  # traced here, not by an earlier test
     monkeypatch.setattr(memory_gate, "TRACE_SAID_S", said_from_s)
     lines, predicted = _said_while_predicting("tests.fixtures.traced:Stack", traces=True)
     assert predicted

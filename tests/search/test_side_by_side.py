@@ -1,0 +1,156 @@
+"""Jobs run side by side in forked copies: the same answers as one after another, a copy that
+dies or hangs costs its job (its caller runs it), and no copies where forking is unsafe; a plan's
+traces taken so predict what traced one by one predicts."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.runner.workload import WorkloadSpec
+from autotune.search import side_by_side, step_traces
+from autotune.search.memory_model import MemoryModel
+from autotune.search.side_by_side import processes_here, run_side_by_side
+
+
+def test_jobs_taken_side_by_side_answer_as_one_after_another() -> None:
+    here = os.getpid()
+    started: list[int] = []
+
+    def work(job: int) -> tuple[int, int]:
+        time.sleep(0.2)  # long enough for every copy to take a job
+        return job * job, os.getpid()
+
+    done = run_side_by_side(list(range(8)), work, 3, lambda index, _: started.append(index))
+    assert {index: square for index, (square, _) in done.items()} == {j: j * j for j in range(8)}
+    by = {index: pid for index, (_, pid) in done.items()}
+    assert len(set(by.values())) > 1  # copies took some
+    assert sorted(started) == sorted(i for i, pid in by.items() if pid == here)  # told of its own
+
+
+def test_one_process_runs_every_job_here_in_order() -> None:
+    started: list[int] = []
+    done = run_side_by_side(["a", "b"], str.upper, 1, lambda index, _: started.append(index))
+    assert done == {0: "A", 1: "B"} and started == [0, 1]
+
+
+def test_a_job_whose_copy_died_is_left_to_its_caller() -> None:
+    here = os.getpid()
+
+    def work(job: int) -> int:
+        if os.getpid() != here:
+            os._exit(1)  # a copy killed mid-job (out of memory, a crash in a library)
+        time.sleep(0.2)
+        return job
+
+    started = time.monotonic()
+    done = run_side_by_side(list(range(6)), work, 2)
+    assert done and len(done) < 6 and all(done[i] == i for i in done)
+    assert time.monotonic() - started < side_by_side._PATIENCE_S  # noticed, not waited out
+
+
+def test_a_copy_that_stops_answering_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(side_by_side, "_PATIENCE_S", 1.0)
+    here = os.getpid()
+
+    def work(job: int) -> int:
+        if os.getpid() != here:
+            time.sleep(600)  # a lock the fork copied, held by a thread the copy lacks
+        time.sleep(0.2)
+        return job
+
+    started = time.monotonic()
+    done = run_side_by_side(list(range(4)), work, 2)
+    assert 0 < len(done) < 4 and time.monotonic() - started < 30
+
+
+def test_no_copies_where_forking_is_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        assert processes_here() == 1  # another thread: its locks would be copied held
+    finally:
+        release.set()
+        thread.join()
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    assert processes_here() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(side_by_side.sys, "platform", "darwin")
+    assert processes_here() == 1
+
+
+def _table(parallel: str, worlds: list[int], segments: tuple[int, ...]) -> list[TrainConfig]:
+    return [
+        TrainConfig(
+            global_batch_size=mb * world,
+            parallel=parallel if world > 1 else "single",  # type: ignore[arg-type]
+            world_size=world,
+            amp=amp,  # type: ignore[arg-type]
+            checkpoint_segments=k,
+            device="cpu",
+        )
+        for mb in (2, 8, 16)
+        for world in worlds
+        for amp in ("off", "bf16")
+        for k in segments
+    ]
+
+
+def _predicted(
+    model: str, configs: list[TrainConfig], processes: int
+) -> tuple[list[Any], MemoryModel, list[str]]:
+    step_traces._TRACED.clear()  # shared by every model of the process: trace afresh
+    said: list[str] = []
+    predicting = MemoryModel(WorkloadSpec(model=model), "cpu")
+    predicting.tracing = said.append
+    predicting.interpolate_between(configs)
+    predicting.trace_ahead(configs, processes)
+    ahead = len(said)
+    predictions = [predicting.predict(c) for c in configs]
+    assert len(said) == ahead or processes == 1  # every step was traced ahead
+    return predictions, predicting, said
+
+
+@pytest.mark.parametrize(
+    ("model", "parallel", "segments"),
+    [
+        ("tests.fixtures.traced:Stack", "fsdp", (0, 2, 4)),
+        ("tests.fixtures.contrastive:GatheredTowers", "ddp", (0,)),  # traced per world
+    ],
+)
+def test_a_tables_steps_traced_side_by_side_predict_as_traced_one_by_one(
+    model: str, parallel: str, segments: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(step_traces, "_TRACED", {})
+    configs = _table(parallel, [1, 2, 8], segments)
+    alone, one_by_one, said_alone = _predicted(model, configs, 1)
+    together, side, said = _predicted(model, configs, 2)
+    assert together == alone and None not in together
+    assert side.gathers == one_by_one.gathers == ("Gathered" in model)
+    assert len(said) < len(said_alone)  # the copy traced the others
+    assert all(line.endswith(" at a time)") for line in said)
+
+
+@pytest.mark.parametrize(
+    ("model", "segments"),
+    [
+        ("tests.fixtures.traced:DataDependent", (0,)),  # no step traces
+        ("tests.fixtures.contrastive:GatheredTowers", (0, 4)),  # no blocks to checkpoint
+    ],
+)
+def test_a_step_a_copy_could_not_trace_fails_the_predictions_as_it_would_here(
+    model: str, segments: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(step_traces, "_TRACED", {})
+    configs = _table("ddp", [1, 2], segments)
+    alone, one_by_one, _ = _predicted(model, configs, 1)
+    together, side, _ = _predicted(model, configs, 2)
+    # one by one, a configuration after the failure whose own step was traced before it is
+    # predicted still; a plan stops at the first None either way
+    assert alone[0] is together[0] is None and set(together) == {None}
+    assert side.trace_error == one_by_one.trace_error and side.trace_error
