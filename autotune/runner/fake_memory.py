@@ -466,9 +466,11 @@ def _by_kind(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
 
 def _with_state(backward: dict[str, int], state: int) -> dict[str, int]:
     """A steady step's forward and backward: beside the optimizer's state, which the first
-    step only creates at its end."""
-    with_state = {**backward, "OPT": backward.get("OPT", 0) + state}
-    with_state["Total"] = backward.get("Total", 0) + state
+    step creates at its end (AdamW's), where it did not exist from the optimizer's constructor
+    on (Adagrad's sums, already held by the first backward)."""
+    added = max(0, state - backward.get("OPT", 0))
+    with_state = {**backward, "OPT": backward.get("OPT", 0) + added}
+    with_state["Total"] = backward.get("Total", 0) + added
     return with_state
 
 
@@ -566,6 +568,9 @@ def trace_step(
             # a deep copy of a fake parameter (nn.TransformerEncoder clones its layer) reads
             # its data pointer, which a fake tensor warns of: nothing is allocated either way
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            # torch's note on building a sparse gradient (an EmbeddingBag(sparse=True)'s, in
+            # Adagrad's step), said from inside the trace as if the tool's own
+            warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
             from autotune.runner.fake_routing import unchecked_distributions  # imports torch
 
             with unchecked_distributions():  # the model's build too: a flow makes its base

@@ -40,6 +40,21 @@ def test_an_optimizer_that_branches_on_values_in_its_step_is_traced() -> None:
     assert peak.optimizer_bytes < PARAMETER_BYTES / 3  # AdamW's: twice the parameters
 
 
+def test_an_optimizer_that_makes_its_state_when_built_is_counted_once() -> None:
+    # Adagrad's sums exist from its constructor on, so the first step's backward holds them
+    # already: a DLRM trained with Adagrad was predicted to hold them twice (2x its state).
+    import torch
+
+    from tests.fixtures.optimizers import Wide
+
+    traced = trace_step(
+        WIDE.model_copy(update={"optimizer": "tests.fixtures.optimizers:adagrad"}), 8
+    )
+    real = real_step_peak(Wide(), torch.randn(8, WIDE_WIDTH), optimizer="Adagrad")
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+    assert PARAMETER_BYTES <= traced.optimizer_bytes < 1.5 * PARAMETER_BYTES
+
+
 def test_frozen_parameters_hold_no_gradient_and_no_optimizer_state() -> None:
     # MemTracker hooks every parameter's gradient; a frozen one refuses the hook
     frozen = WorkloadSpec(
