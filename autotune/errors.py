@@ -80,13 +80,17 @@ its last required parameter, as ``model(*batch)`` would pass it (``training.requ
 a discriminator's ``forward(x, y)``), where that parameter may be something else (an RNN's
 ``forward(input, hidden)``): the rank's reason ends with it in brackets, as ``NOT_TENSORS``'s
 does."""
+DICT_TARGET = "the loss was given the whole batch as its target"
+"""How the note begins that a user's loss carries where it failed on a dict batch, which it is
+given whole as its target (``split_batch``: a dict batch's target is the batch), as on a tensor:
+the rank's reason ends with it in brackets, as ``NOT_TENSORS``'s does."""
 NO_GROUP_HERE = "the model calls torch.distributed, which needs a process group"
 """How the note begins that a one-process step carries where the model's call into
 ``torch.distributed`` found no group: one beside SyncBatchNorm on a CPU, where a trial joins
 none (``session.join_group_of_one``)."""
 RANK_HINTS = (
     DIVERGED, NOT_TENSORS, NO_CUDA_HERE, TUPLE_SPLIT, DOUBLE_INPUTS, NO_TARGET, WHOLE_DICT,
-    FSDP_CASTS, COMPILED_WRITE, NO_GROUP_HERE, TARGET_AS_INPUT,
+    FSDP_CASTS, COMPILED_WRITE, NO_GROUP_HERE, TARGET_AS_INPUT, DICT_TARGET,
 )  # fmt: skip
 """The notes a rank's reason ends with, in brackets, and a search that stops on it repeats."""
 NO_CUDA_ERRORS = ("not compiled with CUDA", "no NVIDIA driver", "No CUDA GPUs are available")

@@ -13,6 +13,7 @@ import torch.nn as nn
 from autotune.config import TrainConfig
 from autotune.errors import (
     COMPILED_WRITE,
+    DICT_TARGET,
     DIVERGED,
     DOUBLE_INPUTS,
     FSDP_CASTS,
@@ -26,7 +27,7 @@ from autotune.errors import (
     WHOLE_DICT,
 )
 from autotune.runner.fake_group import NO_GROUP, holds_sync_batch_norm
-from autotune.runner.loss import TARGET_PARAMETERS
+from autotune.runner.loss import TARGET_KEYS, TARGET_PARAMETERS
 from autotune.runner.training import WHOLE_BATCH, dataclass_instance, map_tensors, maps_own_tensors
 
 
@@ -167,7 +168,9 @@ def target_hint(error: BaseException, target: Any, forward: bool = False) -> str
     """Why a loss failed on ``None`` where the batch gave it no target, or (``forward``) why a
     forward that asks for targets in training failed on a batch without them (torchvision's
     detection models: "targets should not be none when in training mode"), with the fix; None
-    otherwise."""
+    otherwise; or why a loss failed on a dict batch, given it whole (``dict_target_hint``)."""
+    if not forward and isinstance(target, Mapping):
+        return dict_target_hint(error, target)
     if target is not None:
         return None
     text = str(error)
@@ -183,6 +186,21 @@ def target_hint(error: BaseException, target: Any, forward: bool = False) -> str
         f"{NO_TARGET}, a lone tensor or synthetic samples of --input-shape, so {given}: give "
         "samples of (input, target) by --data module:attr or autotune_dataset beside the model "
         "(an autoencoder's: (x, x))"
+    )
+
+
+def dict_target_hint(error: BaseException, target: Mapping[str, Any]) -> str | None:
+    """Why a user's loss failed as on a tensor where a dict batch was its target (a DLRM's
+    ``{"dense", "sparse", "labels"}``: "'dict' object has no attribute 'size'"), with the fix;
+    None for other errors."""
+    if not isinstance(error, (TypeError, AttributeError)):
+        return None
+    keys = [str(k) for k in target]
+    named = next((k for k in TARGET_KEYS if k in keys), None)
+    read = f"target[{named!r}]" if named else "the target's key in it"
+    return (
+        f"{DICT_TARGET}, a dict of {', '.join(keys)}, as --loss and autotune_loss are called on "
+        f"a dict batch: read {read} in the loss"
     )
 
 

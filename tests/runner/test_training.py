@@ -183,21 +183,20 @@ def test_float64_samples_for_a_float32_model_are_said_with_the_fix() -> None:
     assert double_hint(raised.value, model.double(), ((rows,), {})) is None
 
 
+def _loss_step(
+    model: torch.nn.Module, loss: Any, accepts: frozenset[str] | None = None
+) -> TrainStep:
+    """A step of ``model`` (SGD, global batch 8, on the CPU) whose loss is ``loss``."""
+    config = make_config({"global_batch_size": 8, "device": "cpu"})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hooks = prepare_model(model, config, torch.device("cpu"))[1]
+    return TrainStep(model, optimizer, loss, config, torch.device("cpu"), hooks, accepts=accepts)
+
+
 def test_a_loss_given_no_target_says_where_targets_come_from() -> None:
     # A user's loss over synthetic samples (--input-shape: lone tensors) failed with torch's
     # "argument 'target' ... must be Tensor, not NoneType" and nothing else.
-    config = make_config({"global_batch_size": 8, "device": "cpu"})
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss = torch.nn.functional.cross_entropy
-    step = TrainStep(
-        model,
-        optimizer,
-        loss,
-        config,
-        torch.device("cpu"),
-        prepare_model(model, config, torch.device("cpu"))[1],
-    )
+    step = _loss_step(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy)
     with pytest.raises(TypeError) as raised:
         step.run(iter([torch.zeros(8, 3)]))
     (hint,) = raised.value.__notes__
@@ -211,6 +210,32 @@ def test_a_loss_given_no_target_says_where_targets_come_from() -> None:
     assert "so the forward was given none: give samples of (input, target)" in said
     assert target_hint(asks, [{"boxes": torch.zeros(1, 4)}], forward=True) is None
     assert target_hint(RuntimeError("mat1 and mat2 shapes"), None, forward=True) is None
+
+
+def test_a_loss_that_reads_a_dict_batch_as_a_tensor_is_told_it_was_given_the_batch() -> None:
+    # A DLRM's loss over {"dense", "sparse", "labels"} samples failed with "'dict' object has no
+    # attribute 'size'" and nothing else: a dict batch is its loss's target whole.
+    class Dense(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def forward(self, dense: torch.Tensor) -> torch.Tensor:
+            return self.layer(dense).squeeze(1)
+
+    loss = torch.nn.functional.binary_cross_entropy_with_logits
+    step = _loss_step(Dense(), loss, accepts=frozenset({"dense"}))
+    batch = {"dense": torch.zeros(8, 3), "labels": torch.ones(8)}
+    with pytest.raises((TypeError, AttributeError)) as raised:
+        step.run(iter([batch]))
+    (hint,) = raised.value.__notes__
+    assert hint == (
+        "the loss was given the whole batch as its target, a dict of dense, labels, as --loss "
+        "and autotune_loss are called on a dict batch: read target['labels'] in the loss"
+    )
+    assert rank_hint(f"rank 0: warm-up step 1: TypeError: {raised.value} ({hint})") == hint
+    assert target_hint(RuntimeError("shapes"), batch) is None  # not how a dict fails
+    assert "read the target's key in it" in (target_hint(TypeError("x"), {"a": 1}) or "")
 
 
 def test_a_loss_that_is_not_a_scalar_is_refused_naming_its_shape() -> None:
