@@ -1,6 +1,7 @@
 """What a model itself rules out, told from a build on the meta device before any trial.
 
-A knob's value that no trial of the model could run (FSDP over sparse gradients, a TorchScript
+A knob's value that no trial of the model could run (FSDP over sparse gradients, or on a CPU DDP
+over several of them, which corrupts gloo's ranks now and then; a TorchScript
 module or one unit of two dtypes; FSDP's bf16 parameters beside a parametrization's float32
 buffers, or where a forward so held fails, run for real since the meta device cannot show it;
 a compiled TorchScript model; PowerSGD and fused optimizers for complex parameters),
@@ -37,8 +38,6 @@ def fsdp_refusal(model_reference: str) -> str | None:
     model) whose trainable parameters differ in dtype (complex spectral weights beside real
     ones: FSDP flattens a unit's parameters into one). None when neither holds, or when the
     model cannot be built there (its trials will tell)."""
-    import torch
-
     from autotune.runner.blocks import find_repeated_blocks, is_scripted  # imports torch
 
     built = meta_model(model_reference)
@@ -46,10 +45,7 @@ def fsdp_refusal(model_reference: str) -> str | None:
         return None
     model = built[1]
     names = {module: name for name, module in model.named_modules()}
-    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
-    sparse = [m for m in model.modules() if isinstance(m, kinds) and m.sparse]
-    lookups = [names[m] or "the model" for m in sparse]
-    if lookups:
+    if lookups := sparse_lookups(model_reference):
         return (
             f"FSDP cannot shard sparse gradients (sparse=True in {first_three(lookups)}; DDP "
             "reduces them)"
@@ -76,6 +72,34 @@ def fsdp_refusal(model_reference: str) -> str | None:
                 f" holds {' and '.join(dtypes)} ones"
             )
     return None
+
+
+def sparse_lookups(model_reference: str) -> list[str]:
+    """The model's lookups with sparse gradients (``nn.Embedding`` or ``nn.EmbeddingBag`` with
+    ``sparse=True``), named, from a build on the meta device; [] where it has none or cannot be
+    built there."""
+    import torch
+
+    built = meta_model(model_reference)
+    if built is None:
+        return []
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return [
+        name or "the model"
+        for name, m in built[1].named_modules()
+        if isinstance(m, kinds) and m.sparse
+    ]
+
+
+GLOO_SPARSE = (
+    "DDP over gloo corrupts a rank's memory now and then where more than one lookup has sparse "
+    "gradients ({lookups}): ranks died of SIGABRT or SIGSEGV ('malloc(): unaligned tcache "
+    "chunk detected') in 8 of 28 runs of 300 steps with 2-4 such lookups, 0 of 20 with one, "
+    "in plain PyTorch 2.13 on a CPU; a search's short trials pass or crash by chance, and a "
+    "long run crashes; on CUDA (NCCL) its trials tell"
+)
+"""Why DDP is refused on a CPU for a model of several sparse lookups (a DLRM's embedding bags);
+``tests/runner/test_gloo_sparse.py`` (slow) pins torch's crash."""
 
 
 def fake_quantization(model_reference: str) -> str | None:
@@ -301,6 +325,9 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
             Refusal("parallel", mode, reason, "use single on a CPU", device="cpu")
             for mode in ("ddp", "fsdp")
         ]
+    if len(lookups := sparse_lookups(model_reference)) > 1:
+        reason = GLOO_SPARSE.format(lookups=first_three(lookups))
+        refusals.append(Refusal("parallel", "ddp", reason, "use single on a CPU", device="cpu"))
     if scripted_model(model_reference):
         refusals += [
             Refusal("compile", mode, SCRIPTED_COMPILE, "use compile=off")

@@ -91,6 +91,22 @@ def test_fsdp_is_dropped_for_a_model_it_cannot_shard_with_why() -> None:
     assert {(e.knob, e.value): e.reason for e in dropped}[("parallel", "fsdp")] == sparse
 
 
+def test_ddp_is_dropped_on_a_cpu_for_a_model_of_several_sparse_lookups() -> None:
+    from autotune.search.refusals import GLOO_SPARSE
+
+    refusals = model_refusals("tests.fixtures.sparse:Lookups")
+    ddp = {(r.knob, r.value): r for r in refusals}[("parallel", "ddp")]
+    assert ddp.reason == GLOO_SPARSE.format(lookups="bag, table")
+    assert ddp.holds("cpu") and not ddp.holds("cuda")  # NCCL reduces them otherwise
+    space, dropped = restrict_space(
+        load_space("quick"), detect_platform("cpu"), 2, None, False, refusals=refusals
+    )
+    assert space.params["parallel"].choices == ("single",)
+    assert {(e.knob, e.value): e.reason for e in dropped}[("parallel", "ddp")] == ddp.reason
+    one = model_refusals("tests.fixtures.sparse:OneLookup")
+    assert ("parallel", "ddp") not in {(r.knob, r.value) for r in one}
+
+
 def test_powersgd_and_fused_optimizers_are_ruled_out_for_complex_parameters() -> None:
     # A Fourier neural operator (complex64 spectral weights): its DDP trial with PowerSGD hung
     # until the trial's timeout (300 s, both ranks waiting in the hook), and a fused AdamW
