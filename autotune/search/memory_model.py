@@ -343,12 +343,12 @@ class MemoryModel:
     def _tensor_peak(self, config: TrainConfig, world: int) -> TensorPeak | None:
         mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
         impl = config.optimizer_impl
-        steps = self._steps(config, world)
-        if steps == [(mb, k)]:
+        looked_up = self._steps(config, world)
+        if looked_up == [(mb, k)]:
             return self.steps.get((mb, amp, k, impl, world))
         assert self._corners is not None
         (mb0, mb1), (k0, k1) = self._corners
-        corners = {(b, s): self.steps.get((b, amp, s, impl, world)) for b, s in steps}
+        corners = {(b, s): self.steps.get((b, amp, s, impl, world)) for b, s in looked_up}
         if any(c is None for c in corners.values()):
             return None
         u = (mb - mb0) / (mb1 - mb0) if mb1 > mb0 else 0.0

@@ -154,3 +154,22 @@ def test_a_step_a_copy_could_not_trace_fails_the_predictions_as_it_would_here(
     # predicted still; a plan stops at the first None either way
     assert alone[0] is together[0] is None and set(together) == {None}
     assert side.trace_error == one_by_one.trace_error and side.trace_error
+
+
+def test_what_this_process_buffered_is_written_once() -> None:
+    # A script embedding the tuner, its output to a file (block-buffered), printed before a plan:
+    # a forked copy holds the buffer too, and would write it again as it ends, had
+    # multiprocessing not flushed it before forking (it does: pinned here).
+    import subprocess
+    import sys
+
+    script = (
+        "from autotune.search.side_by_side import run_side_by_side\n"
+        "print('before', end='')\n"
+        "run_side_by_side([1, 2, 3, 4], abs, 2)\n"
+        "print(' after')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert done.stdout == "before after\n"
