@@ -55,7 +55,7 @@ def test_ddp_on_gloo_trains_a_model_whose_lookup_has_sparse_gradients() -> None:
 
 def test_ddp_on_a_cpu_of_several_sparse_lookups_is_refused_saying_why() -> None:
     # A DLRM's four embedding bags: one DDP trial in three died of a corrupted heap (SIGABRT),
-    # and plain PyTorch does the same (tests/runner/test_gloo_sparse.py, slow).
+    # and plain PyTorch does the same (scripts/bench_gloo_sparse.py).
     from autotune.api import run_trial
     from autotune.errors import ConfigError
 

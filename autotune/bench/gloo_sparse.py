@@ -1,0 +1,89 @@
+"""How often DDP over gloo kills a rank for a model of several lookups with sparse gradients: plain
+PyTorch, no autotune in the ranks (``refusals.GLOO_SPARSE`` stands on it).
+
+Each run is a fresh process of two CPU ranks (``torch.multiprocessing.spawn``) training a model of
+``tables`` ``EmbeddingBag(sparse=True)`` for ``steps`` steps of SGD; its outcome is "ok" or how a
+rank died (SIGABRT: "malloc(): unaligned tcache chunk detected", SIGSEGV). The crash is now and
+then, not every run, so it is counted over many runs rather than pinned by a test.
+
+    python -m autotune.bench.gloo_sparse PORT TABLES STEPS   # one run (what ``run`` starts)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from typing import Any
+
+ROWS = (100_000, 50_000, 20_000, 5_000, 5_000, 5_000, 5_000, 5_000)
+"""Each lookup's rows, of width 64, in order."""
+
+
+def _rank(rank: int, port: int, tables: int, steps: int) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    class Bags(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bags = nn.ModuleList(
+                nn.EmbeddingBag(n, 64, mode="sum", sparse=True) for n in ROWS[:tables]
+            )
+
+        def forward(self, ids: Any) -> Any:
+            looked = [bag(ids[:, i]) for i, bag in enumerate(self.bags)]
+            return torch.stack(looked, 1).sum(1)
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    model = DistributedDataParallel(Bags())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        ids = torch.stack([torch.randint(0, n, (128, 8)) for n in ROWS[:tables]], 1)
+        model(ids).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(tables: int, steps: int, timeout_s: float = 300) -> str:
+    """One run's outcome: "ok", the signal a rank died of ("SIGABRT"), or "failed" (another
+    error, its last line after a colon)."""
+    command = [sys.executable, "-m", "autotune.bench.gloo_sparse", str(_free_port())]
+    command += [str(tables), str(steps)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode == 0:
+        return "ok"
+    died = re.search(r"terminated with signal (SIG[A-Z]+)", done.stderr)
+    if died:
+        return died.group(1)
+    lines = done.stderr.strip().splitlines()
+    return "failed: " + (lines[-1] if lines else f"exit {done.returncode}")
+
+
+def tally(outcomes: list[str]) -> dict[str, int]:
+    """How many runs ended each way."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
+
+
+if __name__ == "__main__":
+    from torch.multiprocessing.spawn import spawn
+
+    port, tables, steps = (int(a) for a in sys.argv[1:4])
+    spawn(_rank, args=(port, tables, steps), nprocs=2)  # type: ignore[no-untyped-call]

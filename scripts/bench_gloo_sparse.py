@@ -1,0 +1,39 @@
+"""How often DDP over gloo kills a rank for a model of several sparse lookups, and of one
+(``autotune.bench.gloo_sparse``: plain PyTorch, two CPU ranks, fresh processes each run).
+
+    python scripts/bench_gloo_sparse.py [--runs 12] [--tables 4 1] [--steps 300] \
+        [--out results/gloo_sparse.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from autotune.bench.gloo_sparse import run, tally
+from autotune.bench.memory_prediction import machine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=12)
+    parser.add_argument("--tables", type=int, nargs="+", default=[4, 1])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--out", default="results/gloo_sparse.json")
+    args = parser.parse_args()
+    report: dict[str, object] = {"machine": machine(), "steps": args.steps, "runs": {}}
+    print(f"{'lookups':>7}  {'runs':>4}  {'died':>4}  outcomes")
+    for tables in args.tables:
+        outcomes = [run(tables, args.steps) for _ in range(args.runs)]
+        report["runs"][str(tables)] = outcomes  # type: ignore[index]
+        counts = tally(outcomes)
+        died = sum(n for outcome, n in counts.items() if outcome != "ok")
+        said = ", ".join(f"{outcome} {n}" for outcome, n in sorted(counts.items()))
+        print(f"{tables:>7}  {args.runs:>4}  {died:>4}  {said}")
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
