@@ -57,6 +57,13 @@ def run_side_by_side(
     import multiprocessing
 
     copies = max(0, min(processes, len(jobs)) - 1)
+    if not copies:  # no fork asked for (where there is none: Windows)
+        alone: dict[int, T] = {}
+        for number, job in enumerate(jobs):
+            if starting is not None:
+                starting(number, job)
+            alone[number] = work(job)
+        return alone
     context = multiprocessing.get_context("fork")
     counter = context.Value("i", 0)
     answers: Any = context.Queue()

@@ -33,10 +33,19 @@ def test_jobs_taken_side_by_side_answer_as_one_after_another() -> None:
     assert sorted(started) == sorted(i for i, pid in by.items() if pid == here)  # told of its own
 
 
-def test_one_process_runs_every_job_here_in_order() -> None:
-    started: list[int] = []
-    done = run_side_by_side(["a", "b"], str.upper, 1, lambda index, _: started.append(index))
-    assert done == {0: "A", 1: "B"} and started == [0, 1]
+def test_one_process_runs_every_job_here_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    def no_fork(method: str) -> None:
+        raise ValueError(f"cannot find context for {method!r}")  # as on Windows
+
+    monkeypatch.setattr(multiprocessing, "get_context", no_fork)
+    said: list[str] = []
+    done = run_side_by_side(
+        ["a", "b"], lambda job: said.append(job) or job.upper(), 1,
+        lambda index, _: said.append(f"start {index}"),
+    )  # fmt: skip
+    assert done == {0: "A", 1: "B"} and said == ["start 0", "a", "start 1", "b"]
 
 
 def test_a_job_whose_copy_died_is_left_to_its_caller() -> None:
