@@ -47,7 +47,7 @@ from autotune.runner.fake_memory import (
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.calibration import Calibration, Point, fit
-from autotune.search.step_traces import Job, StepTraces, precision
+from autotune.search.step_traces import Job, StepTraces, key_of, precision
 
 MEMORY_FIELDS = {
     "parallel": "DDP's buckets; FSDP's shards and what it gathers",
@@ -377,7 +377,7 @@ class MemoryModel:
         """The micro-batches and checkpointed blocks traced for ``config``: its own, or the four
         corners of the table around it (``interpolate_between``)."""
         mb, k = config.micro_batch_size, config.checkpoint_segments
-        key = (mb, precision(traced_amp(config)), k, config.optimizer_impl, world)
+        key = key_of((mb, traced_amp(config), k, config.optimizer_impl, world))
         if self._corners is None or key in self.steps.held:
             return [(mb, k)]
         (mb0, mb1), (k0, k1) = self._corners

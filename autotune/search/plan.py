@@ -196,13 +196,12 @@ def make_plan(
     config: TrainConfig | None = None,
     measure: Callable[[TrainConfig], int | None] | None = None,
     progress: Callable[[str], None] | None = None,
-    processes: int | None = None,
 ) -> Plan:
     """The plan of ``space`` (or of ``config`` alone) on ``devices`` devices. ``measure`` (a
     short real trial on this machine, returning the peak one device measured) calibrates the
     process's share first, on the plan's least micro-batch on one device. ``progress`` is told
-    what takes time, in words (each traced step: seconds each). A table's steps are traced
-    ``processes`` at a time (default: one per core, where forking is safe: ``side_by_side``)."""
+    what takes time, in words (each traced step: seconds each). A table's steps are traced one
+    per core, where forking is safe (``side_by_side``)."""
     added: list[str] = []
     if config is not None:
         configs = [config]
@@ -239,7 +238,7 @@ def make_plan(
     model.tracing = progress
     if len(configs) > 1:
         model.interpolate_between(configs)
-        model.trace_ahead(configs, processes_here() if processes is None else processes)
+        model.trace_ahead(configs, processes_here())
     if measure is not None and configs:
         _calibrate(model, configs, measure, global_batch_size, device_type)
     rows = []
