@@ -36,7 +36,7 @@ from autotune.runner.optimizer import chosen_optimizer, running_implementation
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, join_group_of_one, prepare
-from autotune.runner.training import OPTIMIZER_STEP
+from autotune.runner.training import CLIPPING, OPTIMIZER_STEP
 from autotune.runner.window import AFTER_FASTER, STEP_PHASES, Decision, Window, warmup_phase
 from autotune.runner.workload import BUILDING, WorkloadCache, build_workload
 
@@ -186,7 +186,7 @@ def run_rank(
         traceback.print_exception(error, file=sys.stderr)
         status, message = classify_exception(error)
         notes = getattr(error, "__notes__", ())
-        where = [n for n in notes if n.startswith(OPTIMIZER_STEP)]
+        where = [n for n in notes if n.startswith((OPTIMIZER_STEP, CLIPPING))]
         hints = [f" ({n})" for n in notes if n.startswith(RANK_HINTS)]
         phase = progress.phase.removesuffix(AFTER_FASTER)  # how the pruning rule read it: not news
         # autotune's own errors name what is wrong already

@@ -38,6 +38,9 @@ OPTIMIZER_STEP = "in the optimizer's step"
 """The note an error raised by the optimizer's step carries (then the optimizer's class): the
 rank's one-line reason says it, since such an error is the optimizer's, not the model's (a
 user's Adafactor under FSDP2 mixed plain tensors with DTensor parameters)."""
+CLIPPING = "in clipping the gradients (clip_grad_norm_)"
+"""The note an error raised by clipping carries instead (``max_grad_norm``): it comes before the
+optimizer's step, and is not the optimizer's."""
 
 
 def maps_own_tensors(value: Any) -> bool:
@@ -584,9 +587,13 @@ class TrainStep:
             hook_calls.append(self.hooks.calls - calls_before)
             total_loss += loss.detach().float()
             self.micro_steps += 1
-        try:
-            if self.config.max_grad_norm is not None:
+        if self.config.max_grad_norm is not None:
+            try:
                 self._clip(self.config.max_grad_norm)
+            except Exception as error:
+                error.add_note(CLIPPING)
+                raise
+        try:
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()

@@ -56,7 +56,7 @@ from autotune.search.model_facts import (
 from autotune.search.probe import every_block, is_looped, restrict_space
 from autotune.search.progress import Reporter
 from autotune.search.recipe import BatchNorm, Coupling
-from autotune.search.refusals import fsdp_bf16_refusals, model_refusals
+from autotune.search.refusals import check_clipping, fsdp_bf16_refusals, model_refusals
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace, load_space
 from autotune.search.storage import open_storage, pick_study, stored_studies
@@ -254,6 +254,7 @@ def run_search(
     _check_objects_reach(workload, settings.cluster.ray_address)
     check_batches(workload)
     check_optimizer(workload)
+    check_clipping(settings.max_grad_norm, workload.model)
     settings, batch_source = resolve_global_batch(workload, settings)
     space = load_space(settings.space)
     device = resolve_device(settings.cluster.device)

@@ -1,16 +1,17 @@
 """What a model itself rules out, told from a build on the meta device before any trial.
 
 A knob's value that no trial of the model could run (FSDP over sparse gradients, or on a CPU DDP
-over several of them, which corrupts gloo's ranks now and then; a TorchScript
-module or one unit of two dtypes; FSDP's bf16 parameters beside a parametrization's float32
-buffers, or where a forward so held fails, run for real since the meta device cannot show it;
-a compiled TorchScript model; PowerSGD and fused optimizers for complex parameters),
-or would run for nothing (autocast over float64 parameters), is a ``Refusal``: the search's
-probe drops it (``probe.restrict_space``), ``plan`` leaves it out, and a configuration given
-alone asking for one is refused in one line (``check_refusals``). Each refusal that stands for
-a limit of torch is pinned by a test that fails should torch lift it (gloo's crash now and then,
-``GLOO_SPARSE``, by a script that counts it instead); a refusal measured on one device type only
-holds there.
+over several of them, which corrupts gloo's ranks now and then; a TorchScript module or one
+unit of two dtypes; FSDP's bf16 parameters beside a parametrization's float32 buffers, or where
+a forward so held fails, run for real since the meta device cannot show it; a compiled
+TorchScript model; PowerSGD and fused optimizers for complex parameters or sparse gradients,
+and on a CPU the fp16 hook for sparse ones), or would run for nothing (autocast over float64
+parameters), is a ``Refusal``: the search's probe drops it (``probe.restrict_space``), ``plan``
+leaves it out, and a configuration given alone asking for one is refused in one line
+(``check_refusals``; so is clipping sparse gradients, ``check_clipping``, a setting rather than
+a knob). Each refusal that stands for a limit of torch is pinned by a test that fails should
+torch lift it (gloo's crash now and then, ``GLOO_SPARSE``, by a script that counts it instead);
+a refusal measured on one device type only holds there.
 """
 
 from __future__ import annotations
@@ -102,6 +103,51 @@ GLOO_SPARSE = (
 """Why DDP is refused on a CPU for a model of several sparse lookups (a DLRM's embedding bags).
 The crash comes now and then, not every run, so no test can pin it: ``scripts/bench_gloo_sparse.py``
 counts it (plain PyTorch), to be run again on a new torch."""
+
+
+def sparse_refusals(lookups: str) -> list[Refusal]:
+    """What sparse gradients rule out (the model's ``lookups``, named): a fused optimizer,
+    PowerSGD, and on a CPU the fp16 hook. Each failed a trial of a lookup with
+    ``sparse=True`` that the search had proposed."""
+    given = f"the lookups {lookups} give sparse gradients (sparse=True)"
+    return [
+        Refusal(
+            "optimizer_impl",
+            "fused",
+            f"a fused optimizer takes no sparse gradients ('does not support sparse "
+            f"gradients'), and {given}",
+            "use foreach or default",
+        ),
+        Refusal(
+            "comm_hook",
+            "powersgd",
+            f"PowerSGD's hook compresses dense gradients, and {given}: once it compressed, "
+            "both ranks waited in its allreduce until the trial's timeout",
+            "use comm_hook none",
+        ),
+        Refusal(
+            "comm_hook",
+            "fp16",
+            f"gloo sums sparse gradients without a float16 kernel ('cadd_sparse' not "
+            f"implemented for 'Half'), and {given}: the fp16 hook fails the first step",
+            "use comm_hook none on a CPU",
+            device="cpu",
+        ),
+    ]
+
+
+def check_clipping(max_grad_norm: float | None, model_reference: str) -> None:
+    """One line, before anything runs, where the gradients are clipped (``max_grad_norm``) and
+    the model has lookups with sparse gradients: torch's ``clip_grad_norm_`` takes the norm of
+    each gradient, and no norm kernel takes a sparse one, so every trial would fail its first
+    step."""
+    if max_grad_norm is None or not (lookups := sparse_lookups(model_reference)):
+        return
+    raise ConfigError(
+        f"max_grad_norm={max_grad_norm:g}: torch's clip_grad_norm_ takes no sparse gradients "
+        f"(no norm kernel for them), and the lookups {first_three(lookups)} give sparse "
+        "gradients (sparse=True); leave --max-grad-norm (max_grad_norm) unset"
+    )
 
 
 def fake_quantization(model_reference: str) -> str | None:
@@ -330,6 +376,8 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
     if len(lookups := sparse_lookups(model_reference)) > 1:
         reason = GLOO_SPARSE.format(lookups=first_three(lookups))
         refusals.append(Refusal("parallel", "ddp", reason, "use single on a CPU", device="cpu"))
+    if lookups:
+        refusals += sparse_refusals(first_three(lookups))
     if scripted_model(model_reference):
         refusals += [
             Refusal("compile", mode, SCRIPTED_COMPILE, "use compile=off")
@@ -378,7 +426,9 @@ def check_refusals(
     config: TrainConfig, model_reference: str, refusals: tuple[Refusal, ...] | None = None
 ) -> None:
     """A configuration given alone (a trial, a plan of one): one line, before anything runs,
-    where it asks for a value the model rules out (``refusals``, else ``model_refusals``)."""
+    where it asks for a value the model rules out (``refusals``, else ``model_refusals``), or
+    clips gradients the model makes sparse (``check_clipping``)."""
+    check_clipping(config.max_grad_norm, model_reference)
     for refusal in model_refusals(model_reference) if refusals is None else refusals:
         if getattr(config, refusal.knob) == refusal.value and refusal.holds(config.device):
             raise ConfigError(

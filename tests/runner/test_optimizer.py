@@ -155,6 +155,22 @@ def test_an_error_in_the_optimizer_s_step_is_said_to_be_there() -> None:
     )
 
 
+def test_an_error_in_clipping_is_said_to_be_there_not_in_the_optimizer_s_step() -> None:
+    # --max-grad-norm over a sparse gradient failed in clip_grad_norm_ and was said as "in the
+    # optimizer's step (SGD)"; a lookup's are refused before the trial, a hook's are not.
+    result = run_trial(
+        "tests.fixtures.sparse:SparsenedGradient",
+        {**CONFIG, "max_grad_norm": 1.0},
+        data="tests.fixtures.sparse:autotune_dataset",
+        warmup_steps=1, measured_steps=2, target_interval=0,
+    )  # fmt: skip
+    assert result.status == "error"
+    assert result.message.startswith(
+        "rank 0: warm-up step 1: in clipping the gradients (clip_grad_norm_): "
+        "NotImplementedError: Could not run 'aten::linalg_vector_norm'"
+    ), result.message
+
+
 def test_the_trial_summary_names_the_optimizer() -> None:
     from autotune.config import make_config
     from autotune.report import format_trial

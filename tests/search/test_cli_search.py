@@ -40,6 +40,10 @@ DEFAULT_COLLATE = "torch.utils.data:default_collate"
             "the dataset holds 256 samples, fewer than one global batch of 512: no step could be "
             "made of an epoch; use --global-batch-size 256 or less, or a larger dataset",
         ),
+        (  # clip_grad_norm_ takes no sparse gradient: every trial would fail its first step
+            ["--model", "tests.fixtures.sparse:OneLookup", "--max-grad-norm", "1"],
+            "max_grad_norm=1: torch's clip_grad_norm_ takes no sparse gradients",
+        ),
         (  # a global batch two ranks cannot split: every configuration invalid
             ["--global-batch-size", "7"],
             "global batch 7 does not split evenly over 2 devices: use a multiple of 2 (such as 8)",

@@ -205,6 +205,97 @@ def test_a_fused_optimizer_refuses_complex_parameters_in_this_torch() -> None:
         optimizer.step()
 
 
+def test_sparse_gradients_rule_out_fused_optimizers_powersgd_and_the_fp16_hook_on_a_cpu() -> None:
+    # A recommender's lookup with sparse=True, DDP x2 on this CPU: a fused SGD failed its first
+    # step ("`_fused_sgd` does not support sparse gradients"), PowerSGD hung until the
+    # trial's timeout, and the fp16 hook failed ("cadd_sparse" not implemented for 'Half');
+    # the search proposed all three.
+    model = "tests.fixtures.sparse:OneLookup"
+    refusals = model_refusals(model)
+    assert [(r.knob, r.value, r.device) for r in refusals] == [
+        ("parallel", "fsdp", None),
+        ("optimizer_impl", "fused", None),
+        ("comm_hook", "powersgd", None),
+        ("comm_hook", "fp16", "cpu"),
+    ]
+    assert "the lookups bag give sparse gradients (sparse=True)" in refusals[1].reason
+    cpu = detect_platform("cpu")
+    space, dropped = restrict_space(load_space("default"), cpu, 2, None, False, refusals=refusals)
+    assert space.params["comm_hook"].choices == ("none",)  # bf16 needs NCCL
+    assert space.params["optimizer_impl"].choices == ("default", "foreach")
+    reasons = {(e.knob, e.value): e.reason for e in dropped}
+    assert reasons[("comm_hook", "powersgd")] == refusals[2].reason
+    cuda = cpu.model_copy(update={"device_type": "cuda"})
+    kept, _ = restrict_space(load_space("default"), cuda, 2, None, False, refusals=refusals)
+    assert kept.params["comm_hook"].choices == ("none", "fp16", "bf16")  # NCCL: trials tell
+    several = model_refusals("tests.fixtures.sparse:Lookups")
+    assert ("comm_hook", "powersgd") in {(r.knob, r.value) for r in several}
+    assert "the lookups bag, table give" in several[-1].reason
+    for asked, said in [
+        ({"comm_hook": "fp16"}, r"^comm_hook=fp16: gloo sums sparse gradients without"),
+        ({"comm_hook": "powersgd"}, r"^comm_hook=powersgd: PowerSGD's hook compresses dense"),
+        ({"optimizer_impl": "fused"}, r"^optimizer_impl=fused: a fused optimizer takes no"),
+    ]:
+        with pytest.raises(ConfigError, match=said):
+            run_trial(model, {**ONE_DDP_PAIR, **asked})
+
+
+def test_clipping_sparse_gradients_is_refused_before_any_trial() -> None:
+    # --max-grad-norm 1 on the same model: every trial failed its first step in
+    # clip_grad_norm_ ("Could not run 'aten::linalg_vector_norm' with arguments from the
+    # 'SparseCPU' backend"), said as if the optimizer's step had.
+    from autotune.search.refusals import check_clipping
+
+    config = {"global_batch_size": 8, "device": "cpu", "max_grad_norm": 1.0}
+    with pytest.raises(ConfigError) as refused:
+        run_trial("tests.fixtures.sparse:OneLookup", config)
+    assert str(refused.value) == (
+        "max_grad_norm=1: torch's clip_grad_norm_ takes no sparse gradients (no norm kernel "
+        "for them), and the lookups bag give sparse gradients (sparse=True); leave "
+        "--max-grad-norm (max_grad_norm) unset"
+    )
+    check_clipping(None, "tests.fixtures.sparse:OneLookup")
+    check_clipping(1.0, "tests.fixtures.traced:Stack")
+
+
+def test_sparse_gradients_fail_fused_steps_clipping_and_half_sums_in_this_torch() -> None:
+    # What ``sparse_refusals`` and ``check_clipping`` foresee, pinned: should torch lift any,
+    # its part fails here and the refusal can go.
+    bag = torch.nn.EmbeddingBag(10, 4, sparse=True)
+    bag(torch.tensor([[1, 2]])).sum().backward()
+    with pytest.raises(RuntimeError, match="does not support sparse gradients"):
+        torch.optim.SGD(bag.parameters(), lr=0.1, fused=True).step()
+    with pytest.raises(NotImplementedError, match="linalg_vector_norm"):
+        torch.nn.utils.clip_grad_norm_(bag.parameters(), 1.0)
+    half = bag.weight.grad.half()  # what the fp16 hook gives gloo's sparse sum on a CPU
+    with pytest.raises(NotImplementedError, match="\"cadd_sparse\" not implemented for 'Half'"):
+        half + half
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_powersgd_fails_two_gloo_ranks_of_a_sparse_lookup_in_this_torch(tmp_path: Path) -> None:
+    # The PowerSGD refusal pinned in plain PyTorch (a trial of it hung until its timeout): once
+    # the hook compresses, neither rank gets through its step (an error, a gloo timeout, or a
+    # rank killed). Should both train, this fails and the refusal can go.
+    import socket
+
+    from torch.multiprocessing.spawn import ProcessExitedException, spawn
+
+    from tests.fixtures.sparse import powersgd_rank
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "rank")
+    try:
+        spawn(powersgd_rank, args=(port, out), nprocs=2)  # type: ignore[no-untyped-call]
+    except ProcessExitedException:
+        return  # a rank died in the hook
+    said = [Path(f"{out}-{rank}").read_text() for rank in (0, 1)]
+    assert said != ["ok", "ok"]
+
+
 def test_repeated_blocks_are_counted_without_building_real_weights() -> None:
     assert repeated_blocks(WorkloadSpec(model="workloads.gpt:gpt2_124m")) == (12, "Block")
     assert repeated_blocks(WorkloadSpec(model="tests.fixtures.models:NeedsArguments")) is None
