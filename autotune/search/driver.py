@@ -300,6 +300,9 @@ def run_search(
     coupled = coupling(workload)  # four forwards of two samples, on the model built here
     images = feeds_images(workload) if "channels_last" in space.params else None
     flags = optimizer_flags(workload) if "optimizer_impl" in space.params else None
+    refusals = model_refusals(workload.model) + (
+        fsdp_bf16_refusals(workload) if _asks_fsdp_bf16(space, devices) else ()
+    )
     space, exclusions = restrict_space(
         space,
         platform,
@@ -308,8 +311,7 @@ def run_search(
         image_batches=images,
         optimizer_flags=flags,
         block_class=blocks[1] if blocks else "",
-        refusals=model_refusals(workload.model)
-        + (fsdp_bf16_refusals(workload) if _asks_fsdp_bf16(space, devices) else ()),
+        refusals=refusals,
         idle_blocks=idle_blocks(workload) if blocks else 0,
     )
     executor = _executor(settings, space, platform, devices, workload, rank_output)
@@ -346,6 +348,10 @@ def run_search(
             reporter=reporter,
             native_amp=native_autocast(platform.device_type),
             coupling=coupled,
+            ddp_refused=any(
+                (r.knob, r.value) == ("parallel", "ddp") and r.holds(platform.device_type)
+                for r in refusals
+            ),
         )
         recommendation = tuner.run(exclusions, mask_url(settings.study.storage), name)
         recommendation = recommendation.model_copy(

@@ -87,6 +87,7 @@ class Tuner:
         reporter: Reporter,
         native_amp: tuple[tuple[str, ...], str] = (AUTOCASTS, "as the space offers"),
         coupling: Coupling | None = None,
+        ddp_refused: bool = False,
     ) -> None:
         self.executor, self.workload, self.settings = executor, workload, settings
         self.native_amp = native_amp
@@ -95,6 +96,9 @@ class Tuner:
         """What makes the model's forward follow the micro-batch: its batch norms' statistics,
         a loss over the micro-batch together (None: nothing)."""
         self.platform, self.devices, self.reporter = platform, devices, reporter
+        self.baseline_devices = 1 if ddp_refused else devices
+        """The baseline's devices: one where the model rules DDP out here (``refusals``), since
+        a baseline that cannot train measures nothing."""
         self.space = space
         self.budget_bytes = settings.memory.memory_budget_bytes(platform.device_memory_bytes)
         self.limit_bytes = int(self.budget_bytes * (1 - settings.memory.safety_margin))
@@ -218,8 +222,8 @@ class Tuner:
     # -- phases -----------------------------------------------------------------------------
 
     def baseline(self) -> TrialRecord:
-        """Plain DDP (or one device), fp32, no hook, no checkpointing, no workers; accumulation
-        only as far as needed to fit."""
+        """Plain DDP (or one device, where there is one or the model rules DDP out), fp32, no
+        hook, no checkpointing, no workers; accumulation only as far as needed to fit."""
         self.log.refresh()  # another driver of the study may have measured it
         record = self.log.baseline()
         accum = (self._predicted_accumulation() or 1) if record is None else 1
@@ -227,7 +231,7 @@ class Tuner:
             if record is not None:
                 assert record.config is not None
                 accum = record.config.grad_accum_steps * 2
-                divisible = self.global_batch_size % (self.devices * accum) == 0
+                divisible = self.global_batch_size % (self.baseline_devices * accum) == 0
                 if record.fits or record.status not in ("ok", "oom") or not divisible:
                     return record
                 if not accumulation_cut_memory(self.log.records, record):
@@ -433,8 +437,8 @@ class Tuner:
     def _baseline_values(self, accum: int) -> dict[str, object]:
         return {
             "global_batch_size": self.global_batch_size,
-            "parallel": "ddp" if self.devices > 1 else "single",
-            "world_size": self.devices,
+            "parallel": "ddp" if self.baseline_devices > 1 else "single",
+            "world_size": self.baseline_devices,
             "device": self.platform.device_type,
             "grad_accum_steps": accum,
         }
@@ -446,7 +450,7 @@ class Tuner:
         above 1), None when no accumulation is predicted to fit: one trial over the limit is the
         lesson, not one per accumulation. ``start`` itself when nothing is predicted."""
         accum, largest = start, None
-        while self.global_batch_size % (self.devices * accum) == 0:
+        while self.global_batch_size % (self.baseline_devices * accum) == 0:
             try:
                 config = TrainConfig(**self.proposer.completer()(self._baseline_values(accum)))
             except ValueError:

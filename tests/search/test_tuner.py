@@ -21,7 +21,9 @@ from autotune.runner.workload import BUILDING, WorkloadSpec
 from autotune.search import race
 from autotune.search.finishing import ROOM_ATTR
 from autotune.search.lessons import failing_values
+from autotune.search.progress import Reporter
 from autotune.search.proposer import Proposal
+from autotune.search.settings import make_settings
 from autotune.search.study import make_sampler
 from tests.search.fakes import PLATFORM, FakeExecutor, MiB, Said, failed, make_tuner, ok
 
@@ -977,3 +979,25 @@ def test_a_large_space_is_not_counted_whole(monkeypatch: pytest.MonkeyPatch) -> 
     tuner.baseline()
     tuner.search()  # proposes on until MAX_UNPRODUCTIVE_PROPOSALS, as before
     assert sum(r.status == "duplicate" for r in tuner.log.records) >= 100
+
+
+@pytest.mark.usefixtures("probe_cache")
+def test_the_baseline_is_one_device_where_the_model_rules_ddp_out_here(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A DLRM's four sparse lookups on a CPU: the search left DDP out (gloo corrupts a rank now
+    # and then), and then ran its baseline as DDP x2 all the same.
+    from autotune.search import driver
+
+    executor = FakeExecutor(lambda config, before: ok(config, 100.0 * config.world_size, 100))
+    monkeypatch.setattr(driver, "_executor", lambda *args, **kwargs: executor)
+    values = {
+        "global_batch_size": 32, "trials": 3, "devices": 2, "device": "cpu", "space": "quick",
+        "predict_memory": False, "storage": str(tmp_path / "s.db"),
+    }  # fmt: skip
+    for model, parallel in [("Lookups", "single"), ("OneLookup", "ddp")]:
+        spec = WorkloadSpec(model=f"tests.fixtures.sparse:{model}")
+        executor.runs.clear()
+        driver.run_search(spec, make_settings(values), Reporter())
+        baseline = executor.runs[0].config
+        assert (baseline.parallel, baseline.world_size) == (parallel, 2 if parallel == "ddp" else 1)
