@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -149,12 +150,24 @@ def test_a_search_waits_out_a_server_restart_and_loses_nothing(tmp_path: Path) -
         url = server.create_database("restart")
         argv = [*SEARCH, "--devices", "1", "--trials", "6", "--storage", url]
         driver = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stream = driver.stderr
+        assert driver.stdout is not None and stream is not None
+        said: list[str] = []  # the driver's progress lines, read as they come
+        reader = threading.Thread(target=lambda: said.extend(iter(stream.readline, "")))
+        reader.start()
         _wait_for(url, driver, 2, 300)
         before = stored_records(url)
         server.stop()
-        time.sleep(5)  # longer than a trial: the driver finds the database gone
+        # down until the driver finds the database gone: a trial on a new gang took 6 s on a
+        # slow box, longer than the 5 s it was down for before, and the driver never saw it
+        deadline = time.time() + 120
+        while time.time() < deadline and not any("stopped answering" in s for s in said):
+            time.sleep(0.5)
         server.start()
-        out, err = driver.communicate(timeout=600)
+        out = driver.stdout.read()  # to its end, as the driver exits
+        driver.wait(timeout=600)
+        reader.join()
+        err = "".join(said)
         assert driver.returncode == 0, err[-2000:]
         assert "stopped answering; waiting up to 300 s" in err, err[-3000:]  # progress
         assert "answers again after" in err
