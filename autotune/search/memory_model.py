@@ -47,7 +47,7 @@ from autotune.runner.fake_memory import (
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.calibration import Calibration, Point, fit
-from autotune.search.step_traces import Job, StepTraces, key_of, precision
+from autotune.search.step_traces import Job, StepTraces, key_of
 
 MEMORY_FIELDS = {
     "parallel": "DDP's buckets; FSDP's shards and what it gathers",
@@ -473,12 +473,14 @@ class MemoryModel:
         if workers:
             shown["workers"] = calibration.workers_bytes(workers, forked)
         shown["process"] = per_device - sum(shown.values())
-        exact = (
-            config.micro_batch_size,
-            precision(traced_amp(config)),
-            config.checkpoint_segments,
-            config.optimizer_impl,
-            self._group_world(config),
+        exact = key_of(
+            (
+                config.micro_batch_size,
+                traced_amp(config),
+                config.checkpoint_segments,
+                config.optimizer_impl,
+                self._group_world(config),
+            )
         )
         source = "fake-tensor trace" + ("" if exact in self.steps.held else ", interpolated")
         if compiled:
