@@ -97,9 +97,8 @@ GLOO_SPARSE = (
     "DDP over gloo corrupts a rank's memory now and then where more than one lookup has sparse "
     "gradients ({lookups}): ranks died of SIGABRT or SIGSEGV ('malloc(): unaligned tcache "
     "chunk detected') in 5 of 12 runs of 300 steps with four such lookups, 1 of 12 with two, "
-    "0 of 12 with one, "
-    "in plain PyTorch 2.13 on a CPU; a search's short trials pass or crash by chance, and a "
-    "long run crashes; on CUDA (NCCL) its trials tell"
+    "0 of 12 with one, in plain PyTorch 2.13 on a CPU; a search's short trials pass or crash "
+    "by chance, and a long run crashes; on CUDA (NCCL) its trials tell"
 )
 """Why DDP is refused on a CPU for a model of several sparse lookups (a DLRM's embedding bags).
 The crash comes now and then, not every run, so no test can pin it: ``scripts/bench_gloo_sparse.py``
