@@ -2,7 +2,10 @@
 (``autotune.bench.gloo_sparse``: plain PyTorch, two CPU ranks, fresh processes each run).
 
     python scripts/bench_gloo_sparse.py [--runs 12] [--tables 4 1] [--steps 300] \
-        [--out results/gloo_sparse.json]
+        [--variants plain] [--out results/gloo_sparse.json]
+
+A variant adds a dense head after the lookups ("head"), DDP's gradient_as_bucket_view
+("bucket-view"), or both ("head+bucket-view").
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from autotune.bench.gloo_sparse import run, tally
+from autotune.bench.gloo_sparse import VARIANTS, run, tally
 from autotune.bench.memory_prediction import machine
 
 
@@ -20,17 +23,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--tables", type=int, nargs="+", default=[4, 1])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--variants", nargs="+", default=["plain"], choices=VARIANTS)
     parser.add_argument("--out", default="results/gloo_sparse.json")
     args = parser.parse_args()
     report: dict[str, object] = {"machine": machine(), "steps": args.steps, "runs": {}}
-    print(f"{'lookups':>7}  {'runs':>4}  {'died':>4}  outcomes")
+    print(f"{'lookups':>7}  {'variant':<16}  {'runs':>4}  {'died':>4}  outcomes")
     for tables in args.tables:
-        outcomes = [run(tables, args.steps) for _ in range(args.runs)]
-        report["runs"][str(tables)] = outcomes  # type: ignore[index]
-        counts = tally(outcomes)
-        died = sum(n for outcome, n in counts.items() if outcome != "ok")
-        said = ", ".join(f"{outcome} {n}" for outcome, n in sorted(counts.items()))
-        print(f"{tables:>7}  {args.runs:>4}  {died:>4}  {said}")
+        for variant in args.variants:
+            outcomes = [run(tables, args.steps, variant=variant) for _ in range(args.runs)]
+            key = str(tables) if variant == "plain" else f"{tables} {variant}"
+            report["runs"][key] = outcomes  # type: ignore[index]
+            counts = tally(outcomes)
+            died = sum(n for outcome, n in counts.items() if outcome != "ok")
+            said = ", ".join(f"{outcome} {n}" for outcome, n in sorted(counts.items()))
+            print(f"{tables:>7}  {variant:<16}  {args.runs:>4}  {died:>4}  {said}")
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -6,7 +6,7 @@ Each run is a fresh process of two CPU ranks (``torch.multiprocessing.spawn``) t
 rank died (SIGABRT: "malloc(): unaligned tcache chunk detected", SIGSEGV). The crash is now and
 then, not every run, so it is counted over many runs rather than pinned by a test.
 
-    python -m autotune.bench.gloo_sparse PORT TABLES STEPS   # one run (what ``run`` starts)
+    python -m autotune.bench.gloo_sparse PORT TABLES STEPS [VARIANT]   # one run (``run``'s)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ROWS = (100_000, 50_000, 20_000, 5_000, 5_000, 5_000, 5_000, 5_000)
 """Each lookup's rows, of width 64, in order."""
 
 
-def _rank(rank: int, port: int, tables: int, steps: int) -> None:
+def _rank(rank: int, port: int, tables: int, steps: int, variant: str) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -34,16 +34,19 @@ def _rank(rank: int, port: int, tables: int, steps: int) -> None:
             self.bags = nn.ModuleList(
                 nn.EmbeddingBag(n, 64, mode="sum", sparse=True) for n in ROWS[:tables]
             )
+            self.head = nn.Linear(64, 1) if "head" in variant else None
 
         def forward(self, ids: Any) -> Any:
             looked = [bag(ids[:, i]) for i, bag in enumerate(self.bags)]
-            return torch.stack(looked, 1).sum(1)
+            pooled = torch.stack(looked, 1).sum(1)
+            return self.head(pooled) if self.head is not None else pooled
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(rank)
-    model = DistributedDataParallel(Bags())
+    views = "bucket-view" in variant
+    model = DistributedDataParallel(Bags(), gradient_as_bucket_view=views)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(steps):
         ids = torch.stack([torch.randint(0, n, (128, 8)) for n in ROWS[:tables]], 1)
@@ -59,11 +62,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(tables: int, steps: int, timeout_s: float = 300) -> str:
+VARIANTS = ("plain", "head", "bucket-view", "head+bucket-view")
+"""The lookups alone, or with a dense head after them (DDP then reduces dense buckets too), each
+with or without DDP's ``gradient_as_bucket_view``."""
+
+
+def run(tables: int, steps: int, timeout_s: float = 300, variant: str = "plain") -> str:
     """One run's outcome: "ok", the signal a rank died of ("SIGABRT"), or "failed" (another
     error, its last line after a colon)."""
     command = [sys.executable, "-m", "autotune.bench.gloo_sparse", str(_free_port())]
-    command += [str(tables), str(steps)]
+    command += [str(tables), str(steps), variant]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode == 0:
         return "ok"
@@ -86,4 +94,5 @@ if __name__ == "__main__":
     from torch.multiprocessing.spawn import spawn
 
     port, tables, steps = (int(a) for a in sys.argv[1:4])
-    spawn(_rank, args=(port, tables, steps), nprocs=2)  # type: ignore[no-untyped-call]
+    variant = sys.argv[4] if len(sys.argv) > 4 else "plain"
+    spawn(_rank, args=(port, tables, steps, variant), nprocs=2)  # type: ignore[no-untyped-call]
