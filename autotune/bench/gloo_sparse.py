@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
+from collections import Counter
 from typing import Any
+
+from autotune.runner.launch import free_port
 
 ROWS = (100_000, 50_000, 20_000, 5_000, 5_000, 5_000, 5_000, 5_000)
 """Each lookup's rows, of width 64, in order."""
@@ -56,12 +58,6 @@ def _rank(rank: int, port: int, tables: int, steps: int, variant: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 VARIANTS = ("plain", "head", "bucket-view", "head+bucket-view")
 """The lookups alone, or with a dense head after them (DDP then reduces dense buckets too), each
 with or without DDP's ``gradient_as_bucket_view``."""
@@ -70,7 +66,7 @@ with or without DDP's ``gradient_as_bucket_view``."""
 def run(tables: int, steps: int, timeout_s: float = 300, variant: str = "plain") -> str:
     """One run's outcome: "ok", the signal a rank died of ("SIGABRT"), or "failed" (another
     error, its last line after a colon)."""
-    command = [sys.executable, "-m", "autotune.bench.gloo_sparse", str(_free_port())]
+    command = [sys.executable, "-m", "autotune.bench.gloo_sparse", str(free_port())]
     command += [str(tables), str(steps), variant]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode == 0:
@@ -84,10 +80,7 @@ def run(tables: int, steps: int, timeout_s: float = 300, variant: str = "plain")
 
 def tally(outcomes: list[str]) -> dict[str, int]:
     """How many runs ended each way."""
-    counts: dict[str, int] = {}
-    for outcome in outcomes:
-        counts[outcome] = counts.get(outcome, 0) + 1
-    return counts
+    return dict(Counter(outcomes))
 
 
 if __name__ == "__main__":

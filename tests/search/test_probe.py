@@ -278,18 +278,14 @@ def test_powersgd_fails_two_gloo_ranks_of_a_sparse_lookup_in_this_torch(tmp_path
     # The PowerSGD refusal pinned in plain PyTorch (a trial of it hung until its timeout): once
     # the hook compresses, neither rank gets through its step (an error, a gloo timeout, or a
     # rank killed). Should both train, this fails and the refusal can go.
-    import socket
-
     from torch.multiprocessing.spawn import ProcessExitedException, spawn
 
+    from autotune.runner.launch import free_port
     from tests.fixtures.sparse import powersgd_rank
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = str(tmp_path / "rank")
     try:
-        spawn(powersgd_rank, args=(port, out), nprocs=2)  # type: ignore[no-untyped-call]
+        spawn(powersgd_rank, args=(free_port(), out), nprocs=2)  # type: ignore[no-untyped-call]
     except ProcessExitedException:
         return  # a rank died in the hook
     said = [Path(f"{out}-{rank}").read_text() for rank in (0, 1)]
