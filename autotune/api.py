@@ -373,33 +373,36 @@ def plan(
     workload = _workload(*parts, say=say)
     if say is not None:
         say(f"reading {workload.model} and its data: imports, a build on the meta device")
-    check_workload(workload)
-    check_batches(workload)
-    check_optimizer(workload)
-    if chosen is not None:
-        gbs = chosen.global_batch_size
-    else:
-        settings = make_settings({"global_batch_size": global_batch_size})
-        gbs = resolve_global_batch(workload, settings)[0].global_batch_size or 0
-    measure = None
-    if calibrate:
-        if resolve_device("auto") != device:
-            raise ConfigError(
-                f"--calibrate measures a real step here, and this machine has no {device} "
-                "device; plan without it"
-            )
-        measure = _short_trial_peak(workload)
-    return make_plan(
-        workload,
-        devices=devices,
-        limit_bytes=int(memory * (1 - safety_margin)),
-        device_type=device,
-        global_batch_size=gbs,
-        space=load_space(space) if chosen is None and space else None,
-        config=chosen,
-        measure=measure,
-        progress=say,
-    )
+    from autotune.runner.fake_memory import warnings_once  # imports torch
+
+    with warnings_once():  # the model's own warnings, said once: not again by each trace
+        check_workload(workload)
+        check_batches(workload)
+        check_optimizer(workload)
+        if chosen is not None:
+            gbs = chosen.global_batch_size
+        else:
+            settings = make_settings({"global_batch_size": global_batch_size})
+            gbs = resolve_global_batch(workload, settings)[0].global_batch_size or 0
+        measure = None
+        if calibrate:
+            if resolve_device("auto") != device:
+                raise ConfigError(
+                    f"--calibrate measures a real step here, and this machine has no {device} "
+                    "device; plan without it"
+                )
+            measure = _short_trial_peak(workload)
+        return make_plan(
+            workload,
+            devices=devices,
+            limit_bytes=int(memory * (1 - safety_margin)),
+            device_type=device,
+            global_batch_size=gbs,
+            space=load_space(space) if chosen is None and space else None,
+            config=chosen,
+            measure=measure,
+            progress=say,
+        )
 
 
 def _planned_device(

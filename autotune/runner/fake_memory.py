@@ -515,8 +515,22 @@ def _gradient_bytes(model: Any) -> int:
     return total
 
 
-_SHOWN: set[tuple[str, type[Warning], str, int]] = set()
-"""The warnings traces have shown in this process (``_once``)."""
+_SHOWN: set[tuple[str, str, str, int]] = set()
+"""The warnings shown in this process within ``warnings_once`` (text, category's name, place)."""
+
+
+@contextlib.contextmanager
+def warnings_once() -> Iterator[None]:
+    """Within: each warning (text, category, place) shown once a process, however often the
+    filters change. Python forgets which warnings it showed whenever the filter list changes
+    (``catch_warnings`` included, as each trace does): a user's deprecation note, given each
+    time the model is built, was said again by every trace. Nested, the outermost decides."""
+    import warnings
+
+    with warnings.catch_warnings():
+        if not getattr(warnings.showwarning, "shown_once", False):
+            warnings.showwarning = _once(warnings.showwarning)
+        yield
 
 
 def _once(show: Any) -> Any:
@@ -525,11 +539,12 @@ def _once(show: Any) -> Any:
     def shown_once(
         message: Any, category: Any, filename: str, lineno: int, *rest: Any, **more: Any
     ) -> None:
-        key = (str(message), category, filename, lineno)
+        key = (str(message), getattr(category, "__name__", str(category)), filename, lineno)
         if key not in _SHOWN:
             _SHOWN.add(key)
             show(message, category, filename, lineno, *rest, **more)
 
+    shown_once.shown_once = True  # type: ignore[attr-defined]
     return shown_once
 
 
@@ -557,12 +572,10 @@ def trace_step(
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
-            # each trace builds the model again, and a changed filter list makes Python forget
-            # which warnings it showed (its registries, "once" included, are cleared): the
-            # user's code's own (a library's deprecation notes) are said once a process, not
-            # once a configuration
-            warnings.showwarning = _once(warnings.showwarning)
+        # each trace builds the model again, and the filters below make Python forget which
+        # warnings it showed: the user's code's own (a library's deprecation notes) are said
+        # once a process, not once a configuration
+        with warnings_once():
             # the tracker's own notes on hooks it skipped
             warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
             # a deep copy of a fake parameter (nn.TransformerEncoder clones its layer) reads

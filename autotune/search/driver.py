@@ -12,6 +12,7 @@ from autotune.recommendation import Recommendation
 from autotune.records import exclusion_lines
 from autotune.result import Platform
 from autotune.runner.executor import Executor
+from autotune.runner.fake_memory import warnings_once
 from autotune.runner.launch import LocalExecutor
 from autotune.runner.pickled import PREFIX, is_pickled
 from autotune.runner.platform import (
@@ -249,7 +250,18 @@ def run_search(
     rank_output: TextIO | None = None,
 ) -> Recommendation:
     """Search, store every trial, and return (and store) the recommendation; each trial's
-    ranks' own output to ``rank_output`` as it ends, where one is given (``--debug``)."""
+    ranks' own output to ``rank_output`` as it ends, where one is given (``--debug``). A
+    warning the model gives is said once, not again by each trace of it."""
+    with warnings_once():
+        return _run_search(workload, settings, reporter, rank_output)
+
+
+def _run_search(
+    workload: WorkloadSpec,
+    settings: SearchSettings,
+    reporter: Reporter,
+    rank_output: TextIO | None,
+) -> Recommendation:
     check_workload(workload)
     _check_objects_reach(workload, settings.cluster.ray_address)
     check_batches(workload)

@@ -5,8 +5,9 @@ checkpointing per precision, and one step as one rank of many), each seconds of 
 (fake tensors compute nothing, so one process traces on one core): ``gpt2_124m`` over the default
 space took 42-45 s on a 2-core AMD EPYC, one trace after another. Here this process and
 ``processes - 1`` forked copies of it take the jobs in turn from one counter, each returning what
-it computed through a queue; a job whose copy died (or stopped answering) is missing from the
-answer, and its caller runs it itself, as before.
+it computed through a queue, with the warnings its job raised (shown here, through
+``warnings.showwarning``, not by each copy on its own); a job whose copy died (or stopped
+answering) is missing from the answer, and its caller runs it itself, as before.
 
 Forking copies a process as it is, so it is done only where that is safe: on Linux, from a
 process with no other Python thread (a Ray driver's threads may hold locks no copy would see
@@ -22,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -93,6 +95,9 @@ def run_side_by_side(
                 if time.monotonic() - last > patience:
                     break  # a copy stuck (a lock the fork copied held): its caller runs it
                 continue
+            answer, said = answer
+            for warned in said:  # filtered in the copy already, by the filters it forked with
+                warnings.showwarning(*warned)
             done[answered] = answer
             last = time.monotonic()
     finally:
@@ -121,9 +126,24 @@ def _copy(jobs: Sequence[J], work: Callable[[J], T], counter: Any, answers: Any)
         torch.set_num_threads(1)  # as a DataLoader worker does: one core each
     while (index := _claim(counter, len(jobs))) is not None:
         try:
-            answer = work(jobs[index])
+            with warnings.catch_warnings(record=True) as said:
+                answer = work(jobs[index])
         except BaseException:  # its caller runs the job again and sees why
             continue
-        answers.put((index, answer))
+        answers.put((index, (answer, [_portable(w) for w in said])))
     answers.close()
     answers.join_thread()
+
+
+def _portable(warned: warnings.WarningMessage) -> tuple[str, type[Warning], str, int]:
+    """A warning a copy raised, as ``warnings.showwarning``'s arguments, in a form that pickles:
+    a category pickle cannot find by name (a class made in a function) goes as ``Warning``, its
+    name before the text."""
+    import pickle
+
+    text, category = str(warned.message), warned.category
+    try:
+        pickle.dumps(category)
+    except Exception:
+        text, category = f"{category.__name__}: {text}", Warning
+    return text, category, warned.filename, warned.lineno

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step
+from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step, warnings_once
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.side_by_side import run_side_by_side
 
@@ -108,7 +108,9 @@ class StepTraces:
             except TraceError as error:
                 return str(error)
 
-        for index, answer in run_side_by_side(jobs, work, processes, starting).items():
+        with warnings_once():  # what a copy's trace warned of, said here once with our own
+            done = run_side_by_side(jobs, work, processes, starting)
+        for index, answer in done.items():
             key = key_of(jobs[index])
             if isinstance(answer, str):
                 self._failed[key] = answer

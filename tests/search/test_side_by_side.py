@@ -182,3 +182,42 @@ def test_what_this_process_buffered_is_written_once() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )
     assert done.stdout == "before after\n"
+
+
+def test_what_a_copys_jobs_warned_of_is_said_here_once_each() -> None:
+    # A copy's warnings were its own to print: a model's deprecation note, given each time it is
+    # built, was said once by this process and again by every copy. They come back with the
+    # answers now, to be shown here (once each, within warnings_once, as the traces are).
+    import warnings
+
+    from autotune.runner.fake_memory import warnings_once
+
+    here = os.getpid()
+
+    def work(job: int) -> int:
+        time.sleep(0.2)  # long enough for every copy to take a job
+        warnings.warn("the same note from every job", FutureWarning, stacklevel=1)
+        warnings.warn(f"job {job}'s own note", UserWarning, stacklevel=1)
+        return os.getpid()
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        with warnings_once():
+            done = run_side_by_side(list(range(6)), work, 3)
+    assert set(done.values()) - {here}  # copies took some
+    notes = ["the same note from every job", *(f"job {j}'s own note" for j in range(6))]
+    assert sorted(str(w.message) for w in seen) == sorted(notes)
+
+
+def test_a_plan_says_a_models_warning_once_however_many_copies_trace_it() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "plan", "--model",
+         "tests.fixtures.models:Deprecated", "--devices", "8", "--device-memory", "1GiB"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "2 at a time" in done.stderr or processes_here() == 1  # traced side by side here
+    assert done.stderr.count("FutureWarning: Deprecated's argument is deprecated") == 1
