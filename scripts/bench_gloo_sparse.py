@@ -5,7 +5,9 @@
         [--variants plain] [--out results/gloo_sparse.json]
 
 A variant adds a dense head after the lookups ("head"), DDP's gradient_as_bucket_view
-("bucket-view"), or both ("head+bucket-view").
+("bucket-view"), or both ("head+bucket-view"); "+agree": a per-step all-reduce of the step's
+time on the same group, as a trial's ranks do. Several variants are run in turn, run by run, so
+that what the machine does meanwhile falls on each alike.
 """
 
 from __future__ import annotations
@@ -27,16 +29,19 @@ def main() -> None:
     parser.add_argument("--out", default="results/gloo_sparse.json")
     args = parser.parse_args()
     report: dict[str, object] = {"machine": machine(), "steps": args.steps, "runs": {}}
-    print(f"{'lookups':>7}  {'variant':<16}  {'runs':>4}  {'died':>4}  outcomes")
+    print(f"{'lookups':>7}  {'variant':<24}  {'runs':>4}  {'died':>4}  outcomes")
     for tables in args.tables:
-        for variant in args.variants:
-            outcomes = [run(tables, args.steps, variant=variant) for _ in range(args.runs)]
+        taken: dict[str, list[str]] = {variant: [] for variant in args.variants}
+        for _ in range(args.runs):
+            for variant in args.variants:
+                taken[variant].append(run(tables, args.steps, variant=variant))
+        for variant, outcomes in taken.items():
             key = str(tables) if variant == "plain" else f"{tables} {variant}"
             report["runs"][key] = outcomes  # type: ignore[index]
             counts = tally(outcomes)
             died = sum(n for outcome, n in counts.items() if outcome != "ok")
             said = ", ".join(f"{outcome} {n}" for outcome, n in sorted(counts.items()))
-            print(f"{tables:>7}  {variant:<16}  {args.runs:>4}  {died:>4}  {said}")
+            print(f"{tables:>7}  {variant:<24}  {args.runs:>4}  {died:>4}  {said}")
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -51,16 +52,28 @@ def _rank(rank: int, port: int, tables: int, steps: int, variant: str) -> None:
     model = DistributedDataParallel(Bags(), gradient_as_bucket_view=views)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(steps):
+        started = time.perf_counter()
         ids = torch.stack([torch.randint(0, n, (128, 8)) for n in ROWS[:tables]], 1)
         model(ids).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if "agree" in variant:  # as a trial's ranks agree on the slowest step time each step
+            took = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
     dist.destroy_process_group()
 
 
-VARIANTS = ("plain", "head", "bucket-view", "head+bucket-view")
+VARIANTS = (
+    "plain",
+    "head",
+    "bucket-view",
+    "head+bucket-view",
+    "head+agree",
+    "head+bucket-view+agree",
+)
 """The lookups alone, or with a dense head after them (DDP then reduces dense buckets too), each
-with or without DDP's ``gradient_as_bucket_view``."""
+with or without DDP's ``gradient_as_bucket_view``; "agree": each step then all-reduces its time
+(the largest over the ranks) on the same group, as a trial's ranks do (``rank._Agreement``)."""
 
 
 def run(tables: int, steps: int, timeout_s: float = 300, variant: str = "plain") -> str:

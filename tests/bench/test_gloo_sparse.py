@@ -13,7 +13,7 @@ from autotune.bench.gloo_sparse import run, tally
 
 
 def test_a_short_run_of_one_lookup_trains() -> None:
-    assert run(1, 5, variant="head+bucket-view") == "ok"  # the variant's parts, each at once
+    assert run(1, 5, variant="head+bucket-view+agree") == "ok"  # the variant's parts, each at once
 
 
 def test_a_rank_that_died_is_named_by_its_signal(monkeypatch: pytest.MonkeyPatch) -> None:
