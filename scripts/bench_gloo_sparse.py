@@ -6,7 +6,9 @@
 
 A variant adds a dense head after the lookups ("head"), DDP's gradient_as_bucket_view
 ("bucket-view"), or both ("head+bucket-view"); "+agree": a per-step all-reduce of the step's
-time on the same group, as a trial's ranks do. Several variants are run in turn, run by run, so
+time on the same group, as a trial's ranks do; "+sample": autotune's memory sampler in its
+thread, as in a trial's measured window; "powersgd": DDP's PowerSGD hook (a run still waiting
+at --timeout is "hung", its ranks killed). Several variants are run in turn, run by run, so
 that what the machine does meanwhile falls on each alike.
 """
 
@@ -26,6 +28,7 @@ def main() -> None:
     parser.add_argument("--tables", type=int, nargs="+", default=[4, 1])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--variants", nargs="+", default=["plain"], choices=VARIANTS)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds a run may take")
     parser.add_argument("--out", default="results/gloo_sparse.json")
     args = parser.parse_args()
     report: dict[str, object] = {"machine": machine(), "steps": args.steps, "runs": {}}
@@ -34,7 +37,7 @@ def main() -> None:
         taken: dict[str, list[str]] = {variant: [] for variant in args.variants}
         for _ in range(args.runs):
             for variant in args.variants:
-                taken[variant].append(run(tables, args.steps, variant=variant))
+                taken[variant].append(run(tables, args.steps, args.timeout, variant))
         for variant, outcomes in taken.items():
             key = str(tables) if variant == "plain" else f"{tables} {variant}"
             report["runs"][key] = outcomes  # type: ignore[index]

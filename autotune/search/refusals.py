@@ -121,8 +121,9 @@ def sparse_refusals(lookups: str) -> list[Refusal]:
         Refusal(
             "comm_hook",
             "powersgd",
-            f"PowerSGD's hook compresses dense gradients, and {given}: once it compressed, "
-            "both ranks waited in its allreduce until the trial's timeout",
+            f"PowerSGD's hook compresses dense gradients, and {given}: once it compressed "
+            "the dense layers beside them, the ranks timed out or waited in its allreduce for "
+            "good (a trial, until its timeout; most runs in plain PyTorch over gloo)",
             "use comm_hook none",
         ),
         Refusal(

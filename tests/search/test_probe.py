@@ -273,23 +273,20 @@ def test_sparse_gradients_fail_fused_steps_clipping_and_half_sums_in_this_torch(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_powersgd_fails_two_gloo_ranks_of_a_sparse_lookup_in_this_torch(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_powersgd_fails_two_gloo_ranks_of_a_sparse_lookup_in_this_torch() -> None:
     # The PowerSGD refusal pinned in plain PyTorch (a trial of it hung until its timeout): once
-    # the hook compresses, neither rank gets through its step (an error, a gloo timeout, or a
-    # rank killed). Should both train, this fails and the refusal can go.
-    from torch.multiprocessing.spawn import ProcessExitedException, spawn
+    # the hook compresses, the ranks of a lookup and a dense head mostly do not get through
+    # their step: a gloo timeout, or waiting on each other for good (a run of the pin left its
+    # ranks so, and the pytest that spawned them never exited); now and then both train
+    # (scripts/bench_gloo_sparse.py --variants head+powersgd). Failing in one of three runs
+    # pins it; should three train, this fails and the refusal can go.
+    from autotune.bench.gloo_sparse import run
 
-    from autotune.runner.launch import free_port
-    from tests.fixtures.sparse import powersgd_rank
-
-    out = str(tmp_path / "rank")
-    try:
-        spawn(powersgd_rank, args=(free_port(), out), nprocs=2)  # type: ignore[no-untyped-call]
-    except ProcessExitedException:
-        return  # a rank died in the hook
-    said = [Path(f"{out}-{rank}").read_text() for rank in (0, 1)]
-    assert said != ["ok", "ok"]
+    outcomes: list[str] = []
+    while len(outcomes) < 3 and set(outcomes) <= {"ok"}:
+        outcomes.append(run(1, 8, timeout_s=60, variant="head+powersgd"))
+    assert set(outcomes) != {"ok"}, outcomes
 
 
 def test_repeated_blocks_are_counted_without_building_real_weights() -> None:
