@@ -12,6 +12,7 @@ then, not every run, so it is counted over many runs rather than pinned by a tes
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
@@ -56,7 +57,7 @@ def _rank(rank: int, port: int, tables: int, steps: int, variant: str) -> None:
     torch.manual_seed(rank)
     views = "bucket-view" in variant
     model = DistributedDataParallel(Bags(), gradient_as_bucket_view=views)
-    if compressed:  # compressing from the third step, rank 1, as the search's hook check does
+    if compressed:  # compressing from the third step, at rank 1
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
         state = powersgd.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
@@ -112,7 +113,8 @@ def outcome(command: list[str], timeout_s: float) -> str:
     try:
         _, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:  # the ranks too, left waiting in a collective
-        os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
         return "hung"
     if process.returncode == 0:
