@@ -12,18 +12,16 @@ then, not every run, so it is counted over many runs rather than pinned by a tes
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from typing import Any
 
-from autotune.runner.launch import free_port
+from autotune.runner.launch import free_port, kill_group
 
 ROWS = (100_000, 50_000, 20_000, 5_000, 5_000, 5_000, 5_000, 5_000)
 """Each lookup's rows, of width 64, in order."""
@@ -113,8 +111,7 @@ def outcome(command: list[str], timeout_s: float) -> str:
     try:
         _, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:  # the ranks too, left waiting in a collective
-        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_group(process)
         process.communicate()
         return "hung"
     if process.returncode == 0:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
@@ -58,7 +58,8 @@ def _cgroup_oom_kills() -> int:
     return 0
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
+def kill_group(process: subprocess.Popen[Any]) -> None:
+    """Kill ``process`` and every process of its session (started with ``start_new_session``)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
 
@@ -156,7 +157,7 @@ class _Ranks:
         for rank, process in enumerate(self.processes):
             if process.poll() is None:
                 self.killed_by_us.add(rank)
-            _kill_group(process)
+            kill_group(process)
         for process in self.processes:
             process.wait()
 

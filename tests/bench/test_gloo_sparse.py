@@ -17,8 +17,7 @@ def test_a_short_run_of_one_lookup_trains() -> None:
 
 def test_a_rank_that_died_is_named_by_its_signal() -> None:
     said = "ProcessExitedException: process 1 terminated with signal SIGABRT"
-    died = [sys.executable, "-c", f"import sys; sys.stderr.write({said!r}); sys.exit(1)"]
-    assert outcome(died, 60) == "SIGABRT"
+    assert outcome(_failing(said), 60) == "SIGABRT"
     assert tally(["ok", "SIGABRT", "ok"]) == {"ok": 2, "SIGABRT": 1}
 
 
@@ -27,8 +26,8 @@ def test_a_hooks_error_is_said_in_its_own_words_one_key_a_cause() -> None:
     for port in (18636, 59617):
         said = f"{wrapped}RuntimeError: [/gloo/transport/tcp/pair.cc:553] Connection closed "
         said += f"by peer [127.0.0.1]:{port}. This is typically caused by a remote worker crashing"
-        failed = [sys.executable, "-c", f"import sys; sys.stderr.write({said!r}); sys.exit(1)"]
-        assert outcome(failed, 60) == "failed: RuntimeError: Connection closed by peer [127.0.0.1]"
+        said_once = "failed: RuntimeError: Connection closed by peer [127.0.0.1]"
+        assert outcome(_failing(said), 60) == said_once
 
 
 def test_a_run_still_waiting_at_its_timeout_is_hung_and_leaves_no_rank(tmp_path: Path) -> None:
@@ -55,3 +54,8 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def _failing(stderr: str) -> list[str]:
+    """A command that writes ``stderr`` and exits 1, as a run whose rank failed does."""
+    return [sys.executable, "-c", f"import sys; sys.stderr.write({stderr!r}); sys.exit(1)"]
