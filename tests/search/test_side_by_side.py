@@ -209,6 +209,25 @@ def test_what_a_copys_jobs_warned_of_is_said_here_once_each() -> None:
     assert sorted(str(w.message) for w in seen) == sorted(notes)
 
 
+def test_a_warning_whose_category_cannot_be_pickled_comes_back_named() -> None:
+    # A class made in a function has no name pickle can find: the answer carrying it would not
+    # reach this process at all, so it comes as a plain Warning with its own name in the text.
+    import pickle
+    import warnings
+
+    class Local(UserWarning):
+        pass
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.warn("made in a function", Local, stacklevel=1)
+        warnings.warn("a module's own", DeprecationWarning, stacklevel=1)
+    local, known = (side_by_side._portable(w) for w in seen)
+    assert local[:2] == ("Local: made in a function", Warning)
+    assert known[:2] == ("a module's own", DeprecationWarning)
+    assert pickle.loads(pickle.dumps([local, known])) == [local, known]
+
+
 def test_a_plan_says_a_models_warning_once_however_many_copies_trace_it() -> None:
     import subprocess
     import sys
