@@ -93,7 +93,9 @@ def test_objects_a_pipeline_holds_are_pickled_for_the_ranks() -> None:
     assert result.data.startswith("a TensorDataset object given to the API (pickled to ")
 
 
-@pytest.mark.parametrize("built", [True, False], ids=["built", "partial"])
+@pytest.mark.parametrize(
+    "built", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["built", "partial"]
+)
 def test_a_built_model_or_a_partial_of_its_class_trains_with_what_its_module_declares(
     built: bool,
 ) -> None:

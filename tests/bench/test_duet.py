@@ -23,6 +23,7 @@ def _request(workers: int = 0):
     return duet.request_of(config, WorkloadSpec(model="tests.fixtures.models:Small"), 0.2, 2)
 
 
+@pytest.mark.slow  # a benchmark's pinned trial
 def test_a_pinned_trial_runs_on_its_core_alone_and_leaves_the_caller_unpinned() -> None:
     before = os.sched_getaffinity(0)
     result = duet.run_pinned(_request(), {1})

@@ -7,9 +7,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from autotune.bench.gloo_sparse import outcome, run, tally
 
 
+@pytest.mark.slow  # the benchmark's own ranks; their hang is checked in the default run
 def test_a_short_run_of_one_lookup_trains() -> None:
     # every variant's parts at once
     assert run(1, 5, variant="head+bucket-view+agree+sample") == "ok"

@@ -31,6 +31,7 @@ def test_ranks_and_their_dataloader_workers_batch_with_the_modules_collate_funct
     assert "  samples       tests.fixtures.padded:autotune_dataset" in format_trial(result)
 
 
+@pytest.mark.slow  # one message from a trial: the default run keeps default_collate's
 def test_samples_torch_cannot_stack_fail_with_how_to_pad_them() -> None:
     config = {"global_batch_size": 8, "device": "cpu"}
     result = run_trial(TAGGER, config, collate="torch.utils.data:default_collate", **FEW)
@@ -41,6 +42,7 @@ def test_samples_torch_cannot_stack_fail_with_how_to_pad_them() -> None:
     assert "stack expects each tensor" in bare.message and HINT in bare.message
 
 
+@pytest.mark.slow  # one batch shape from a trial
 def test_keys_the_forward_does_not_take_are_left_out_and_said() -> None:
     config = {"global_batch_size": 8, "parallel": "ddp", "world_size": 2, "device": "cpu"}
     result = run_trial("tests.fixtures.unused_keys:Tagger", config, **FEW)
@@ -49,6 +51,7 @@ def test_keys_the_forward_does_not_take_are_left_out_and_said() -> None:
     assert "(the batch's 'labels')" in result.loss_rule
 
 
+@pytest.mark.slow  # three batch types, a trial each: the default run moves them in process
 def test_named_tuple_batch_encoding_and_packed_batches_train_as_tuples_and_dicts_do() -> None:
     # A named tuple was rebuilt from one generator (every trial failed: "missing 1 required
     # positional argument"), and so was a PackedSequence (a named tuple too); a BatchEncoding (a

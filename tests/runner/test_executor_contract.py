@@ -265,7 +265,7 @@ def test_a_pruned_trial_stops_early_and_its_gang_runs_the_next_trial() -> None:
     _assert_no_rank_actor_left()
 
 
-@pytest.mark.parametrize("kind", ["local", "ray"])
+@pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.slow)])
 def test_every_executor_sees_the_dataloader_workers_it_measures(
     kind: str, make_executor: Any
 ) -> None:

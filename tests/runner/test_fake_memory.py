@@ -257,7 +257,10 @@ def test_a_workspace_dtype_the_cpu_cannot_run_takes_fp32s(monkeypatch: pytest.Mo
         fake_recurrent._workspace_fit.cache_clear()
 
 
-@pytest.mark.parametrize(("model", "rel"), [("PackedTagger", 0.01), ("packed_gru", 0.05)])
+@pytest.mark.parametrize(
+    ("model", "rel"),
+    [("PackedTagger", 0.01), pytest.param("packed_gru", 0.05, marks=pytest.mark.slow)],  # ~8 s
+)
 def test_recurrent_layers_over_packed_sequences_are_traced_at_a_real_steps_peak(
     model: str, rel: float
 ) -> None:

@@ -72,6 +72,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # a fresh process's sharding; the default run shards in process
 def test_no_block_outlives_its_sharding_in_a_reference_cycle(tmp_path: Path) -> None:
     # In a fresh process the first DTensor's lazy import keeps the frames of the first
     # block's sharding, and with them its unsharded parameters, until a collection runs: on a
@@ -172,6 +173,7 @@ def _scalar_rank(rank: int, store_path: str, out: str) -> None:
     leave_process_group()  # a bare barrier and destroy aborted a rank about one run in 12
 
 
+@pytest.mark.slow  # a model shape (CLIP's logit scale) on two ranks
 def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_ranks(
     tmp_path: object,
 ) -> None:
@@ -213,19 +215,36 @@ def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None
         run_trial(model, config)
 
 
-@pytest.mark.parametrize(
-    ("model", "data", "named"),
-    [
-        ("tests.fixtures.normed:Discriminator", None,
-         "embed, blocks.0.linear, blocks.1.linear and 2 more"),
-        pytest.param("tests.fixtures.normed:FrozenBackbone",
-                     "tests.fixtures.normed:autotune_dataset",
-                     "layers.0.1, layers.1.1, layers.2.1 keep their",
-                     marks=pytest.mark.slow),  # ~10 s a case: the default run keeps one
-    ],
-)  # fmt: skip
-def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
+MIXED_REFUSED = [
+    ("tests.fixtures.normed:Discriminator", None,
+     "embed, blocks.0.linear, blocks.1.linear and 2 more"),
+    ("tests.fixtures.normed:FrozenBackbone", "tests.fixtures.normed:autotune_dataset",
+     "layers.0.1, layers.1.1, layers.2.1 keep their"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "data", "named"), MIXED_REFUSED)
+def test_fsdps_bf16_parameters_are_refused_naming_the_units_whose_buffers_stay_float32(
     model: str, data: str | None, named: str
+) -> None:
+    from autotune.api import run_trial
+    from autotune.search.refusals import fsdp_mixed_precision_refusal
+
+    config = TrainConfig(
+        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
+        fsdp_mixed_precision="bf16",
+    )  # fmt: skip
+    refusal = fsdp_mixed_precision_refusal(model)
+    assert refusal is not None and named in refusal
+    with pytest.raises(ConfigError, match=re.escape(f"fsdp_mixed_precision=bf16: {refusal}")):
+        run_trial(model, config, data=data)
+    assert fsdp_mixed_precision_refusal("tests.fixtures.models:Small") is None
+
+
+@pytest.mark.slow  # ~10 s a case, two trials: pins torch's behaviour behind the refusal above
+@pytest.mark.parametrize(("model", "data"), [(model, data) for model, data, _ in MIXED_REFUSED])
+def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
+    model: str, data: str | None
 ) -> None:
     # What ``refusals.fsdp_mixed_precision_refusal`` foresees, pinned on this torch: FSDP casts
     # no buffer. A GAN discriminator under spectral_norm failed its first step ("addmv input
@@ -236,7 +255,6 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
     # fails and the refusal should go.
     from autotune.api import run_trial
     from autotune.runner.launch import run_trial as launch
-    from autotune.search.refusals import fsdp_mixed_precision_refusal
 
     config = TrainConfig(
         global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
@@ -245,14 +263,9 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
     result = launch(config, WorkloadSpec(model=model, data=data), options)
     assert result.status == "error" and "same dtype" in result.message, result.message
-    refusal = fsdp_mixed_precision_refusal(model)
-    assert refusal is not None and named in refusal
-    with pytest.raises(ConfigError, match=re.escape(f"fsdp_mixed_precision=bf16: {refusal}")):
-        run_trial(model, config, data=data)
     assert run_trial(model, config.model_copy(update={"amp": "bf16",
         "fsdp_mixed_precision": "off"}), data=data, warmup_steps=1, measured_steps=2,
         target_interval=0).status == "ok"  # fmt: skip
-    assert fsdp_mixed_precision_refusal("tests.fixtures.models:Small") is None
 
 
 @pytest.mark.parametrize(
@@ -318,6 +331,7 @@ def test_fsdps_bf16_parameters_leave_batch_norms_whole_and_in_float32() -> None:
     assert not any(p is norm.weight for p in whole_parameters(Normed(), off))
 
 
+@pytest.mark.slow  # two ranks; the default run checks the batch norms in process
 def test_a_convnet_with_batch_norms_trains_under_fsdps_bf16_parameters() -> None:
     from autotune.runner.launch import run_trial as launch
     from autotune.search.refusals import fsdp_bf16_refusals
@@ -342,6 +356,7 @@ def test_the_bf16_forward_is_not_tried_where_the_build_rules_fsdps_bf16_out() ->
     assert fsdp_bf16_refusals(spec) == ()  # model_refusals says why
 
 
+@pytest.mark.slow  # one model's message on two ranks
 def test_a_float32_tensor_the_model_makes_under_fsdps_bf16_parameters_is_named() -> None:
     # An image model normalising its uint8 input itself (x.float() / 255 - mean) failed with
     # torch's "Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the
@@ -361,6 +376,7 @@ def test_a_float32_tensor_the_model_makes_under_fsdps_bf16_parameters_is_named()
     assert result.status == "error" and f"({FSDP_CASTS} and the forward's" in result.message
 
 
+@pytest.mark.slow  # a model shape on two ranks
 def test_fsdp_shards_layers_held_as_lists_of_their_parts() -> None:
     from autotune.api import run_trial
 
@@ -391,6 +407,7 @@ def test_an_op_without_a_bf16_kernel_under_fsdps_bf16_parameters_is_named() -> N
     assert fsdp_dtype_hint(RuntimeError("shapes cannot be multiplied"), config) is None
 
 
+@pytest.mark.slow  # a model shape on two ranks
 def test_a_looped_layer_checkpointed_under_fsdp_trains() -> None:
     # A Perceiver's self-attention, one of the fallback's blocks, lies inside its looped tower:
     # sharded as a unit of its own inside the checkpointed calls, its gathering inside the

@@ -101,6 +101,7 @@ def test_an_optimizer_whose_step_needs_a_closure_is_refused_saying_why() -> None
     assert check_optimizer(WorkloadSpec(model=MODEL)) is None  # the module's SGD is fine
 
 
+@pytest.mark.slow  # one factory signature from a trial
 @pytest.mark.usefixtures("one_rank_group")
 def test_a_factory_that_names_its_parameter_model_is_given_the_model() -> None:
     # A user's factory grouping parameters by name (no weight decay for biases) failed every

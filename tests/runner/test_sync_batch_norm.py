@@ -21,7 +21,8 @@ MODEL = "tests.fixtures.synced:synced"
 @pytest.mark.parametrize(
     ("parallel", "says"),
     [("ddp", "SyncBatchNorm layers only work with GPU modules"),
-     ("fsdp", "SyncBatchNorm expected input tensor to be on GPU")],
+     pytest.param("fsdp", "SyncBatchNorm expected input tensor to be on GPU",
+                  marks=pytest.mark.slow)],  # ~6 s a case: the default run keeps one
 )  # fmt: skip
 def test_ranks_of_sync_batch_norms_fail_on_a_cpu_and_are_refused_before_any_trial(
     parallel: str, says: str

@@ -3,6 +3,7 @@ a tuple batch, as the training loop's ``model(x, y)`` gives it, and its own loss
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from autotune.api import run_trial
@@ -69,6 +70,7 @@ def test_the_models_own_loss_is_taken_where_its_forward_was_given_the_target() -
     assert "item 1 is left out (an auxiliary loss?" in loss_fn.rule
 
 
+@pytest.mark.slow  # a model shape: the default run keeps the forward that needs its target
 def test_a_nanogpt_style_model_trains_and_is_traced_as_written() -> None:
     config = {"global_batch_size": 8, "parallel": "ddp", "world_size": 2, "device": "cpu"}
     result = run_trial(MODEL, config, **FEW)
@@ -91,6 +93,7 @@ def test_a_forward_that_cannot_run_without_the_target_is_given_it() -> None:
     assert traced.total_bytes > traced.parameters_bytes
 
 
+@pytest.mark.slow  # a model shape: the default run keeps the forward that needs its target
 def test_a_wrapped_model_is_given_the_target_through_its_wrapper() -> None:
     # PEFT's LoRA wrapper of a Hugging Face GPT-2 took (*args, **kwargs): its labels were never
     # passed, and a cross-entropy of unshifted tokens stood in for the model's own loss.
@@ -120,6 +123,7 @@ def test_a_dict_of_losses_alone_is_summed() -> None:
     )
 
 
+@pytest.mark.slow  # a model shape: the default run sums a dict of losses in process
 def test_a_torchvision_style_detector_trains_on_the_sum_of_its_losses() -> None:
     result = run_trial("tests.fixtures.detection:Detector", {"global_batch_size": 8}, **FEW)
     assert result.status == "ok", result.message
@@ -128,6 +132,7 @@ def test_a_torchvision_style_detector_trains_on_the_sum_of_its_losses() -> None:
     )
 
 
+@pytest.mark.slow  # a model shape: the default run keeps the forward that needs its target
 def test_a_forward_that_takes_the_batch_dict_whole_is_given_it() -> None:
     # forward(self, batch) on dict samples: every trial failed with "got an unexpected keyword
     # argument 'features'", and its note blamed the samples' string ids
@@ -146,6 +151,7 @@ def test_a_forward_that_takes_the_batch_dict_whole_is_given_it() -> None:
     )
 
 
+@pytest.mark.slow  # one model's message from a trial
 def test_a_forward_that_failed_on_the_target_given_as_its_state_says_where_it_went() -> None:
     # PyTorch examples' word-language model: forward(input, hidden). The target went to
     # `hidden`, as model(*batch) passes it, and the trial said only what the LSTM said of it

@@ -59,6 +59,7 @@ def _clipped_rank(rank: int, store_path: str, out: str) -> None:
     leave_process_group()
 
 
+@pytest.mark.slow  # pins torch's behaviour on two ranks; the refusal is checked in process
 def test_fsdp_trains_a_hooked_parameters_gradients_unhooked_and_ddp_does_not(
     tmp_path: object,
 ) -> None:

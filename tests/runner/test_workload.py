@@ -177,6 +177,7 @@ def test_samples_by_index_are_a_dataset_and_a_mapping_is_not() -> None:
         _instantiate_dataset({"x": 1}, None, "m:MAPPING", "--data")
 
 
+@pytest.mark.slow  # one model's message from a trial
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_forward_that_asks_for_cuda_on_a_cpu_says_the_fix() -> None:
     trial = run_trial(

@@ -112,6 +112,7 @@ def test_one_config_is_planned_on_its_own_device_and_a_conflicting_flag_is_refus
     assert "--devices 1: the configuration uses world_size=2" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a plan's assumption: the default run checks LayerDrop's, and routing in process
 def test_a_mixture_of_experts_plan_says_it_took_routing_as_uniform(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -415,6 +416,7 @@ def test_a_plan_for_one_device_leaves_out_the_modes_that_need_more() -> None:
     assert "parallel ddp, fsdp: needs more than one device; 1 planned" in table.left_out
 
 
+@pytest.mark.slow  # one model's rule through a whole plan
 def test_a_plan_leaves_out_checkpointing_of_blocks_that_keep_nothing_for_backward(
     tmp_path: Path,
 ) -> None:
@@ -459,6 +461,7 @@ def test_a_plan_of_a_model_that_keeps_state_between_steps_says_its_peak_may_lie_
     assert json.loads(capsys.readouterr().out)["assumption"] is None
 
 
+@pytest.mark.slow  # ~18 s of CUDA traces of one model family
 def test_a_cuda_plan_of_a_recurrent_model_says_its_layers_were_traced_as_the_cpu_runs_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -129,7 +129,10 @@ def _predicted(
     ("model", "parallel", "segments"),
     [
         ("tests.fixtures.traced:Stack", "fsdp", (0, 2, 4)),
-        ("tests.fixtures.contrastive:GatheredTowers", "ddp", (0,)),  # traced per world
+        # traced per world, ~7 s: the default run traces it so in test_fake_group
+        pytest.param(
+            "tests.fixtures.contrastive:GatheredTowers", "ddp", (0,), marks=pytest.mark.slow
+        ),
     ],
 )
 def test_a_tables_steps_traced_side_by_side_predict_as_traced_one_by_one(
@@ -228,6 +231,7 @@ def test_a_warning_whose_category_cannot_be_pickled_comes_back_named() -> None:
     assert pickle.loads(pickle.dumps([local, known])) == [local, known]
 
 
+@pytest.mark.slow  # a plan in a process of its own; the copies' warnings are checked in process
 def test_a_plan_says_a_models_warning_once_however_many_copies_trace_it() -> None:
     import subprocess
     import sys

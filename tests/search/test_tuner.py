@@ -348,6 +348,7 @@ def test_a_baseline_failing_as_the_traced_step_did_ends_the_search_after_one_tri
     assert "\n" not in str(raised.value) and "--optimizer" in str(raised.value)
 
 
+@pytest.mark.slow  # one message from a search
 def test_a_search_stopped_by_a_batch_of_strings_says_a_collate_function_is_the_fix() -> None:
     from autotune.runner.fake_memory import MODEL_AT_FAULT, TraceError, trace_step
     from autotune.runner.hints import input_hint
