@@ -52,11 +52,12 @@ def test_a_run_still_waiting_at_its_timeout_is_hung_and_leaves_no_rank(tmp_path:
 
 
 def _alive(pid: int) -> bool:
+    import psutil
+
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"
 
 
 def _failing(stderr: str) -> list[str]:
