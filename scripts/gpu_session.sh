@@ -24,6 +24,11 @@
 # holds the unseen tests and a short search with its race (`lease`), and what its bound cut off
 # (`rest`, at once: a resumed search counts its stored trials' time against --time-budget).
 #
+# Its Python side checked on a CPU box (2026-11-30): in a virtualenv of torch 2.13, optuna,
+# pydantic, transformers, pytest, psutil, PyYAML, rich and nvidia-ml-py, without Ray, the gpu
+# tests collect (and skip), and `search --executor local` ran its trials and race and ended on
+# SIGTERM as it should (gpt2_tiny, stopped by `timeout` in its race).
+#
 # Everything lands under $OUT, in at most 8 files (what the device tool fetches; here:
 # results/tmp/gpu): session.log, gpu_tests.log, memory_prediction_cuda.json, search.json,
 # search.log, search_best.yaml, search_report.html, gpu_search.db.
