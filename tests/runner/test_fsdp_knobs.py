@@ -187,32 +187,37 @@ def test_a_scalar_parameter_is_kept_whole_and_its_gradients_averaged_over_fsdp_r
     assert float(grads[0]) == pytest.approx(2 * (float(local[0]) + float(local[1])) / 2)
 
 
-@pytest.mark.parametrize(
-    ("model", "says"),
-    [
-        ("tests.fixtures.spectral:Spectral", "uniform original parameter dtype"),
-        # ~5 s a case: the default run keeps one (the probe's side of each: test_probe)
-        pytest.param("tests.fixtures.sparse:Lookups", "SparseCPU", marks=pytest.mark.slow),
-        pytest.param("tests.fixtures.scripted:ScriptedBlocks", "is not supported on ScriptModules",
-                     marks=pytest.mark.slow),
-    ],
-)  # fmt: skip
+FSDP_FAILS = [
+    ("tests.fixtures.spectral:Spectral", "uniform original parameter dtype"),
+    ("tests.fixtures.sparse:Lookups", "SparseCPU"),
+    ("tests.fixtures.scripted:ScriptedBlocks", "is not supported on ScriptModules"),
+]
+
+
+def test_fsdp_is_refused_where_the_probe_leaves_it_out() -> None:
+    from autotune.api import run_trial
+    from autotune.search.refusals import fsdp_refusal
+
+    config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
+    for model, _ in FSDP_FAILS:
+        refusal = fsdp_refusal(model)
+        assert refusal is not None, model
+        with pytest.raises(ConfigError, match=re.escape(f"parallel=fsdp: {refusal}; use ddp or")):
+            run_trial(model, config)
+
+
+@pytest.mark.slow  # ~5 s a case: pins torch's behaviour behind the refusal above
+@pytest.mark.parametrize(("model", "says"), FSDP_FAILS)
 def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None:
     # What ``refusals.fsdp_refusal`` foresees, pinned on this torch: should FSDP learn to shard a
     # unit of two dtypes or a sparse gradient, this fails, and the refusal should go. (The
     # trial is launched past ``autotune.api.run_trial``, which refuses it in one line.)
-    from autotune.api import run_trial
     from autotune.runner.launch import run_trial as launch
-    from autotune.search.refusals import fsdp_refusal
 
     config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
     result = launch(config, WorkloadSpec(model=model), options)
     assert result.status == "error" and says in result.message
-    refusal = fsdp_refusal(model)
-    assert refusal is not None
-    with pytest.raises(ConfigError, match=re.escape(f"parallel=fsdp: {refusal}; use ddp or")):
-        run_trial(model, config)
 
 
 MIXED_REFUSED = [
@@ -268,25 +273,41 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
         target_interval=0).status == "ok"  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("model", "says", "device"),
-    [
-        ("Codebook", "expected m1 and m2 to have the same dtype", None),
-        ("Positional", None, None),
-        pytest.param("Distances", '"cdist" not implemented for', "cpu",
-                     marks=pytest.mark.slow),  # ~5 s: the default run keeps a failure and a pass
-    ],
-)  # fmt: skip
-def test_a_forward_held_as_fsdps_bf16_parameters_hold_it_foresees_their_trial(
+BF16_UNITS = [
+    ("Codebook", "expected m1 and m2 to have the same dtype", None),
+    ("Positional", None, None),
+    ("Distances", '"cdist" not implemented for', "cpu"),
+]
+
+
+@pytest.mark.parametrize(("model", "says", "device"), BF16_UNITS)
+def test_a_forward_held_as_fsdps_bf16_parameters_hold_it_says_what_their_trial_would(
     model: str, says: str | None, device: str | None
 ) -> None:
     # Meta kernels take mixed dtypes (mm, linear, conv2d), so only a real forward shows a VQ
     # codebook's float32 buffer meeting a bf16 feature: ``refusals.fsdp_bf16_refusals`` runs
-    # one, its parameters and each unit's inputs cast as FSDP casts them, and its verdict is
-    # the trial's. A float32 buffer added before the blocks trains (FSDP casts a block's
-    # inputs); an op without a bf16 kernel fails on this CPU only.
-    from autotune.runner.launch import run_trial as launch
+    # one, its parameters and each unit's inputs cast as FSDP casts them. A float32 buffer
+    # added before the blocks trains (FSDP casts a block's inputs); an op without a bf16 kernel
+    # fails on this CPU only. The trials that show each verdict right: the slow test below.
     from autotune.search.refusals import fsdp_bf16_refusals
+
+    refusals = fsdp_bf16_refusals(WorkloadSpec(model=f"tests.fixtures.bf16_units:{model}"))
+    if says is None:
+        assert refusals == ()
+        return
+    assert [(r.knob, r.value, r.device) for r in refusals] == [
+        ("fsdp_mixed_precision", "bf16", device),
+        ("fsdp_mixed_precision", "bf16-reduce-fp32", device),
+    ]
+    assert says in refusals[0].reason and "failed here" in refusals[0].reason
+
+
+@pytest.mark.slow  # ~5 s a case: the trials behind the verdicts above
+@pytest.mark.parametrize(("model", "says"), [(model, says) for model, says, _ in BF16_UNITS])
+def test_fsdps_bf16_parameters_trial_ends_as_the_forward_held_so_foresaw(
+    model: str, says: str | None
+) -> None:
+    from autotune.runner.launch import run_trial as launch
 
     spec = WorkloadSpec(model=f"tests.fixtures.bf16_units:{model}")
     config = TrainConfig(
@@ -295,17 +316,10 @@ def test_a_forward_held_as_fsdps_bf16_parameters_hold_it_foresees_their_trial(
     )  # fmt: skip
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
     result = launch(config, spec, options)
-    refusals = fsdp_bf16_refusals(spec)
     if says is None:
         assert result.status == "ok", result.message
-        assert refusals == ()
-        return
-    assert result.status == "error" and says in result.message, result.message
-    assert [(r.knob, r.value, r.device) for r in refusals] == [
-        ("fsdp_mixed_precision", "bf16", device),
-        ("fsdp_mixed_precision", "bf16-reduce-fp32", device),
-    ]
-    assert says in refusals[0].reason and "failed here" in refusals[0].reason
+    else:
+        assert result.status == "error" and says in result.message, result.message
 
 
 @pytest.mark.usefixtures("one_rank_group")
