@@ -25,6 +25,11 @@ from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.traced import WideBlocks
 from tests.helpers import on_two_gloo_ranks
 
+FSDP_X2 = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
+FSDP_BF16_X2 = TrainConfig(
+    global_batch_size=8, parallel="fsdp", world_size=2, device="cpu", fsdp_mixed_precision="bf16"
+)
+
 
 def _gathered_after_forward(reshard: bool) -> list[bool]:
     config = TrainConfig(
@@ -156,8 +161,7 @@ def _scalar_rank(rank: int, store_path: str, out: str) -> None:
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     torch.manual_seed(0)  # the same model on both ranks
-    config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
-    model = wrap_model(_Scaled(), config, torch.device("cpu"), HookCounter())
+    model = wrap_model(_Scaled(), FSDP_X2, torch.device("cpu"), HookCounter())
     x = torch.full((2, 8), float(rank + 1))  # each rank its own data
     with torch.no_grad():  # what this rank alone would give the scale
         local = (model(x) / model.scale).sum().item()
@@ -198,12 +202,11 @@ def test_fsdp_is_refused_where_the_probe_leaves_it_out() -> None:
     from autotune.api import run_trial
     from autotune.search.refusals import fsdp_refusal
 
-    config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
     for model, _ in FSDP_FAILS:
         refusal = fsdp_refusal(model)
         assert refusal is not None, model
         with pytest.raises(ConfigError, match=re.escape(f"parallel=fsdp: {refusal}; use ddp or")):
-            run_trial(model, config)
+            run_trial(model, FSDP_X2)
 
 
 @pytest.mark.slow  # ~5 s a case: pins torch's behaviour behind the refusal above
@@ -214,9 +217,8 @@ def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None
     # trial is launched past ``autotune.api.run_trial``, which refuses it in one line.)
     from autotune.runner.launch import run_trial as launch
 
-    config = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
-    result = launch(config, WorkloadSpec(model=model), options)
+    result = launch(FSDP_X2, WorkloadSpec(model=model), options)
     assert result.status == "error" and says in result.message
 
 
@@ -235,14 +237,10 @@ def test_fsdps_bf16_parameters_are_refused_naming_the_units_whose_buffers_stay_f
     from autotune.api import run_trial
     from autotune.search.refusals import fsdp_mixed_precision_refusal
 
-    config = TrainConfig(
-        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
-        fsdp_mixed_precision="bf16",
-    )  # fmt: skip
     refusal = fsdp_mixed_precision_refusal(model)
     assert refusal is not None and named in refusal
     with pytest.raises(ConfigError, match=re.escape(f"fsdp_mixed_precision=bf16: {refusal}")):
-        run_trial(model, config, data=data)
+        run_trial(model, FSDP_BF16_X2, data=data)
     assert fsdp_mixed_precision_refusal("tests.fixtures.models:Small") is None
 
 
@@ -261,14 +259,10 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
     from autotune.api import run_trial
     from autotune.runner.launch import run_trial as launch
 
-    config = TrainConfig(
-        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
-        fsdp_mixed_precision="bf16",
-    )  # fmt: skip
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
-    result = launch(config, WorkloadSpec(model=model, data=data), options)
+    result = launch(FSDP_BF16_X2, WorkloadSpec(model=model, data=data), options)
     assert result.status == "error" and "same dtype" in result.message, result.message
-    assert run_trial(model, config.model_copy(update={"amp": "bf16",
+    assert run_trial(model, FSDP_BF16_X2.model_copy(update={"amp": "bf16",
         "fsdp_mixed_precision": "off"}), data=data, warmup_steps=1, measured_steps=2,
         target_interval=0).status == "ok"  # fmt: skip
 
@@ -310,12 +304,8 @@ def test_fsdps_bf16_parameters_trial_ends_as_the_forward_held_so_foresaw(
     from autotune.runner.launch import run_trial as launch
 
     spec = WorkloadSpec(model=f"tests.fixtures.bf16_units:{model}")
-    config = TrainConfig(
-        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
-        fsdp_mixed_precision="bf16",
-    )  # fmt: skip
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
-    result = launch(config, spec, options)
+    result = launch(FSDP_BF16_X2, spec, options)
     if says is None:
         assert result.status == "ok", result.message
     else:
@@ -378,15 +368,11 @@ def test_a_float32_tensor_the_model_makes_under_fsdps_bf16_parameters_is_named()
     from autotune.errors import FSDP_CASTS
     from autotune.runner.launch import run_trial as launch
 
-    config = TrainConfig(
-        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
-        fsdp_mixed_precision="bf16",
-    )  # fmt: skip
     spec = WorkloadSpec(
         model="tests.fixtures.normed:Standardised", data="tests.fixtures.normed:autotune_dataset"
     )
     options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
-    result = launch(config, spec, options)
+    result = launch(FSDP_BF16_X2, spec, options)
     assert result.status == "error" and f"({FSDP_CASTS} and the forward's" in result.message
 
 
@@ -408,17 +394,13 @@ def test_an_op_without_a_bf16_kernel_under_fsdps_bf16_parameters_is_named() -> N
     from autotune.errors import FSDP_CASTS
     from autotune.runner.hints import fsdp_dtype_hint
 
-    config = TrainConfig(
-        global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
-        fsdp_mixed_precision="bf16",
-    )  # fmt: skip
     missing = NotImplementedError('"cdist" not implemented for ' + "'BFloat16'")
-    assert (fsdp_dtype_hint(missing, config) or "").startswith(
+    assert (fsdp_dtype_hint(missing, FSDP_BF16_X2) or "").startswith(
         f"{FSDP_CASTS}, so the model computes in bf16 throughout"
     )
-    off = config.model_copy(update={"fsdp_mixed_precision": "off"})
+    off = FSDP_BF16_X2.model_copy(update={"fsdp_mixed_precision": "off"})
     assert fsdp_dtype_hint(missing, off) is None
-    assert fsdp_dtype_hint(RuntimeError("shapes cannot be multiplied"), config) is None
+    assert fsdp_dtype_hint(RuntimeError("shapes cannot be multiplied"), FSDP_BF16_X2) is None
 
 
 @pytest.mark.slow  # a model shape on two ranks
