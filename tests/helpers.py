@@ -24,6 +24,10 @@ SMALL_SEARCH = [
 ]
 """A search of a small model with short trials (add --devices, --storage, budgets)."""
 
+FEW: dict[str, Any] = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
+"""A trial's shortest window (``TrialOptions`` fields, or ``run_trial``'s keywords): one
+warm-up step, two measured, no interval to reach."""
+
 
 def exit_code(argv: list[str]) -> int | str | None:
     """main's return value, or the code of the SystemExit argparse raises for bad flags."""

@@ -6,11 +6,11 @@ import pytest
 
 from autotune.api import run_trial
 from autotune.report import format_trial
+from tests.helpers import FEW
 
 PADDED = "tests.fixtures.padded"
 TAGGER = f"{PADDED}:Tagger"
 HINT = "give a collate function that pads them (--collate module:attr"
-FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
 
 
 def test_ranks_and_their_dataloader_workers_batch_with_the_modules_collate_function() -> None:

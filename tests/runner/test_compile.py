@@ -13,6 +13,7 @@ from autotune.runner.launch import run_trial
 from autotune.runner.rank import run_rank
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadCache, WorkloadSpec
+from tests.helpers import FEW
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -144,7 +145,7 @@ def test_a_compiled_backward_failing_on_a_tensor_written_after_a_graph_break_say
 
     spec = WorkloadSpec(model="tests.fixtures.shadowed:MomentumQueue")
     config = {"global_batch_size": 8, "device": "cpu"}
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=400)
+    options = TrialOptions(**FEW, timeout_s=400)
     assert run_trial(make_config(config), spec, options).status == "ok"
     result = run_trial(make_config({**config, "compile": "default"}), spec, options)
     assert result.status == "error" and "modified by an inplace operation" in result.message

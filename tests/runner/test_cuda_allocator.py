@@ -11,6 +11,7 @@ from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.rank import run_rank
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadCache, WorkloadSpec
+from tests.helpers import FEW
 
 
 def test_the_private_setter_and_getter_still_exist_and_round_trip() -> None:
@@ -22,7 +23,7 @@ def test_the_private_setter_and_getter_still_exist_and_round_trip() -> None:
 @pytest.mark.usefixtures("rank_in_this_process")
 def test_a_reused_rank_sets_it_for_each_trial() -> None:
     workloads = WorkloadCache()  # one process, trial after trial, as a Ray rank actor
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    options = TrialOptions(**FEW)
     seen = []
     for on in (True, False):
         config = make_config({"global_batch_size": 8, "device": "cpu", "expandable_segments": on})

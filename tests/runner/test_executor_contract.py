@@ -26,8 +26,9 @@ from autotune.runner.platform import detect_platform
 from autotune.runner.request import TrialOptions, TrialRequest
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.space import parse_space
+from tests.helpers import FEW
 
-QUICK = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=120)
+QUICK = TrialOptions(**FEW, timeout_s=120)
 DDP = {"parallel": "ddp", "world_size": 2}
 
 
@@ -73,7 +74,7 @@ CASES = {
         "timed_out",
         ("timeout_s=10", "still running in warm-up step 1"),
         # the whole timeout is spent: short, yet past a gang's start on a loaded box (2-4 s)
-        options=TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=10),
+        options=TrialOptions(**FEW, timeout_s=10),
     ),
     "out of memory under a limit": Case(
         "tests.fixtures.models:MemoryHog",

@@ -17,10 +17,11 @@ from autotune.runner.request import TrialOptions
 from autotune.runner.session import prepare
 from autotune.runner.workload import WorkloadSpec, build_workload
 from autotune.search.memory_model import MemoryModel
+from tests.helpers import FEW
 
 GATHERED = WorkloadSpec(model="tests.fixtures.contrastive:GatheredTowers")
 PLAIN = WorkloadSpec(model="tests.fixtures.contrastive:TwoTowers")
-SHORT = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, min_measure_s=0)
+SHORT = TrialOptions(**FEW, min_measure_s=0)
 
 
 def test_the_fake_group_passes_fake_tensors_through_its_collectives_and_is_left() -> None:

@@ -23,7 +23,7 @@ from autotune.runner.session import leave_process_group
 from autotune.runner.training import HookCounter, whole_parameters, wrap_model
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.traced import WideBlocks
-from tests.helpers import on_two_gloo_ranks
+from tests.helpers import FEW, on_two_gloo_ranks
 
 FSDP_X2 = TrainConfig(global_batch_size=8, parallel="fsdp", world_size=2, device="cpu")
 FSDP_BF16_X2 = TrainConfig(
@@ -119,9 +119,7 @@ def test_two_gloo_ranks_train_under_the_policy_with_offloaded_shards() -> None:
         "global_batch_size": 8, "parallel": "fsdp", "world_size": 2, "device": "cpu",
         "fsdp_mixed_precision": "bf16", "fsdp_cpu_offload": True, "grad_accum_steps": 2,
     }  # fmt: skip
-    result = run_trial(
-        "tests.fixtures.models:Small", config, warmup_steps=1, measured_steps=2, target_interval=0
-    )
+    result = run_trial("tests.fixtures.models:Small", config, **FEW)
     assert result.status == "ok", result.message
     assert result.ranks[0].diagnostics is not None
     assert result.ranks[0].diagnostics.output_dtype == "bfloat16"
@@ -217,7 +215,7 @@ def test_fsdp_fails_where_the_probe_leaves_it_out(model: str, says: str) -> None
     # trial is launched past ``autotune.api.run_trial``, which refuses it in one line.)
     from autotune.runner.launch import run_trial as launch
 
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    options = TrialOptions(**FEW)
     result = launch(FSDP_X2, WorkloadSpec(model=model), options)
     assert result.status == "error" and says in result.message
 
@@ -259,7 +257,7 @@ def test_fsdps_bf16_parameters_fail_where_the_probe_leaves_them_out(
     from autotune.api import run_trial
     from autotune.runner.launch import run_trial as launch
 
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    options = TrialOptions(**FEW)
     result = launch(FSDP_BF16_X2, WorkloadSpec(model=model, data=data), options)
     assert result.status == "error" and "same dtype" in result.message, result.message
     assert run_trial(model, FSDP_BF16_X2.model_copy(update={"amp": "bf16",
@@ -304,7 +302,7 @@ def test_fsdps_bf16_parameters_trial_ends_as_the_forward_held_so_foresaw(
     from autotune.runner.launch import run_trial as launch
 
     spec = WorkloadSpec(model=f"tests.fixtures.bf16_units:{model}")
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    options = TrialOptions(**FEW)
     result = launch(FSDP_BF16_X2, spec, options)
     if says is None:
         assert result.status == "ok", result.message
@@ -345,7 +343,7 @@ def test_a_convnet_with_batch_norms_trains_under_fsdps_bf16_parameters() -> None
         global_batch_size=8, parallel="fsdp", world_size=2, device="cpu",
         fsdp_mixed_precision="bf16", checkpoint_segments=2,
     )  # fmt: skip
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    options = TrialOptions(**FEW)
     result = launch(config, spec, options)
     assert result.status == "ok", result.message
     assert fsdp_bf16_refusals(spec) == ()  # the probe's forward holds them so too
@@ -371,7 +369,7 @@ def test_a_float32_tensor_the_model_makes_under_fsdps_bf16_parameters_is_named()
     spec = WorkloadSpec(
         model="tests.fixtures.normed:Standardised", data="tests.fixtures.normed:autotune_dataset"
     )
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    options = TrialOptions(**FEW)
     result = launch(FSDP_BF16_X2, spec, options)
     assert result.status == "error" and f"({FSDP_CASTS} and the forward's" in result.message
 
@@ -383,7 +381,7 @@ def test_fsdp_shards_layers_held_as_lists_of_their_parts() -> None:
     config = {"global_batch_size": 8, "parallel": "fsdp", "world_size": 2, "device": "cpu"}
     result = run_trial(
         "tests.fixtures.part_lists:Decoder", {**config, "checkpoint_segments": 2},
-        warmup_steps=1, measured_steps=2, target_interval=0,
+        **FEW,
     )  # fmt: skip
     assert result.status == "ok", result.message
 
@@ -416,7 +414,7 @@ def test_a_looped_layer_checkpointed_under_fsdp_trains() -> None:
     )
     result = run_trial(
         "tests.fixtures.looped:LatentTower", config, data="tests.fixtures.looped:autotune_dataset",
-        warmup_steps=1, measured_steps=2, target_interval=0,
+        **FEW,
     )  # fmt: skip
     assert result.status == "ok", result.message
     for rank in result.ranks:

@@ -10,6 +10,7 @@ from autotune.runner.launch import run_trial
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures import io_bound
+from tests.helpers import FEW
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -124,7 +125,7 @@ def test_powersgd_sends_low_rank_factors_only_from_its_start_iteration(
 
 @pytest.mark.slow
 def test_checkpointing_lowers_measured_peak_memory_on_the_transformer() -> None:
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=300)
+    options = TrialOptions(**FEW, timeout_s=300)
     plain = _trial("workloads.gpt:gpt_long_context", options, global_batch_size=8)
     checkpointed = _trial(
         "workloads.gpt:gpt_long_context", options, global_batch_size=8, checkpoint_segments=6
@@ -154,7 +155,7 @@ def test_a_dataloader_worker_lowers_the_data_wait_share() -> None:
 def test_warm_up_consumes_the_batches_workers_prefetched() -> None:
     # 2 workers x prefetch 4 = 8 queued micro-batches = 4 optimizer steps at accumulation 2:
     # measured steps must not be served from that queue, or loading looks free.
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=120)
+    options = TrialOptions(**FEW, timeout_s=120)
     config = {"num_workers": 2, "prefetch_factor": 4, "grad_accum_steps": 2}
     result = _trial("tests.fixtures.models:Small", options, **config)
     assert result.status == "ok", result.message

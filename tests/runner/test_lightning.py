@@ -26,8 +26,7 @@ from autotune.runner.workload import (
 )
 from autotune.search.meta_build import configures_optimizer, data_source
 from tests.fixtures import lit
-
-FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
+from tests.helpers import FEW
 
 
 def test_the_step_is_the_modules_training_step_on_the_whole_batch() -> None:

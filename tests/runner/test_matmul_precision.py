@@ -8,6 +8,7 @@ import torch
 from autotune.api import run_trial
 from autotune.config import TrainConfig
 from autotune.runner.session import set_matmul_precision
+from tests.helpers import FEW
 
 
 def test_default_restores_the_process_setting_after_another_trial() -> None:
@@ -23,9 +24,7 @@ def test_default_restores_the_process_setting_after_another_trial() -> None:
 
 def test_the_setting_reaches_the_rank() -> None:
     config = {"global_batch_size": 8, "device": "cpu", "matmul_precision": "high"}
-    result = run_trial(
-        "tests.fixtures.models:Small", config, warmup_steps=1, measured_steps=2, target_interval=0
-    )
+    result = run_trial("tests.fixtures.models:Small", config, **FEW)
     assert result.status == "ok", result.message
     assert result.ranks[0].diagnostics is not None
     assert result.ranks[0].diagnostics.matmul_precision == "high"

@@ -21,6 +21,7 @@ from autotune.runner.workload import (
 from autotune.search.meta_build import check_optimizer
 from tests.fixtures.optimizers import PARAMETER_BYTES, Features, Wide
 from tests.fixtures.optimizers import decayed as decayed_factory
+from tests.helpers import FEW
 
 MODULE = "tests.fixtures.optimizers"
 MODEL = f"{MODULE}:Wide"
@@ -28,9 +29,7 @@ CONFIG = {"global_batch_size": 8, "device": "cpu"}
 
 
 def _trial(optimizer: str | None) -> object:
-    return run_trial(
-        MODEL, CONFIG, optimizer=optimizer, warmup_steps=1, measured_steps=2, target_interval=0
-    )
+    return run_trial(MODEL, CONFIG, optimizer=optimizer, **FEW)
 
 
 def test_the_modules_sgd_reaches_the_trial_and_its_peak_lies_below_adamws_by_its_state() -> None:
@@ -163,7 +162,7 @@ def test_an_error_in_clipping_is_said_to_be_there_not_in_the_optimizer_s_step() 
         "tests.fixtures.sparse:SparsenedGradient",
         {**CONFIG, "max_grad_norm": 1.0},
         data="tests.fixtures.sparse:autotune_dataset",
-        warmup_steps=1, measured_steps=2, target_interval=0,
+        **FEW,
     )  # fmt: skip
     assert result.status == "error"
     assert result.message.startswith(

@@ -11,6 +11,7 @@ from autotune.errors import ConfigError
 from autotune.runner.optimizer import with_implementation
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.meta_build import optimizer_flags
+from tests.helpers import FEW
 
 
 def test_the_users_optimizer_is_rebuilt_fused_keeping_its_hyperparameters() -> None:
@@ -42,9 +43,7 @@ def test_the_probe_reads_the_users_optimizer_class() -> None:
 
 def test_a_trial_runs_its_optimizer_fused() -> None:
     config = {"global_batch_size": 8, "device": "cpu", "optimizer_impl": "fused"}
-    result = run_trial(
-        "tests.fixtures.models:Small", config, warmup_steps=1, measured_steps=2, target_interval=0
-    )
+    result = run_trial("tests.fixtures.models:Small", config, **FEW)
     assert result.status == "ok", result.message
     assert result.ranks[0].diagnostics is not None
     assert result.ranks[0].diagnostics.optimizer_impl == "fused"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.runner.platform import detect_platform
+from tests.helpers import FEW
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -136,7 +137,7 @@ def test_debug_copies_each_ranks_output_of_each_trial() -> None:
     executor = RayExecutor(detect_platform("cpu"), cpus_per_rank=1.0, rank_output=shown)
     config = make_config({"global_batch_size": 8, "device": "cpu", "parallel": "ddp",
                           "world_size": 2})  # fmt: skip
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0, timeout_s=120)
+    options = TrialOptions(**FEW, timeout_s=120)
 
     def run(model: str) -> str:
         request = TrialRequest(config=config, workload=WorkloadSpec(model=model), options=options)

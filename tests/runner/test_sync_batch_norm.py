@@ -14,6 +14,7 @@ from autotune.runner.launch import run_trial as launch
 from autotune.runner.request import TrialOptions
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.refusals import model_refusals
+from tests.helpers import FEW
 
 MODEL = "tests.fixtures.synced:synced"
 
@@ -36,6 +37,6 @@ def test_ranks_of_sync_batch_norms_are_refused_on_a_cpu_before_any_trial(paralle
 @pytest.mark.parametrize(("parallel", "says"), FAILS_WITH)
 def test_ranks_of_sync_batch_norms_fail_on_a_cpu(parallel: str, says: str) -> None:
     config = TrainConfig(global_batch_size=8, parallel=parallel, world_size=2, device="cpu")
-    options = TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0)
+    options = TrialOptions(**FEW)
     result = launch(config, WorkloadSpec(model=MODEL), options)  # past the refusal
     assert result.status == "error" and says in result.message, result.message

@@ -12,9 +12,9 @@ from autotune.runner.loss import DefaultLoss
 from autotune.runner.training import required_parameter, split_batch, target_into, target_parameter
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.nano_gpt import GPT, Adapted, Scored, Tokens
+from tests.helpers import FEW
 
 MODEL = "tests.fixtures.nano_gpt:GPT"
-FEW = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
 
 
 def test_a_tuple_batchs_target_goes_to_the_forwards_optional_target_parameter() -> None:

@@ -15,6 +15,7 @@ from autotune.runner.hints import double_hint, input_hint, target_hint, tuple_hi
 from autotune.runner.loss import default_loss
 from autotune.runner.session import prepare
 from autotune.runner.training import TrainStep, check_loss, prepare_model, split_batch
+from tests.helpers import FEW
 from workloads.mlp import autotune_dataset, mlp_tiny
 
 
@@ -256,7 +257,7 @@ def test_a_ranks_reason_ends_with_the_hint_the_forward_left() -> None:
     request = TrialRequest(
         config=TrainConfig(global_batch_size=8, device="cpu"),
         workload=WorkloadSpec(model="tests.fixtures.texts:Net"),
-        options=TrialOptions(warmup_steps=1, measured_steps=2, target_interval=0),
+        options=TrialOptions(**FEW),
     )
     report = run_rank(request, 0)
     assert report.status == "error"

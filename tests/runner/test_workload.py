@@ -18,6 +18,7 @@ from autotune.runner.workload import (
     load_model,
 )
 from autotune.search.meta_build import data_source
+from tests.helpers import FEW
 
 
 @pytest.mark.parametrize(
@@ -182,7 +183,7 @@ def test_samples_by_index_are_a_dataset_and_a_mapping_is_not() -> None:
 def test_a_forward_that_asks_for_cuda_on_a_cpu_says_the_fix() -> None:
     trial = run_trial(
         "tests.fixtures.nodata:AsksForCuda", {"global_batch_size": 8, "device": "cpu"},
-        warmup_steps=1, measured_steps=2, target_interval=0,
+        **FEW,
     )  # fmt: skip
     assert trial.status == "error"
     assert trial.message.endswith(
@@ -334,9 +335,7 @@ def test_lazy_modules_take_their_shapes_where_the_workload_is_built() -> None:
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_a_model_of_lazy_modules_trains_under_ddp_and_fsdp(parallel: str) -> None:
     config = {"global_batch_size": 16, "parallel": parallel, "world_size": 2, "device": "cpu"}
-    result = run_trial(
-        "tests.fixtures.lazy:LazyMLP", config, warmup_steps=1, measured_steps=2, target_interval=0
-    )
+    result = run_trial("tests.fixtures.lazy:LazyMLP", config, **FEW)
     assert result.status == "ok", result.message
 
 
