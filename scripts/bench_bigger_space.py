@@ -15,14 +15,13 @@ Writes results/bigger_space.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from autotune.bench.extended import SIMULATED, extend
 from autotune.bench.landscape import Landscape
 from autotune.bench.live import TARGET_RATIO
+from autotune.bench.output import write_json
 from autotune.bench.pick_quality import DEFAULT_TRIALS, GPU_NOISE
 from autotune.bench.replay import (
     reach_cell,
@@ -90,8 +89,7 @@ def main() -> None:
                 flush=True,
             )
     out["wall_s"] = time.perf_counter() - started
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out, indent=1)
     print(f"results: {args.out} ({out['wall_s']:.0f} s)")
 
 

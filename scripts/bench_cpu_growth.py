@@ -13,11 +13,10 @@ of tokens to each expert every step, and autocast on CPU compiles a oneDNN kerne
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from autotune.bench.cpu_growth import growth, summary
 from autotune.bench.memory_prediction import machine
+from autotune.bench.output import write_json
 
 MODELS = ("examples/moe.py:MoEDecoder", "workloads.gpt:gpt_small")
 """A mixture of experts (shapes change every step) and a dense model (they do not)."""
@@ -50,7 +49,7 @@ def main() -> None:
                 f"{s['early_hwm_bytes'] / 2**20:7,.0f}M {s['final_hwm_bytes'] / 2**20:9,.0f}M "
                 f"{s['growth']:+7.0%} {s['settled_at_step']:8} {s['median_step_s']:7.2f}"
             )
-            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+            write_json(args.out, report, indent=2)
     print(f"wrote {args.out}")
 
 

@@ -15,11 +15,10 @@ resident peak per rank under each heap, and samples/s under each (the median of 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from pathlib import Path
 
 from autotune.bench.memory_prediction import grid_shape, heap_pairs, heap_summary, machine
+from autotune.bench.output import write_json
 from autotune.config import TrainConfig
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
@@ -68,8 +67,7 @@ def main() -> None:
                 f"{row['measured_bytes_fixed'] / 2**20:7.0f}M "
                 f"{row['samples_per_s_default']:18.1f} {row['samples_per_s_fixed']:7.1f}"
             )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report, indent=2)
     print(f"wrote {args.out}")
 
 

@@ -12,11 +12,10 @@ object of the dataset), the figure a recommendation's memory caveat gives.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from autotune.bench.epoch_copy import DATASETS, measured
 from autotune.bench.memory_prediction import machine
+from autotune.bench.output import write_json
 
 
 def main() -> None:
@@ -36,9 +35,8 @@ def main() -> None:
             f"{mib['epoch_copy_bytes']:>12,.0f} MiB {row['epoch_copy_s']:>5.1f} s"
             + ("" if row["epoch_copy_whole"] else " (stopped early: a lower bound)")
         )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     report = {"machine": machine(), "samples": args.samples, "rows": rows}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report, indent=2)
     print(f"wrote {args.out}")
 
 

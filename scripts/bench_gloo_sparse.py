@@ -15,11 +15,10 @@ that what the machine does meanwhile falls on each alike.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from autotune.bench.gloo_sparse import VARIANTS, run, tally
 from autotune.bench.memory_prediction import machine
+from autotune.bench.output import write_json
 
 
 def main() -> None:
@@ -45,7 +44,7 @@ def main() -> None:
             died = sum(n for outcome, n in counts.items() if outcome != "ok")
             said = ", ".join(f"{outcome} {n}" for outcome, n in sorted(counts.items()))
             print(f"{tables:>7}  {variant:<24}  {args.runs:>4}  {died:>4}  {said}")
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report, indent=2)
     print(f"wrote {args.out}")
 
 

@@ -33,6 +33,7 @@ from autotune.bench.noise import (
     summarize,
     window_speeds,
 )
+from autotune.bench.output import write_json
 
 
 def main() -> None:
@@ -92,8 +93,7 @@ def main() -> None:
         **summary,
         "per_window": series,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out, indent=1)
     print(f"results: {args.out}", file=sys.stderr)
 
 

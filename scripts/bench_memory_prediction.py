@@ -81,6 +81,7 @@ from autotune.bench.memory_prediction import (
     worker_grid,
 )
 from autotune.bench.memory_runs import REPEAT_SETS, fresh_report, repeat_report, search_report
+from autotune.bench.output import write_json
 from autotune.runner.workload import WorkloadSpec
 from autotune.units import parse_bytes
 
@@ -175,7 +176,7 @@ def main() -> None:
         for model, rows in saved["models"].items():
             report["models"][model] = rescored(model, rows)  # type: ignore[index]
             print_scores(model, report["models"][model])  # type: ignore[index]
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.out, report, indent=2)
         print(f"wrote {args.out}")
         return
     print(
@@ -231,8 +232,7 @@ def main() -> None:
 
 
 def _write(out: str, report: dict[str, object]) -> None:
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out, report, indent=2)
 
 
 if __name__ == "__main__":

@@ -39,13 +39,13 @@ Prints a table, writes results/pruning.json. Wall times are the driver's, submit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from autotune.bench.output import write_json
 from autotune.bench.pruning import summarise
 from workloads.hopeless import REPEATS
 
@@ -155,7 +155,6 @@ def main() -> None:
     machine = f"{platform.device_name}, {platform.cpu_count} cores, torch {platform.torch_version}"
     print_table(rows, machine)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     summary = {
         "machine": machine,
         "global_batch_size": args.global_batch_size,
@@ -163,7 +162,7 @@ def main() -> None:
         "repeats": REPEATS,
         "cases": rows,
     }
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out, summary, indent=2)
     print(f"results: {out}")
 
 

@@ -15,10 +15,11 @@ every landscape's seeds.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
+
+from autotune.bench.output import write_json
 
 
 def one_seed(
@@ -104,7 +105,7 @@ def main() -> None:
             f"{'':>12}{runs:>11.1f}"
         )
     out = {"trials": args.trials, "seeds": args.seeds, "share": args.share, "rows": rows}
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out, indent=1)
     print(f"results: {args.out}")
 
 

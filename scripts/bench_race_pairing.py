@@ -28,7 +28,6 @@ results/race_pairing.json.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bench.noise import pairing_row
+from autotune.bench.output import write_json
 
 
 def duet(args: argparse.Namespace, a: Any, b: Any, spec: Any, length: float, platform: Any) -> None:
@@ -76,8 +76,7 @@ def duet(args: argparse.Namespace, a: Any, b: Any, spec: Any, length: float, pla
         "duet_against_sequential": duets.summary_of(rows),
         "per_round": by_mode,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(args.out, summary, indent=1)
     print(f"results: {args.out}")
 
 
@@ -200,8 +199,7 @@ def main() -> None:
         "rows": rows,
         "per_round": {str(length): by_length[length] for length in lengths},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(args.out, summary, indent=1)
     print(f"results: {args.out}")
 
 

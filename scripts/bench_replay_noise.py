@@ -13,12 +13,12 @@ reported, not targeted. The library is ``autotune.bench.pick_quality``.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from autotune.bench.landscape import Landscape
+from autotune.bench.output import write_json
 from autotune.bench.pick_quality import DEFAULT_TRIALS, GPU_NOISE, NOISE_LEVELS, judge
 
 
@@ -90,8 +90,7 @@ def main() -> None:
     }
     out["wall_s"] = time.perf_counter() - started
     print(f"\ntargets: {out['targets']}  ({out['wall_s']:.0f} s)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out, indent=1)
     print(f"results: {args.out}")
 
 

@@ -15,13 +15,13 @@ single long run does not). Prints the runs and a summary, writes results/run_noi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
 from autotune.bench.noise import lag1_autocorrelation
+from autotune.bench.output import write_json
 
 
 def main() -> None:
@@ -80,8 +80,7 @@ def main() -> None:
         f"without the first run); lag-1 autocorrelation {summary['lag1_autocorrelation']:.2f}; "
         f"halves {summary['first_half_mean']:.1f} / {summary['second_half_mean']:.1f}"
     )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({**summary, "per_run": runs}, indent=1) + "\n")
+    write_json(args.out, {**summary, "per_run": runs}, indent=1)
     print(f"results: {args.out}")
 
 

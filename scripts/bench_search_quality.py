@@ -48,6 +48,7 @@ from autotune.bench.live import (
     VERIFY_FACTOR,
     WORKLOADS,
 )
+from autotune.bench.output import write_json
 from autotune.bench.referee import run_fidelity, run_judge
 from autotune.bench.scoring import targets
 from autotune.bench.search_quality import benchmark_workload, plot
@@ -148,8 +149,7 @@ def write(path: Path, args: argparse.Namespace, machine: str, results: dict[str,
                      "verify_factor": VERIFY_FACTOR},
         "workloads": results,
     }  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    write_json(path, data, indent=1)
 
 
 def rerun(args: argparse.Namespace, what: str) -> None:
@@ -183,7 +183,7 @@ def rerun(args: argparse.Namespace, what: str) -> None:
             )
             result["targets"] = targets(result["methods"], result["fidelity"])
         print_table(name, result)
-        out_path.write_text(json.dumps(data, indent=1) + "\n")
+        write_json(out_path, data, indent=1)
     print(f"results: {args.out}")
 
 

@@ -14,13 +14,13 @@ noise-controlled replay is scripts/bench_replay_noise.py.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from autotune.bench.landscape import Landscape
 from autotune.bench.live import TARGET_ERROR, TARGET_RATIO
+from autotune.bench.output import write_json
 
 REPLAY_CAP = 40
 """Replay's search for trials-to-share stops here (or at half the grid): the sampler's cost
@@ -112,8 +112,7 @@ def replay(args: argparse.Namespace) -> None:
             f"{error['within_0.05']:>4} of {error['picks']}",
             flush=True,
         )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out, indent=1)
     print(f"results: {args.out}")
 
 

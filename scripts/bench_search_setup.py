@@ -23,12 +23,11 @@ and the whole study on three landscapes takes about an hour in one process.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
+from autotune.bench.output import write_json
 from autotune.bench.setups import PICK, SETUPS, study
 
 
@@ -69,8 +68,7 @@ def main() -> None:
             print(f"  {name:<20} {row['trials_to_98_median']:>7g} "
                   f"{row['trials_to_98_p90']:>5g}{cells}")  # fmt: skip
     print(f"\n{time.perf_counter() - started:.0f} s")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    write_json(args.out, results, indent=1)
     print(f"results: {args.out}")
 
 

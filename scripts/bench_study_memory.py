@@ -14,12 +14,12 @@ adds (one fit over compiled and eager trials), for comparison.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from autotune.bench.memory_prediction import machine
+from autotune.bench.output import write_json
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.calibration import fit, prior_for
 from autotune.search.driver import load_recommendation
@@ -74,8 +74,7 @@ def main() -> None:
         "largest_error": largest,
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write_json(args.out, report, indent=1)
 
 
 if __name__ == "__main__":

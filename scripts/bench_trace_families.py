@@ -19,13 +19,12 @@ checks it here). Needs the ``trainers`` extra
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import warnings
-from pathlib import Path
 
 from autotune.bench.memory_prediction import machine
+from autotune.bench.output import write_json
 from autotune.bench.traced_step import as_row, check
 from autotune.runner.references import resolve_reference
 from autotune.runner.workload import WorkloadSpec, put_on_path
@@ -67,7 +66,7 @@ def main() -> None:
                 f"{spec.model:40} {traced:8.3f}Mi {real:8.3f}Mi {checked.error:+7.1%} "
                 f"{checked.seconds:5.1f} {cuda:8.3f}Mi"
             )
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.out, report, indent=2)
     traced = [r for r in rows if r["error"] is not None]
     within = sum(abs(r["error"]) <= 0.01 for r in traced)
     fused = sum(r["traced_for_cuda_bytes"] < 0.99 * r["traced_bytes"] for r in traced)

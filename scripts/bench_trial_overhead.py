@@ -10,10 +10,11 @@ splits each trial's wall time into overhead, warm-up and measured steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from pathlib import Path
+
+from autotune.bench.output import write_json
 
 CONFIGS = [
     {"parallel": "ddp", "comm_hook": "none"},
@@ -97,8 +98,7 @@ def main() -> None:
         f", target <= 1.5 s: {'met' if summary['met'] else 'MISSED'} on {summary['machine']}"
     )
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out, summary, indent=2)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from autotune.bench.output import write_json
 from autotune.bench.throughput import flops_per_sample
 
 
@@ -60,7 +61,7 @@ def main() -> None:
             f"{row['model_tflops']:>10.1f}{row['mfu']:>8.1%}"
         )
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.out, out, indent=2)
         print(f"written: {args.out}")
 
 

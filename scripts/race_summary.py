@@ -17,10 +17,9 @@ count, a measurement and a datasheet number.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
+from autotune.bench.output import write_json
 from autotune.bench.throughput import race_summary
 
 
@@ -53,7 +52,7 @@ def main() -> None:
             f"{_times(row['speedup_over_recipe']):<22}{row['config']}"
         )
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.out, out, indent=2)
         print(f"written: {args.out}")
 
 

@@ -13,12 +13,12 @@ points, and the browser requested nothing but the file itself. It prints a table
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 from autotune.bench.browser import find_chromium, render
+from autotune.bench.output import write_json
 
 
 def main() -> int:
@@ -54,8 +54,7 @@ def main() -> int:
     ]
     for name, value in rows:
         print(f"{name:<18} {value}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result, indent=2)
     return 0 if ok else 1
 
 

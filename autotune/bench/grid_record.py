@@ -19,6 +19,7 @@ from autotune.bench.landscape import (
     memory_line,
     within_limit,
 )
+from autotune.bench.output import write_whole
 from autotune.config import TrainConfig
 
 ORACLE_TOP, ORACLE_REPEATS = 8, 3
@@ -88,11 +89,7 @@ class GridState(LandscapeHeading):
         return Landscape(**heading, memory_limit_bytes=self.limit(), points=points)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".writing")
-        partial.write_text(self.model_dump_json(indent=1) + "\n")
-        partial.replace(path)  # a run stopped while writing leaves the last whole state
+        write_whole(path, self.model_dump_json(indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> GridState:
