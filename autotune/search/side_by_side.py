@@ -12,7 +12,8 @@ answering) is missing from the answer, and its caller runs it itself, as before.
 Forking copies a process as it is, so it is done only where that is safe: on Linux, from a
 process with no other Python thread (a Ray driver's threads may hold locks no copy would see
 released) and no CUDA context (a copy cannot use it). Elsewhere ``processes_here`` is 1 and the
-jobs run here, one after another.
+jobs run here, one after another. Jobs that run autograd (traces) ask ``forked_autograd_runs``
+too: a CUDA build of torch, once this process has run a backward, leaves copies that cannot.
 """
 
 from __future__ import annotations
@@ -45,6 +46,29 @@ def processes_here() -> int:
     if torch is not None and torch.cuda.is_initialized():
         return 1
     return len(os.sched_getaffinity(0))
+
+
+def forked_autograd_runs() -> bool:
+    """Whether a process forked from this one can run a backward. Once a CUDA build of torch has
+    run one here, its autograd engine holds a thread per device, and a forked copy's backward
+    raises ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"; seen with torch 2.11+cu130 on a machine without a GPU, never with the CPU
+    build). Torch has no call that tells, so a forked child tries one (milliseconds)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return True  # nothing has run a backward here
+    if sys.platform != "linux":
+        return False  # no fork
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only if its backward ran
+        code = 1
+        try:
+            torch.ones(1, requires_grad=True).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def run_side_by_side(

@@ -8,6 +8,7 @@ ends the tracing: ``error`` says why, and every later look-up answers None.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any
 
 from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step, warnings_once
 from autotune.runner.workload import WorkloadSpec
-from autotune.search.side_by_side import run_side_by_side
+from autotune.search.side_by_side import forked_autograd_runs, run_side_by_side
 
 Job = tuple[int, str, int, str, int]
 """A step to trace: micro-batch, autocast, checkpointed blocks, optimizer implementation, and
@@ -60,8 +61,6 @@ class StepTraces:
     """How long the last step traced here took (None: none traced yet)."""
     error: str | None = None
     held: dict[Key, TensorPeak] = field(default_factory=dict)
-    _failed: dict[Key, str] = field(default_factory=dict)
-    """Why a step a forked copy traced (``ahead``) failed, by key."""
 
     def get(self, job: Job) -> TensorPeak | None:
         """``job``'s trace, traced now if no trace of the process holds it; None once a step
@@ -70,8 +69,6 @@ class StepTraces:
         if key not in self.held and self.error is None:
             shared = self._shared(key)
             try:
-                if key in self._failed:
-                    raise TraceError(self._failed[key])
                 if shared not in _TRACED:
                     if self.tracing is not None:
                         self.tracing(tracing_line(job))
@@ -93,32 +90,35 @@ class StepTraces:
         return list(wanted.values())
 
     def ahead(self, jobs: list[Job], processes: int) -> None:
-        """Trace ``jobs`` now, ``processes`` at a time, for ``get`` to find. Where one failed,
-        ``error`` says the first of them in ``jobs``' order (the one looking them up in that
-        order would meet); a job no copy answered for is traced when it is looked up."""
-        total, at_once = len(jobs), min(processes, len(jobs))
+        """Trace ``jobs`` now, ``processes`` at a time, for ``get`` to find (one at a time where
+        a forked copy could not run a backward). Where one failed, ``error`` says the first of
+        them in ``jobs``' order (the one looking them up in that order would meet), as traced
+        here: a copy's failure may be the fork's, not the model's, so such a step is traced
+        here again. A job no copy answered for is traced when it is looked up."""
+        if processes > 1 and not forked_autograd_runs():
+            processes = 1
+        total, at_once, here = len(jobs), min(processes, len(jobs)), os.getpid()
 
         def starting(index: int, job: Job) -> None:
             if self.tracing is not None:
                 self.tracing(tracing_line(job) + f" ({index + 1} of {total}, {at_once} at a time)")
 
-        def work(job: Job) -> TensorPeak | str:
+        def work(job: Job) -> TensorPeak | tuple[int, str]:
             try:
                 return self._run(job)
             except TraceError as error:
-                return str(error)
+                return os.getpid(), str(error)  # which process failed, and why
 
         with warnings_once():  # what a copy's trace warned of, said here once with our own
             done = run_side_by_side(jobs, work, processes, starting)
-        for index, answer in done.items():
-            key = key_of(jobs[index])
-            if isinstance(answer, str):
-                self._failed[key] = answer
-            else:
+        for index in sorted(done):  # in order: the first failure is the one a look-up meets
+            answer, key = done[index], key_of(jobs[index])
+            if isinstance(answer, TensorPeak):
                 _TRACED[self._shared(key)] = answer
-        failed = [self._failed[k] for k in map(key_of, jobs) if k in self._failed]
-        if failed and self.error is None:
-            self.error = failed[0]
+            elif self.error is None and answer[0] == here:
+                self.error = answer[1]
+            elif self.error is None:  # a copy's: traced here again, whose failure is the model's
+                self.get(jobs[index])
 
     def _shared(self, key: Key) -> tuple[Any, ...]:
         return (self.workload.model_dump_json(), self.device_type, *key)

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.runner.fake_memory import TraceError
 from autotune.runner.workload import WorkloadSpec
 from autotune.search import side_by_side, step_traces
 from autotune.search.memory_model import MemoryModel
-from autotune.search.side_by_side import processes_here, run_side_by_side
+from autotune.search.side_by_side import forked_autograd_runs, processes_here, run_side_by_side
 
 
 def test_jobs_taken_side_by_side_answer_as_one_after_another() -> None:
@@ -93,6 +94,12 @@ def test_no_copies_where_forking_is_unsafe(monkeypatch: pytest.MonkeyPatch) -> N
     assert processes_here() == 1
 
 
+def _cuda_build() -> bool:
+    import torch
+
+    return torch.version.cuda is not None
+
+
 def _table(parallel: str, worlds: list[int], segments: tuple[int, ...]) -> list[TrainConfig]:
     return [
         TrainConfig(
@@ -144,8 +151,59 @@ def test_a_tables_steps_traced_side_by_side_predict_as_traced_one_by_one(
     together, side, said = _predicted(model, configs, 2)
     assert together == alone and None not in together
     assert side.gathers == one_by_one.gathers == ("Gathered" in model)
-    assert len(said) < len(said_alone)  # the copy traced the others
+    # the copy traced the others (where a copy can: after this process's traces, a CUDA build's
+    # cannot, and they are all traced here)
+    assert len(said) < len(said_alone) or not forked_autograd_runs()
     assert all(line.endswith(" at a time)") for line in said)
+
+
+CPU_BUILD = pytest.mark.skipif(
+    _cuda_build(),
+    reason="a CUDA build's copies cannot run a backward once this process has traced a step",
+)
+
+
+@CPU_BUILD
+def test_a_step_only_a_copy_failed_is_traced_here_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CUDA build of torch (2.11+cu130), once this process had traced a step, left copies whose
+    # backward raised: that failure was taken as the model's, and the plan of a model whose step
+    # depends on the world (a second round of copies) had no prediction at all.
+    monkeypatch.setattr(step_traces, "_TRACED", {})
+    here, real = os.getpid(), step_traces.trace_step
+
+    def fails_in_a_copy(*args: Any, **kwargs: Any) -> Any:
+        if os.getpid() != here:
+            raise TraceError("RuntimeError: Unable to handle autograd's threading ...")
+        return real(*args, **kwargs)
+
+    configs = _table("fsdp", [1, 2, 8], (0, 2, 4))
+    alone, _, said_alone = _predicted("tests.fixtures.traced:Stack", configs, 1)
+    monkeypatch.setattr(step_traces, "trace_step", fails_in_a_copy)
+    together, side, said = _predicted("tests.fixtures.traced:Stack", configs, 2)
+    assert together == alone and side.trace_error is None
+    again = [line for line in said if not line.endswith(" at a time)")]
+    assert again and len(said) == len(said_alone)  # the copies' steps traced here, after them
+
+
+@CPU_BUILD
+def test_no_copies_where_a_forked_backward_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    assert forked_autograd_runs()  # the CPU build's copies can
+    monkeypatch.setattr(step_traces, "_TRACED", {})
+    configs = _table("fsdp", [1, 2], (0, 2))
+    alone, _, _ = _predicted("tests.fixtures.traced:Stack", configs, 1)
+
+    def raises(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("Unable to handle autograd's threading in combination with fork")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.autograd, "backward", raises)  # the forked probe's backward
+        assert not forked_autograd_runs()
+    monkeypatch.setattr(step_traces, "forked_autograd_runs", lambda: False)
+    together, side, said = _predicted("tests.fixtures.traced:Stack", configs, 2)
+    assert together == alone and side.trace_error is None
+    assert said and all(line.endswith(", 1 at a time)") for line in said)
 
 
 @pytest.mark.parametrize(
