@@ -14,10 +14,15 @@ get a CPU autocast kernel that does what CUDA's does: cast floating inputs to fl
 fp32 list), or ask for a float32 result (the set-opt-dtype list: softmax, sum, cumsum, ...), or
 cast them to the autocast dtype (the matmuls CPU's list lacks), then run the op with autocast
 off. Leaving the context removes the kernels. ``torch.library`` is public; removing a
-library's kernels (``Library._destroy``) and reading an op's schema (``OpOverload._schema``) are
-not. The op lists are copied from ``ATen/autocast_mode.h`` of torch 2.13.
-``tests/runner/test_fake_autocast.py`` pins all of it: the lists against the installed header
-(where the wheel ships it), and CPU autocast as it was once the context is left.
+library's kernels (``Library._destroy``), reading an op's schema (``OpOverload._schema``) and
+asking whether CUDA's autocast has a kernel for an op (``torch._C.
+_dispatch_has_kernel_for_dispatch_key``, answered by every build, the CPU build too) are not.
+The op lists are copied from ``ATen/autocast_mode.h`` of torch 2.13; an op of them that the
+installed torch's CUDA autocast has no kernel for (``rms_norm`` before 2.13: it decomposes, and
+its ``pow`` runs in float32) gets none here either (``cuda_autocasts``).
+``tests/runner/test_fake_autocast.py`` pins all of it: the lists, as this torch's CUDA autocast
+takes them, against the installed header (where the wheel ships it), and CPU autocast as it was
+once the context is left.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ FP32_RESULT = [
     "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
     "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
     "sum.dim_IntList",
+    # named tensors' overloads: in torch 2.11's list, not in 2.13's
+    "prod.dim_Dimname", "softmax.Dimname", "log_softmax.Dimname", "cumprod.dimname",
+    "cumsum.dimname", "sum.dim_DimnameList",
 ]
 """CUDA's ``AT_FORALL_FP32_SET_OPT_DTYPE``: a floating first input's result asked for in
 float32 (``dtype=torch.float32`` where the call gives none)."""
@@ -69,6 +77,7 @@ CPU_COVERED = [
     "poisson_nll_loss", "smooth_l1_loss", "l1_loss", "huber_loss", "margin_ranking_loss",
     "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "multilabel_margin_loss",
     "kl_div", "binary_cross_entropy_with_logits", "cdist", "prod", "prod.dim_int",
+    "prod.dim_Dimname",
     "_convolution.deprecated", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
     "conv_transpose2d.input", "conv_transpose3d.input", "prelu", "addmm", "matmul", "mm",
     "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "scaled_dot_product_attention",
@@ -126,6 +135,20 @@ def _float_result(op: Any) -> Callable[..., Any]:
     return kernel
 
 
+def cuda_autocasts(name: str) -> bool:
+    """Whether the installed torch's CUDA autocast has a kernel for the op ``name`` (an op of
+    these lists; without one, the op runs in its inputs' dtype, or decomposes into ops that
+    have one). Where torch no longer answers, the lists (torch 2.13's) are taken whole."""
+    try:
+        op = _op(name)
+    except AttributeError:  # an op this torch does not have (2.11's named overloads, in 2.13)
+        return False
+    has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+    if has_kernel is None:
+        return True  # the fallback: 2.13's lists, as copied
+    return bool(has_kernel(op.name(), "AutocastCUDA"))
+
+
 def _kernels() -> Iterator[tuple[str, Callable[..., Any]]]:
     policies: tuple[tuple[list[str], Callable[[Any], Callable[..., Any]]], ...] = (
         (FP32, partial(_casting, dtype=torch.float32)),
@@ -134,13 +157,8 @@ def _kernels() -> Iterator[tuple[str, Callable[..., Any]]]:
     )
     for names, make in policies:
         for name in names:
-            if name in CPU_COVERED:
-                continue
-            try:
-                op = _op(name)
-            except AttributeError:  # an op this torch does not have
-                continue
-            yield name, make(op)
+            if name not in CPU_COVERED and cuda_autocasts(name):
+                yield name, make(_op(name))
 
 
 @contextlib.contextmanager

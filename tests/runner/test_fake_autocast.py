@@ -79,21 +79,35 @@ def _header_list(macro: str) -> set[str]:
 
 @pytest.mark.skipif(not HEADER.exists(), reason="this torch ships no ATen headers")
 def test_the_op_lists_are_the_installed_torchs() -> None:
-    assert set(fake_autocast.FP32) == _header_list("AT_FORALL_FP32")
-    assert set(fake_autocast.FP32_RESULT) == _header_list("AT_FORALL_FP32_SET_OPT_DTYPE")
-    assert set(fake_autocast.LOWER_PRECISION) == _header_list("AT_FORALL_LOWER_PRECISION_FP")
+    # As this torch's CUDA autocast takes them: 2.11's header has no rms_norm in its fp32 list,
+    # and its CUDA autocast no kernel for it (one more op in a header fails here: copy it in).
+    def taken(names: list[str]) -> set[str]:
+        return {name for name in names if fake_autocast.cuda_autocasts(name)}
+
+    assert taken(fake_autocast.FP32) == _header_list("AT_FORALL_FP32")
+    assert taken(fake_autocast.FP32_RESULT) == _header_list("AT_FORALL_FP32_SET_OPT_DTYPE")
+    assert taken(fake_autocast.LOWER_PRECISION) == _header_list("AT_FORALL_LOWER_PRECISION_FP")
+
+
+def test_an_op_cuda_autocast_has_no_kernel_for_gets_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert all(fake_autocast.cuda_autocasts(n) for n in ("layer_norm", "softmax.int", "mm"))
+    real = fake_autocast.cuda_autocasts
+    monkeypatch.setattr(fake_autocast, "cuda_autocasts", lambda n: n != "rms_norm" and real(n))
+    names = {name for name, _ in fake_autocast._kernels()}
+    assert "rms_norm" not in names and "layer_norm" in names
 
 
 def test_ops_cpu_autocast_already_has_a_kernel_for_are_left_to_it() -> None:
     listed = fake_autocast.FP32 + fake_autocast.FP32_RESULT + fake_autocast.LOWER_PRECISION
+    here = [name for name in listed if fake_autocast.cuda_autocasts(name)]  # this torch's ops
     with_kernel = {
         name
-        for name in listed
+        for name in here
         if torch._C._dispatch_has_kernel_for_dispatch_key(
             fake_autocast._op(name).name(), "AutocastCPU"
         )
     }
-    assert with_kernel == set(fake_autocast.CPU_COVERED)
+    assert with_kernel == set(fake_autocast.CPU_COVERED) & set(here)
 
 
 def test_a_cuda_trace_counts_the_float32_scores_cuda_autocast_saves() -> None:
