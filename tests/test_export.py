@@ -124,7 +124,8 @@ def test_hugging_face_checkpointing_where_the_class_refuses_it(tmp_path: Path) -
     common = {"output_dir": str(tmp_path), "max_steps": 1, "report_to": [], "save_strategy": "no"}
     data = hf_zoo.data_convnext()
     flagged = TrainingArguments(**common, **{**kwargs, "gradient_checkpointing": True})
-    with pytest.raises(ValueError, match="does not support activation checkpointing"):
+    # transformers 5.25's wording; 5.17's (the lent GPU machines') says "gradient checkpointing"
+    with pytest.raises(ValueError, match=r"does not support (activation|gradient) checkpointing"):
         Trainer(model=hf_zoo.convnext(), args=flagged, train_dataset=data).train()
     model = hf_zoo.convnext()
     assert len(apply_checkpointing(model, 1)) == 1  # the note's call

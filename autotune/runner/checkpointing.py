@@ -78,8 +78,9 @@ def checkpoints_itself(model: nn.Module) -> bool:
 def refuses_own_checkpointing(model: nn.Module) -> str | None:
     """The model's class name where it says it has no checkpointing of its own (Hugging Face's
     ``supports_gradient_checkpointing = False``: ResNet's, ConvNeXt's, ALBERT's), so that the
-    Trainer's ``gradient_checkpointing`` raises "does not support activation checkpointing";
-    None where it has, or is no such model. ``apply_checkpointing`` checkpoints it all the same."""
+    Trainer's ``gradient_checkpointing`` raises "does not support activation checkpointing"
+    (transformers 5.17: "gradient checkpointing"); None where it has, or is no such model.
+    ``apply_checkpointing`` checkpoints it all the same."""
     if getattr(type(model), "supports_gradient_checkpointing", None) is False:
         return type(model).__name__
     return None
