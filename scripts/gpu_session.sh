@@ -27,7 +27,9 @@
 # Its Python side checked on a CPU box (2026-11-30): in a virtualenv of torch 2.13, optuna,
 # pydantic, transformers, pytest, psutil, PyYAML, rich and nvidia-ml-py, without Ray, the gpu
 # tests collect (and skip), and `search --executor local` ran its trials and race and ended on
-# SIGTERM as it should (gpt2_tiny, stopped by `timeout` in its race).
+# SIGTERM as it should (gpt2_tiny, stopped by `timeout` in its race). On 2026-12-07, with the
+# machines' torch 2.11.0+cu130 and transformers 5.17.0 (no GPU): both test tiers, the same search
+# and the memory step's --measure-only then --rescore ran (docs/benchmarks.md, "Torch 2.11").
 #
 # Everything lands under $OUT, in at most 8 files (what the device tool fetches; here:
 # results/tmp/gpu): session.log, gpu_tests.log, memory_prediction_cuda.json, search.json,
