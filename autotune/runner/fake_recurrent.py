@@ -17,10 +17,13 @@ to, and the layers over a ``PackedSequence`` (and ``pad_packed_sequence`` after 
 ``batch_sizes``' values in C++, which a fake tensor does not have: the trace stopped.
 ``PackedSequences`` packs the batch as if every sequence had the mean length of the dataset's
 first samples (those the traced batch is made of, as ``fake_routing`` reads the batch's
-values) and runs the layer over that block unpacked: a real step over sequences of
-one length holds what the unpacked layer holds (a 2-layer bidirectional LSTM: 84.63 MiB
-packed, 84.67 MiB unpacked), and over mixed lengths the rows sum the same. Lengths the trace
-does not know leave the call to torch, and the trace stops as before.
+values) and runs the layer over that block unpacked, on the kernel torch would run over the
+packed batch: over sequences of one length torch 2.13 runs oneDNN's layer, and the real step
+holds what the unpacked layer holds (a 2-layer bidirectional LSTM: 84.63 MiB packed, 84.67
+MiB unpacked); over mixed lengths (and in 2.11 over any) it runs its own kernel, with no
+workspace, and so does the trace (``packed_runs_onednn``): 6.2% under a real step over
+lengths of 20-58 (the GRU 2.5%), where the block run as oneDNN's lay 49.8% over it. Lengths
+the trace does not know leave the call to torch, and the trace stops as before.
 
 ``torch._VF``'s functions, the oneDNN op and ``unset_fake_temporarily`` are private:
 ``tests/runner/test_fake_memory.py`` pins what is relied on (LSTMs plain and packed traced at
@@ -29,7 +32,9 @@ a real step's peak).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -112,13 +117,52 @@ def _workspace_fit(
     return k, per_sequence, per_step, per_both
 
 
+@contextlib.contextmanager
+def _onednn(enabled: bool) -> Iterator[None]:
+    """oneDNN's kernels on or off while entered (``torch.backends.mkldnn.flags`` would also set
+    its TF32 flag, and warn of Intel GPUs)."""
+    was = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = enabled  # type: ignore[assignment]  # a module property
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = was
+
+
+@functools.cache
+def packed_runs_onednn() -> bool:
+    """Whether this torch runs an LSTM over a packed sequence of one length, in training, as
+    oneDNN's layer, which keeps its workspace (2.13 does; 2.11 runs its own kernel, which keeps
+    none, as 2.13 does over mixed lengths): a small real one, its ops watched, outside any fake
+    mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    seen: list[Any] = []
+
+    class Watch(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with unset_fake_temporarily(), torch.enable_grad():
+        layer = torch.nn.LSTM(4, 4)
+        lengths = torch.tensor([3, 3])
+        packed = torch.nn.utils.rnn.pack_padded_sequence(torch.zeros(3, 2, 4), lengths)
+        with Watch():  # type: ignore[no-untyped-call]
+            layer(packed)
+    return _LAYER in seen
+
+
 class PackedSequences(TorchFunctionMode):
     """Enter inside ``FakeTensorMode``, with the trace's ``UniformRouting`` (see the module)."""
 
     def __init__(self, routing: UniformRouting) -> None:
         super().__init__()
         self.routing = routing
-        self.blocks: Any = WeakIdKeyDictionary()  # batch_sizes -> (sequences, length)
+        self.blocks: Any = WeakIdKeyDictionary()  # batch_sizes -> (sequences, length, kernel)
+        self.onednn = packed_runs_onednn()  # before the trace's modes: a real layer
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -146,19 +190,22 @@ class PackedSequences(TorchFunctionMode):
         data = time_major[:length].reshape(length * sequences, *time_major.shape[2:])
         # made from constants, so its values have a shadow (fake_shadows): batch_sizes[0] is read
         batch_sizes = torch.full((longest,), sequences, dtype=torch.int64)
-        self.blocks[batch_sizes] = (sequences, length)
+        # oneDNN's layer where torch gives it these lengths: all of one, on a torch that does
+        onednn = self.onednn and int(np.min(known)) == int(np.max(known))
+        self.blocks[batch_sizes] = (sequences, length, onednn)
         return data, batch_sizes
 
     def _recur(self, func: Any, data: Any, batch_sizes: Any, hx: Any, *rest: Any) -> Any:
-        sequences, length = self.blocks[batch_sizes]
+        sequences, length, onednn = self.blocks[batch_sizes]
         block = data.reshape(length, sequences, *data.shape[1:])
-        out, *hidden = func(block, hx, *rest, False)  # time-major, as packed data is
+        with _onednn(onednn):  # else torch's own kernel, as over packed data
+            out, *hidden = func(block, hx, *rest, False)  # time-major, as packed data is
         return (out.reshape(length * sequences, *out.shape[2:]), *hidden)
 
     def _pad(
         self, data: Any, batch_sizes: Any, batch_first: bool, value: float, steps: int
     ) -> tuple[Any, Any]:
-        sequences, length = self.blocks[batch_sizes]
+        sequences, length, _ = self.blocks[batch_sizes]
         out = data.new_full((max(int(steps), length), sequences, *data.shape[1:]), value)
         out[:length] = data.reshape(length, sequences, *data.shape[1:])
         lengths = torch.full((sequences,), length, dtype=torch.int64)
