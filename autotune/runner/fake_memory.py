@@ -678,7 +678,7 @@ def _trace(
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
         attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
-        packing = fake_recurrent.PackedSequences(routing)
+        packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()
         unmasked = values_read_where_known(routing.shadows)  # Hugging Face's masks, as real
         # the policy holds for checkpoints' recomputation too

@@ -21,9 +21,11 @@ values) and runs the layer over that block unpacked, on the kernel torch would r
 packed batch: over sequences of one length torch 2.13 runs oneDNN's layer, and the real step
 holds what the unpacked layer holds (a 2-layer bidirectional LSTM: 84.63 MiB packed, 84.67
 MiB unpacked); over mixed lengths (and in 2.11 over any) it runs its own kernel, with no
-workspace, and so does the trace (``packed_runs_onednn``): 6.2% under a real step over
-lengths of 20-58 (the GRU 2.5%), where the block run as oneDNN's lay 49.8% over it. Lengths
-the trace does not know leave the call to torch, and the trace stops as before.
+workspace, and so does a trace for a CPU (``packed_runs_onednn``): 6.2% under a real step
+over lengths of 20-58 (the GRU 2.5%), where the block run as oneDNN's lay 49.8% over it. A
+trace for CUDA runs every block as oneDNN's, its workspace standing in for cuDNN's reserve
+space (not measured). Lengths the trace does not know leave the call to torch, and the trace
+stops as before.
 
 ``torch._VF``'s functions, the oneDNN op and ``unset_fake_temporarily`` are private:
 ``tests/runner/test_fake_memory.py`` pins what is relied on (LSTMs plain and packed traced at
@@ -158,11 +160,15 @@ def packed_runs_onednn() -> bool:
 class PackedSequences(TorchFunctionMode):
     """Enter inside ``FakeTensorMode``, with the trace's ``UniformRouting`` (see the module)."""
 
-    def __init__(self, routing: UniformRouting) -> None:
+    def __init__(self, routing: UniformRouting, cpu: bool = True) -> None:
         super().__init__()
         self.routing = routing
         self.blocks: Any = WeakIdKeyDictionary()  # batch_sizes -> (sequences, length, kernel)
-        self.onednn = packed_runs_onednn()  # before the trace's modes: a real layer
+        # A trace for CUDA keeps oneDNN's workspace as the stand-in for cuDNN's reserve space
+        # (see the module); for a CPU, the kernel torch runs (before the trace's modes: a real
+        # layer)
+        self.onednn_one_length = packed_runs_onednn() if cpu else True
+        self.onednn_mixed = not cpu
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -190,8 +196,9 @@ class PackedSequences(TorchFunctionMode):
         data = time_major[:length].reshape(length * sequences, *time_major.shape[2:])
         # made from constants, so its values have a shadow (fake_shadows): batch_sizes[0] is read
         batch_sizes = torch.full((longest,), sequences, dtype=torch.int64)
-        # oneDNN's layer where torch gives it these lengths: all of one, on a torch that does
-        onednn = self.onednn and int(np.min(known)) == int(np.max(known))
+        # the kernel torch gives such lengths (oneDNN's where all are one, on 2.13), for a CPU
+        one_length = int(np.min(known)) == int(np.max(known))
+        onednn = self.onednn_one_length if one_length else self.onednn_mixed
         self.blocks[batch_sizes] = (sequences, length, onednn)
         return data, batch_sizes
 
