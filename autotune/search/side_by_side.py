@@ -32,6 +32,8 @@ T = TypeVar("T")
 J = TypeVar("J")
 
 _POLL_S = 0.5
+_PROBE_S = 10.0
+"""How long ``forked_autograd_runs`` waits for its child's backward."""
 _PATIENCE_S = 60.0
 _PATIENCE_JOBS = 4
 """How long this process waits for a copy's next answer once its own jobs are done: a minute,
@@ -53,7 +55,8 @@ def forked_autograd_runs() -> bool:
     run one here, its autograd engine holds a thread per device, and a forked copy's backward
     raises ("Unable to handle autograd's threading in combination with fork-based
     multiprocessing"; seen with torch 2.11+cu130 on a machine without a GPU, never with the CPU
-    build). Torch has no call that tells, so a forked child tries one (milliseconds)."""
+    build). Torch has no call that tells, so a forked child tries one (milliseconds; one that
+    has not ended in ``_PROBE_S``, a lock the fork copied held, is killed and answers no)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return True  # nothing has run a backward here
@@ -67,8 +70,14 @@ def forked_autograd_runs() -> bool:
             code = 0
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + _PROBE_S
+    while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return False
+        time.sleep(0.005)
+    return os.waitstatus_to_exitcode(ended[1]) == 0
 
 
 def run_side_by_side(

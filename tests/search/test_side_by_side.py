@@ -200,6 +200,11 @@ def test_no_copies_where_a_forked_backward_fails(monkeypatch: pytest.MonkeyPatch
     with monkeypatch.context() as patched:
         patched.setattr(torch.autograd, "backward", raises)  # the forked probe's backward
         assert not forked_autograd_runs()
+    with monkeypatch.context() as patched:
+        patched.setattr(side_by_side, "_PROBE_S", 0.2)
+        patched.setattr(torch.autograd, "backward", lambda *_, **__: time.sleep(60))  # stuck
+        started = time.monotonic()
+        assert not forked_autograd_runs() and time.monotonic() - started < 5
     monkeypatch.setattr(step_traces, "forked_autograd_runs", lambda: False)
     together, side, said = _predicted("tests.fixtures.traced:Stack", configs, 2)
     assert together == alone and side.trace_error is None
