@@ -294,7 +294,7 @@ def test_recurrent_layers_over_packed_sequences_are_traced_at_a_real_steps_peak(
 
 @pytest.mark.parametrize(
     "model",
-    ["PackedTagger", pytest.param("packed_gru", marks=pytest.mark.slow)],  # ~8 s
+    ["PackedTagger", pytest.param("packed_gru", marks=pytest.mark.slow)],  # ~4 s
 )
 def test_packed_sequences_of_mixed_lengths_are_traced_on_torchs_own_kernel(model: str) -> None:
     # Over mixed lengths torch runs its own kernel, not oneDNN's (which keeps a workspace):
