@@ -4,7 +4,10 @@ by ``scripts/bench_trace_families.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,11 +15,18 @@ from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, put
 
 
 def real_step_peak(
-    model: object, *args: object, optimizer: str = "AdamW", amp: str = "off", **kwargs: object
+    model: object,
+    *args: object,
+    optimizer: str = "AdamW",
+    amp: str = "off",
+    above: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    **kwargs: object,
 ) -> int:
     """The tensors' peak of a real second training step (AdamW, or ``optimizer``: a class of
     ``torch.optim``; ``amp``: "off" or "bf16" autocast) on the model's device, as MemTracker
-    counts it: what a traced step is checked against."""
+    counts it: what a traced step is checked against. ``above`` makes a context entered inside
+    the tracker for each step: a dispatch mode whose ops the tracker sees (FlexAttention's dense
+    kernels, ``fake_attention.EagerFlexAttention``)."""
     import torch
 
     from autotune.runner.fake_memory import _peak_tracker  # imports torch
@@ -37,10 +47,11 @@ def real_step_peak(
         stepper.step()
         stepper.zero_grad(set_to_none=True)
 
-    step()  # the optimizer's state exists from here on
+    with above():
+        step()  # the optimizer's state exists from here on
     tracker = _peak_tracker()  # MemTracker, which refuses a frozen parameter (Whisper's)
     tracker.track_external(model, stepper)
-    with tracker:
+    with tracker, above():
         step()
     peaks = tracker.get_tracker_snapshot("peak")
     return int(max(p["Total"] for d, p in peaks.items() if d.type == device.type))

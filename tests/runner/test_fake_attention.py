@@ -84,3 +84,79 @@ def test_the_private_efficient_attention_op_runs_and_differentiates_on_fake_tens
         assert output.shape == q.shape and logsumexp.shape[:2] == (2, 4)
         output.sum().backward()
         assert q.grad is not None and q.grad.shape == q.shape
+
+
+FLEX = WorkloadSpec(model="tests.fixtures.flex:FlexBlocks")
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_flex_attention_is_traced_for_cuda_as_its_dense_kernels_hold_a_real_step(amp: str) -> None:
+    # FlexAttention refuses to train on a CPU, and the trace's tensors are CPU tensors: a plan
+    # for CUDA of a model calling it predicted nothing ("could not be traced"). Without
+    # torch.compile CUDA runs its dense kernels; the same kernels on real CPU tensors, the
+    # refusal lifted, are the step the trace is held to (its scores included).
+    from autotune.runner.fake_attention import EagerFlexAttention
+    from tests.fixtures.flex import WIDTH as FLEX_WIDTH
+    from tests.fixtures.flex import FlexBlocks
+
+    traced = trace_step(FLEX, 8, amp, device_type="cuda")
+    assert traced.flex_attention_calls == 3  # one a block
+    torch.manual_seed(0)
+    real = real_step_peak(
+        FlexBlocks(), torch.randn(8, 256, FLEX_WIDTH), amp=amp, above=EagerFlexAttention
+    )
+    assert traced.total_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_checkpointed_flex_attention_blocks_recompute_it_in_backward() -> None:
+    plain = trace_step(FLEX, 8, device_type="cuda")
+    checkpointed = trace_step(FLEX, 8, checkpoint_segments=3, device_type="cuda")
+    assert checkpointed.flex_attention_calls == 6  # each block's again in backward
+    assert checkpointed.activations_bytes < 0.8 * plain.activations_bytes
+
+
+def test_a_cpu_trace_of_flex_attention_stops_as_a_cpu_trial_does() -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from autotune.runner.fake_memory import TraceError
+
+    with pytest.raises(TraceError, match="FlexAttention does not support backward on CPU"):
+        trace_step(FLEX, 8)
+    trace_step(FLEX, 8, device_type="cuda")
+    q = torch.randn(1, 4, 128, 32, requires_grad=True)  # the refusal is back after the trace
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        flex_attention(q, q, q)
+
+
+def test_without_the_private_names_flex_attention_falls_back_to_the_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune.runner import fake_attention
+    from autotune.runner.fake_memory import TraceError
+
+    monkeypatch.setattr(fake_attention, "_flex_kernels", lambda: None)
+    assert not fake_attention.EagerFlexAttention().available
+    with pytest.raises(TraceError, match="does not support backward on CPU"):
+        trace_step(FLEX, 8, device_type="cuda")
+
+
+def test_what_eager_flex_attention_relies_on() -> None:
+    """The front end's names it lifts (its refusal of a CPU input that requires a gradient, and
+    the flag that calls the op without ``torch.compile``), and the two higher-order ops'
+    composite kernels, which CUDA runs without compiling."""
+    import importlib
+
+    from autotune.runner.fake_attention import EagerFlexAttention, _flex_kernels
+
+    front = importlib.import_module("torch.nn.attention.flex_attention")
+    assert front._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False
+    q = torch.randn(1, 4, 128, 32, requires_grad=True)
+    with pytest.raises(NotImplementedError):
+        front._validate_device(q, q, q)
+    kernels = _flex_kernels()
+    assert kernels is not None and len(kernels[2]) == 2
+    assert [kernel.__name__ for kernel in kernels[2].values()] == [
+        "sdpa_dense",
+        "sdpa_dense_backward",
+    ]
+    assert EagerFlexAttention().available

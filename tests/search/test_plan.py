@@ -523,3 +523,18 @@ def test_nothing_fitting_in_a_narrow_space_says_what_its_blocks_and_micro_batch_
     assert "over the limit too" in capsys.readouterr().out
     assert main([*argv, "1GiB", "--json"]) == 0  # something fits: nothing beyond
     assert json.loads(capsys.readouterr().out)["beyond_space"] is None
+
+
+def test_a_cuda_plan_of_a_flex_attention_model_predicts_it_as_cuda_runs_it_uncompiled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # FlexAttention refuses to train on a CPU: a plan for CUDA said "could not be traced" and
+    # predicted nothing; a plan for this CPU still cannot, as a trial here cannot train it.
+    config = tmp_path / "one.yaml"
+    config.write_text("global_batch_size: 8\n")
+    argv = ["plan", "--model", "tests.fixtures.flex:FlexBlocks", "--devices", "1"]
+    argv += ["--device-memory", "80GiB", "--config", str(config), "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["predicted_peak_bytes"] > 0
+    assert "FlexAttention traced as CUDA runs it without torch.compile" in plan["assumption"]
