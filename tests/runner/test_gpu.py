@@ -354,6 +354,50 @@ def test_a_cuda_step_holds_what_its_trace_for_cuda_says_through_fused_attention(
     assert cpu.total_bytes > 1.2 * real  # the CPU's math path: what the fix took away
 
 
+def _allocated_over_its_start(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """What the allocator's peak of a second bf16 AdamW step rose over what was allocated at
+    its start (the parameters, the optimizer's state, the batch, and anything left before)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - start
+
+
+def test_flex_attention_on_cuda_holds_its_trace_uncompiled_and_less_compiled() -> None:
+    # Traced on the CPU for CUDA, FlexAttention runs its dense kernels (fake_attention's
+    # EagerFlexAttention), as CUDA runs it without torch.compile: held here against the real
+    # CUDA step through the same tracker, and against the allocator of the step as torch runs
+    # it (its front end, no dispatch mode); compiled, its fused kernel holds no scores.
+    from autotune.bench.traced_step import real_step_peak
+    from autotune.runner.fake_attention import EagerFlexAttention
+    from autotune.runner.fake_memory import trace_step
+    from tests.fixtures.flex import WIDTH, FlexBlocks
+
+    spec = WorkloadSpec(model="tests.fixtures.flex:FlexBlocks")
+    traced = trace_step(spec, 32, "bf16", device_type="cuda")
+    torch.manual_seed(0)
+    x = torch.randn(32, 256, WIDTH, device="cuda")
+    real = real_step_peak(FlexBlocks().cuda().train(), x, amp="bf16", above=EagerFlexAttention)
+    assert traced.total_bytes == pytest.approx(real, rel=0.02)
+    rise = traced.total_bytes - traced.parameters_bytes - traced.optimizer_bytes
+    eager = _allocated_over_its_start(FlexBlocks().cuda().train(), x)
+    assert eager == pytest.approx(rise, rel=0.10)
+    compiled = _allocated_over_its_start(torch.compile(FlexBlocks().cuda().train()), x)
+    assert compiled < 0.8 * eager
+
+
 def test_a_model_the_caller_moved_to_the_gpu_is_pickled_in_host_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
