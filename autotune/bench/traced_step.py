@@ -26,7 +26,7 @@ def real_step_peak(
     ``torch.optim``; ``amp``: "off" or "bf16" autocast) on the model's device, as MemTracker
     counts it: what a traced step is checked against. ``above`` makes a context entered inside
     the tracker for each step: a dispatch mode whose ops the tracker sees (FlexAttention's dense
-    kernels, ``fake_attention.EagerFlexAttention``)."""
+    kernels, ``fake_flex.CudaFlexAttention``)."""
     import torch
 
     from autotune.runner.fake_memory import _peak_tracker  # imports torch

@@ -18,26 +18,16 @@ backward, where a function mode is not active, holds the same; registered throug
 ``torch.library`` and removed with the private ``Library._destroy``, as ``fake_autocast``'s
 kernels are. ``tests/runner/test_fake_attention.py`` pins what is relied on.
 
-FlexAttention (``torch.nn.attention.flex_attention``) refuses to train on a CPU: its front end
-raises where an input requires a gradient, and the trace's tensors are CPU tensors. On CUDA
-without ``torch.compile`` it runs its dense implementation, the higher-order op's composite
-kernel (``sdpa_dense``, and ``sdpa_dense_backward`` in backward): the scores, masked and
-softmaxed, sequence x sequence per head in float32 while a call runs, and saved for backward
-only its inputs, its output and a log-sum-exp per query. ``EagerFlexAttention`` traces that,
-as the trace takes every compiled step as eager (an upper bound: compiled, its fused kernel
-holds no scores). Where this torch lacks the private names it relies on (``available``), it
-does nothing, and the trace stops at the front end's refusal, as before.
+FlexAttention, which the trace must also run as CUDA does, is ``fake_flex``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def _fused(
@@ -105,72 +95,3 @@ def cuda_attention() -> Iterator[None]:
         yield
     finally:
         library._destroy()  # type: ignore[no-untyped-call]
-
-
-def _flex_kernels() -> tuple[Any, Any, dict[Any, Any]] | None:
-    """FlexAttention's front end, its forward op, and its two higher-order ops' composite
-    (dense) kernels; None where this torch has other names (a fallback: the trace then stops at
-    the front end)."""
-    try:
-        front = importlib.import_module("torch.nn.attention.flex_attention")
-        hops = importlib.import_module("torch._higher_order_ops.flex_attention")
-        key = torch._C.DispatchKey.CompositeExplicitAutograd
-        forward, backward = hops.flex_attention, hops.flex_attention_backward
-        dense = {forward: forward.py_kernels[key], backward: backward.py_kernels[key]}
-    except (ImportError, AttributeError, KeyError):
-        return None
-    if not hasattr(front, "_validate_device"):
-        return None
-    if not hasattr(front, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"):
-        return None
-    return front, forward, dense
-
-
-class EagerFlexAttention(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Enter above the memory tracker, in a trace for a CUDA device: FlexAttention runs its
-    dense kernels, whose scores the tracker then sees, instead of the fake tensors' kernel
-    (which holds none); ``calls`` counts them. The front end's refusal of a CPU input that
-    requires a gradient is lifted while entered (a CUDA input's checks stay), and it calls the
-    op itself rather than through ``torch.compile``'s eager backend, which a dispatch mode
-    stops (CUDA's eager path runs the same op)."""
-
-    supports_higher_order_operators = True
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.calls = 0
-        self._kernels = _flex_kernels()
-        self._saved: tuple[Any, Any] | None = None
-
-    @property
-    def available(self) -> bool:
-        """Whether this torch has what it relies on (else it does nothing)."""
-        return self._kernels is not None
-
-    def __enter__(self) -> EagerFlexAttention:
-        if self._kernels is not None:
-            front = self._kernels[0]
-            self._saved = (front._validate_device, front._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG)
-            validate = self._saved[0]
-
-            def on_cuda(query: Any, key: Any, value: Any) -> None:
-                if query.device.type != "cpu":  # the trace's CPU stands for CUDA
-                    validate(query, key, value)
-
-            front._validate_device = on_cuda
-            front._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
-        return super().__enter__()  # type: ignore[no-any-return, no-untyped-call]
-
-    def __exit__(self, *exc: object) -> None:
-        super().__exit__(*exc)  # type: ignore[no-untyped-call]
-        if self._kernels is not None and self._saved is not None:
-            front = self._kernels[0]
-            front._validate_device, front._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = self._saved
-            self._saved = None
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        dense = self._kernels[2].get(func) if self._kernels is not None else None
-        if dense is None:
-            return func(*args, **(kwargs or {}))
-        self.calls += func is self._kernels[1]  # type: ignore[index]
-        return dense(*args, **(kwargs or {}))

@@ -72,7 +72,8 @@ class TensorPeak:
     carried_state: tuple[str, ...] = ()  # module tensors a step leaves for the next (``_carried``)
     recurrent_layers: tuple[str, ...] = ()  # the kinds of recurrent layer traced (``nn.RNNBase``)
     group_world: int = 0  # the ranks of the group it was traced in (0: none, ``fake_group``)
-    flex_attention_calls: int = 0  # FlexAttention calls traced as CUDA's eager kernels run them
+    flex_dense_calls: int = 0  # FlexAttention's forwards traced dense (CUDA without compile)
+    flex_fused_calls: int = 0  # and fused (compiled by the model's own code: ``fake_flex``)
 
     def held_alike(self, other: TensorPeak) -> bool:
         """Whether ``other``, the same step traced in a group of another size, holds the same:
@@ -424,12 +425,18 @@ RECURRENT_ON_CPU = (
 )
 """Said of a prediction for CUDA devices wherever the traced step ran a recurrent layer."""
 
-FLEX_EAGER = (
+FLEX_DENSE = (
     "FlexAttention traced as CUDA runs it without torch.compile (its dense kernels: the "
     "scores, sequence x sequence per head in float32, while each call runs; not measured on "
     "a GPU): compiled, its fused kernel holds no scores, so a compiled step lies below"
 )
-"""Said of a prediction for CUDA devices wherever the traced step called FlexAttention."""
+"""Said of a prediction for CUDA devices wherever the traced step ran FlexAttention dense."""
+
+FLEX_FUSED = (
+    "FlexAttention compiled by the model's own code traced as its fused kernel holds it (its "
+    "output and a log-sum-exp per query, no scores; not measured on a GPU)"
+)
+"""Said of a prediction for CUDA devices wherever the traced step ran FlexAttention fused."""
 
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
@@ -632,8 +639,9 @@ def _trace(
 
     from autotune.runner import fake_recurrent  # imports torch
     from autotune.runner.blocks import find_repeated_blocks  # imports torch
-    from autotune.runner.fake_attention import EagerFlexAttention, cuda_attention  # imports torch
+    from autotune.runner.fake_attention import cuda_attention  # imports torch
     from autotune.runner.fake_autocast import cuda_policy  # imports torch
+    from autotune.runner.fake_flex import CudaFlexAttention  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
     from autotune.runner.training import (  # imports torch
         _AMP_DTYPES,
@@ -685,7 +693,7 @@ def _trace(
         tracker.track_external(wrapped, optimizer)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
         attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
-        flex = EagerFlexAttention() if device_type == "cuda" else None  # a CPU's refuses
+        flex = CudaFlexAttention() if device_type == "cuda" else None  # a CPU's refuses
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()
@@ -745,5 +753,6 @@ def _trace(
             sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.RNNBase)})
         ),
         group_world=world,
-        flex_attention_calls=flex.calls if flex else 0,
+        flex_dense_calls=flex.dense_calls if flex else 0,
+        flex_fused_calls=flex.fused_calls if flex else 0,
     )

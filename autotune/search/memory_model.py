@@ -38,7 +38,8 @@ from autotune.records import TrialRecord
 from autotune.runner.fake_group import WORLD_PROBE
 from autotune.runner.fake_memory import (
     CARRIED_STATE,
-    FLEX_EAGER,
+    FLEX_DENSE,
+    FLEX_FUSED,
     GROUP_TRACED,
     LIKELIEST_DRAWS,
     RECURRENT_ON_CPU,
@@ -259,8 +260,8 @@ class MemoryModel:
         recurrent = sorted({kind for t in traces for kind in t.recurrent_layers})
         if recurrent and self.device_type == "cuda":  # on CPU the trials run what was traced
             said += [RECURRENT_ON_CPU.format(names=", ".join(recurrent))]
-        if any(t.flex_attention_calls for t in traces):  # only a trace for CUDA counts them
-            said += [FLEX_EAGER]
+        said += [FLEX_DENSE] if any(t.flex_dense_calls for t in traces) else []  # CUDA's only
+        said += [FLEX_FUSED] if any(t.flex_fused_calls for t in traces) else []
         return "; ".join(said) or None
 
     @property

@@ -538,3 +538,8 @@ def test_a_cuda_plan_of_a_flex_attention_model_predicts_it_as_cuda_runs_it_uncom
     plan = json.loads(capsys.readouterr().out)
     assert plan["predicted_peak_bytes"] > 0
     assert "FlexAttention traced as CUDA runs it without torch.compile" in plan["assumption"]
+    argv[2] = "tests.fixtures.flex:CompiledFlexBlocks"  # compiled by its own code
+    assert main(argv) == 0
+    compiled = json.loads(capsys.readouterr().out)
+    assert "FlexAttention compiled by the model's own code" in compiled["assumption"]
+    assert compiled["predicted_peak_bytes"] < plan["predicted_peak_bytes"]
