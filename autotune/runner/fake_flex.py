@@ -21,7 +21,7 @@ Entered above the memory tracker, so that the tracker sees what the kernels allo
 front end's refusal of a CPU input is lifted while entered, and it calls the op itself rather
 than through ``torch.compile``'s eager backend, which a dispatch mode stops.
 
-Private names it relies on, pinned by ``tests/runner/test_fake_attention.py``: the front end's
+Private names it relies on, pinned by ``tests/runner/test_fake_flex.py``: the front end's
 ``_validate_device`` and ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``; the two higher-order ops,
 their composite kernels and their fake kernels; ``compile_wrapper``, dynamo's wrapper. Where
 this torch lacks the first ones (``available``), it does nothing and the trace stops at the
