@@ -444,6 +444,22 @@ def test_the_fake_grouped_mm_still_refuses_fp32() -> None:
         torch._grouped_mm(a, b, offs=offs)
 
 
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_blocks_the_model_compiles_itself_with_fullgraph_are_traced_as_eager(
+    device_type: str, recwarn: pytest.WarningsRecorder
+) -> None:
+    # torchtitan compiles a model block by block (fullgraph=True): the trace's dispatch modes
+    # keep dynamo from compiling, which a fullgraph compile raised for ("found no compiled
+    # frames"), so the model could not be traced at all; the warning of global module hooks
+    # beside a compiled module is the tracker's own
+    def traced(name: str) -> int:
+        spec = WorkloadSpec(model=f"tests.fixtures.precompiled:{name}", input_shape=(16,))
+        return trace_step(spec, 8, device_type=device_type).total_bytes
+
+    assert traced("CompilesItsBlocks") == traced("Net")
+    assert not [w for w in recwarn if "global hooks" in str(w.message)]
+
+
 def test_a_value_read_for_logging_in_forward_does_not_stop_the_trace() -> None:
     logs = trace_step(WorkloadSpec(model="tests.fixtures.traced:LogsValues"), 2)
     assert logs.parameters_bytes == (WIDTH * WIDTH + WIDTH) * 4
