@@ -255,5 +255,12 @@ def _kind(module: nn.Module) -> object:
 
 def block_classes(blocks: list[nn.Module]) -> str:
     """The class names of ``blocks``, each once, in order and comma-separated (as Accelerate's
-    ``fsdp_transformer_layer_cls_to_wrap`` takes them); "" for none."""
-    return ",".join(dict.fromkeys(type(block).__name__ for block in blocks))
+    ``fsdp_transformer_layer_cls_to_wrap`` takes them); "" for none. A block the model compiled
+    itself (``torch.compile(block)``: an ``OptimizedModule``) is named by the module it wraps,
+    which it holds as ``_orig_mod`` and which those wrap policies find."""
+    return ",".join(dict.fromkeys(type(_wrapped(block)).__name__ for block in blocks))
+
+
+def _wrapped(module: nn.Module) -> nn.Module:
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else module

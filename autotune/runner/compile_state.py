@@ -1,5 +1,13 @@
 """torch.compile's state in a trial's process: the one module on dynamo's private counter.
 
+``eager_compiles`` runs what the model's own code compiled eagerly (the public ``force_eager``
+stance) while the tool runs the model for what it is made of, not for its speed: the memory
+trace, the meta-device forwards, the loss's coupling check. Under a dispatch mode (the trace's,
+``FlopCounterMode``) dynamo compiles nothing; a ``fullgraph=True`` compile then raised, and the
+code it skipped stayed skipped in the process, so a later check of the same model raised too
+("Compilation was not attempted"). On the meta device or in float64 it would compile for
+nothing (seconds a block).
+
 ``compiled_graphs`` reads ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (private:
 pinned by tests/runner/test_compile_state.py). Where a release moves or renames it, the count is
 None: a trial then takes only its first warm-up step for compilation (a later recompile would be
@@ -11,9 +19,31 @@ where a release moves the class, its fallback reads ``_orig_mod`` of any module 
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
+
+
+@contextlib.contextmanager
+def eager_compiles() -> Iterator[None]:
+    """While entered, ``torch.compile`` runs what it wraps eagerly (the module docstring), and
+    torch's note on a compiled module beside global module hooks (the hooks of the tool's own
+    modes, not the user's to act on) is not shown. The stance is left as it was where dynamo is
+    not imported (nothing was compiled: ``torch.compile`` imports it, though a model compiling
+    in its first forward is then not covered) or has no stances (torch before 2.6). The
+    wrapper's frame stays, which ``fake_flex`` reads."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when")
+        stance = None
+        if "torch._dynamo" in sys.modules:
+            import torch
+
+            stance = getattr(torch.compiler, "set_stance", None)
+        with stance("force_eager") if stance else contextlib.nullcontext():
+            yield
 
 
 def compiled_graphs() -> int | None:

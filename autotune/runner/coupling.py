@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from autotune.errors import error_line
+from autotune.runner.compile_state import eager_compiles
 from autotune.runner.loss import LEFT_OUT, DefaultLoss, call_loss
 
 RELATIVE_TOLERANCE = 1e-3
@@ -118,15 +119,17 @@ def loss_couples_samples(
     tolerance. A model that fails in float64 is checked in float32."""
     if len(samples) < 2:
         return "the dataset gives fewer than two samples"
-    if float64:
+    with eager_compiles():  # what the model compiles itself: its loss, not its speed
+        if float64:
+            try:
+                model = model.double()
+                return _couples(model, samples, _in_float64(collate), loss_fn, budget_s, True)
+            except Exception:  # an op without float64, a dtype the model fixes: float32 then
+                model.float()
         try:
-            return _couples(model.double(), samples, _in_float64(collate), loss_fn, budget_s, True)
-        except Exception:  # an op without float64, a dtype the model fixes: float32 then
-            model.float()
-    try:
-        return _couples(model, samples, collate, loss_fn, budget_s, False)
-    except Exception as error:  # the trials will say what fails
-        return f"a forward and loss of two samples failed here: {error_line(error)}"
+            return _couples(model, samples, collate, loss_fn, budget_s, False)
+        except Exception as error:  # the trials will say what fails
+            return f"a forward and loss of two samples failed here: {error_line(error)}"
 
 
 def _in_float64(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
+from autotune.runner.compile_state import eager_compiles
 from autotune.runner.fake_batch import fake_batch, varying
 from autotune.runner.fake_group import fake_group, in_group
 from autotune.runner.fake_transformers import values_read_where_known
@@ -296,19 +297,6 @@ def _module_tracker() -> Any:
             return lenient
 
     return ModuleTracker()  # type: ignore[no-untyped-call]
-
-
-def _eager_compiles() -> Any:
-    """``torch.compile`` in the model's own code runs what it wraps eagerly while entered
-    (the public ``force_eager`` stance): the trace's dispatch modes keep dynamo from compiling
-    anyway, and there a function compiled with ``fullgraph=True`` raised instead ("found no
-    compiled frames"), so a model compiling its own blocks (torchtitan) could not be traced.
-    The wrapper's frame stays, which ``fake_flex`` reads. A torch without stances (before
-    2.6): nothing."""
-    import torch
-
-    stance = getattr(torch.compiler, "set_stance", None)
-    return stance("force_eager") if stance else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -612,9 +600,6 @@ def trace_step(
             # torch's note on building a sparse gradient (an EmbeddingBag(sparse=True)'s, in
             # Adagrad's step), said from inside the trace as if the tool's own
             warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
-            # torch's note on a block the model compiled itself running beside the tracker's
-            # global module hooks: the tracker's, not the user's to act on
-            warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when")
             from autotune.runner.fake_routing import unchecked_distributions  # imports torch
 
             with unchecked_distributions():  # the model's build too: a flow makes its base
@@ -693,7 +678,7 @@ def _trace(
     accepts = forward_keywords(model)  # before wrapping: a wrapper's forward takes anything
     into = target_into(model, loss_fn)
     world = world_size if in_group(model) else 0
-    with fake_group(world) if world else contextlib.nullcontext(), mode, _eager_compiles():
+    with fake_group(world) if world else contextlib.nullcontext(), mode, eager_compiles():
         for fake, values in observed:
             routing.observe(fake, values)
         with routing:  # the layers a model without stacks loops over, as a rank counts them

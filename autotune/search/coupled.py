@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import error_line
+from autotune.runner.compile_state import eager_compiles
 from autotune.runner.fake_group import WORLD_PROBE, group_of_one, needs_group
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.instances import names_an_instance, real_copy
@@ -124,7 +125,7 @@ def _meta_forward_flops(model: Any, batch: Any) -> int | None:
 
     args, kwargs = meta_inputs(model, batch)
     try:
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
+        with FlopCounterMode(display=False) as counter, torch.no_grad(), eager_compiles():
             model(*args, **kwargs)
     except Exception:  # the forwards themselves are timed instead
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.runner.compile_state import was_compiled
+from autotune.runner.compile_state import eager_compiles, was_compiled
 from autotune.runner.workload import (
     WorkloadSpec,
     load_collate,
@@ -86,7 +86,7 @@ def idle_blocks(workload: WorkloadSpec) -> int:
     try:
         collate = load_collate(workload, built[0])[0] or default_collate
         args, kwargs = meta_inputs(model, collate(list(first)))
-        with torch.enable_grad():
+        with torch.enable_grad(), eager_compiles():
             model(*args, **kwargs)
     except Exception:  # a model the meta device cannot run: nothing is left out
         return 0
@@ -148,7 +148,8 @@ def checkpoint_units(workload: WorkloadSpec) -> Any:
         if first:
             collate = load_collate(workload, built[0])[0] or default_collate
             args, kwargs = meta_inputs(model, collate(list(first)))
-            calls = checkpointing.count_calls(model, lambda: model(*args, **kwargs))
+            with eager_compiles():
+                calls = checkpointing.count_calls(model, lambda: model(*args, **kwargs))
     except Exception:  # samples the meta device cannot take: the structure alone decides
         calls = None
     return checkpointing.checkpoint_units(model, calls)

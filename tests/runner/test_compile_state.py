@@ -70,3 +70,29 @@ def test_a_factorys_compiled_model_is_trained_as_the_module_it_wraps() -> None:
     config = {"global_batch_size": 8, "compile": "default", "checkpoint_segments": 2}
     result = run_trial(reference, config, input_shape=(16,), **few)
     assert result.status == "ok", result.message
+
+
+def test_what_a_model_compiles_itself_runs_eagerly_under_the_tools_own_modes() -> None:
+    # Under a dispatch mode (the trace's, FlopCounterMode) dynamo compiles nothing, and a
+    # fullgraph compile raised; the code it skipped then stayed skipped in the process.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    compiled = torch.compile(lambda x: x.cos() * 2, fullgraph=True)
+    with FlopCounterMode(display=False), compile_state.eager_compiles():
+        assert compiled(torch.ones(3)).tolist() == [2 * torch.ones(1).cos().item()] * 3
+    before = compile_state.compiled_graphs()
+    compiled(torch.ones(3))  # and it compiles when the tool's modes are gone
+    assert compile_state.compiled_since(before) == 1
+
+
+def test_a_model_compiling_its_own_blocks_is_checked_and_named_as_written() -> None:
+    # A search of it said "loss: not told whether it couples ... found no compiled frames",
+    # and named its blocks OptimizedModule (the wrapper), in its lines and FSDP's exports
+    from autotune.runner.workload import WorkloadSpec
+    from autotune.search.coupled import loss_coupling
+    from autotune.search.model_facts import fsdp_block_classes, repeated_blocks
+
+    spec = WorkloadSpec(model="tests.fixtures.precompiled:CompilesItsBlocks", input_shape=(16,))
+    assert loss_coupling(spec) is False  # its mean square is a mean over the samples
+    assert repeated_blocks(spec) == (2, "Block")
+    assert fsdp_block_classes(spec.model) == "Block"
