@@ -86,12 +86,14 @@ def compiled_above(frame: FrameType | None) -> bool:
 
 class CudaFlexAttention(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Enter above the memory tracker, in a trace for a CUDA device (see the module);
-    ``dense_calls`` and ``fused_calls`` count the forwards run each way."""
+    ``dense_calls`` and ``fused_calls`` count the forwards run each way. ``fused``: every call
+    fused, as in a model the trial compiles whole."""
 
     supports_higher_order_operators = True
 
-    def __init__(self) -> None:
+    def __init__(self, fused: bool = False) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
+        self.every_call_fused = fused  # the step as a compiled model runs it
         self.dense_calls = 0
         self.fused_calls = 0
         self._kernels = flex_kernels()
@@ -131,11 +133,12 @@ class CudaFlexAttention(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if kernels is None or func not in kernels.dense:
             return func(*args, **(kwargs or {}))
         if func is kernels.forward:
-            fused = self._compiled and bool(kernels.fused)
+            fused = (self.every_call_fused or self._compiled) and bool(kernels.fused)
             self._fused[args[0]] = fused
             self.fused_calls += fused
             self.dense_calls += not fused
         else:  # backward: as its forward ran (a checkpointed block's recomputation included)
-            fused = self._fused.get(args[0], self._compiled and bool(kernels.fused))
+            ran = self.every_call_fused or self._compiled
+            fused = self._fused.get(args[0], ran and bool(kernels.fused))
         kernel = kernels.fused[func] if fused else kernels.dense[func]
         return kernel(*args, **(kwargs or {}))

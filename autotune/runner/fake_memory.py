@@ -75,11 +75,30 @@ class TensorPeak:
     group_world: int = 0  # the ranks of the group it was traced in (0: none, ``fake_group``)
     flex_dense_calls: int = 0  # FlexAttention's forwards traced dense (CUDA without compile)
     flex_fused_calls: int = 0  # and fused (compiled by the model's own code: ``fake_flex``)
+    flex_dense_excess_bytes: int = 0  # what its dense calls add to the peak over fused ones
+    flex_dense_excess_backward_bytes: int = 0  # and to ``backward_bytes``
 
     def held_alike(self, other: TensorPeak) -> bool:
         """Whether ``other``, the same step traced in a group of another size, holds the same:
         a step that gathers from every rank holds more among more."""
         return replace(self, group_world=0) == replace(other, group_world=0)
+
+    def compiled(self) -> TensorPeak:
+        """The step as ``torch.compile`` runs it on CUDA where the eager trace is far from it:
+        FlexAttention's dense calls as its fused kernel, which holds no scores (sequence x
+        sequence per head). Otherwise the step itself: compile is predicted as eager, an
+        upper bound (Inductor frees some activations early, and holds its own buffers)."""
+        if not self.flex_dense_excess_bytes:
+            return self
+        return replace(
+            self,
+            total_bytes=self.total_bytes - self.flex_dense_excess_bytes,
+            backward_bytes=max(0, self.backward_bytes - self.flex_dense_excess_backward_bytes),
+            flex_fused_calls=self.flex_fused_calls + self.flex_dense_calls,
+            flex_dense_calls=0,
+            flex_dense_excess_bytes=0,
+            flex_dense_excess_backward_bytes=0,
+        )
 
     @property
     def needs_unused_parameters(self) -> bool:
@@ -427,9 +446,9 @@ RECURRENT_ON_CPU = (
 """Said of a prediction for CUDA devices wherever the traced step ran a recurrent layer."""
 
 FLEX_DENSE = (
-    "FlexAttention traced as CUDA runs it without torch.compile (its dense kernels: the "
-    "scores, sequence x sequence per head in float32, while each call runs; not measured on "
-    "a GPU): compiled, its fused kernel holds no scores, so a compiled step lies below"
+    "FlexAttention traced as CUDA runs it: without torch.compile as its dense kernels (the "
+    "scores, sequence x sequence per head in float32, while each call runs), compiled as its "
+    "fused kernel (no scores); not measured on a GPU"
 )
 """Said of a prediction for CUDA devices wherever the traced step ran FlexAttention dense."""
 
@@ -603,7 +622,7 @@ def trace_step(
             from autotune.runner.fake_routing import unchecked_distributions  # imports torch
 
             with unchecked_distributions():  # the model's build too: a flow makes its base
-                return _trace(
+                step = (
                     spec,
                     micro_batch_size,
                     amp,
@@ -613,6 +632,18 @@ def trace_step(
                     device_type,
                     world_size,
                 )
+                peak = _trace(*step)
+                if peak.flex_dense_calls:  # and compiled: the fused kernel (``compiled``)
+                    fused = _trace(*step, flex_fused=True)
+                    if fused.flex_fused_calls:  # where this torch has its fake kernels
+                        peak = replace(
+                            peak,
+                            flex_dense_excess_bytes=peak.total_bytes - fused.total_bytes,
+                            flex_dense_excess_backward_bytes=(
+                                peak.backward_bytes - fused.backward_bytes
+                            ),
+                        )
+                return peak
     except _data_dependent_error() as error:
         raise TraceError(DATA_DEPENDENT) from error
     except Exception as error:  # a private tool's failure is the caller's cue to fall back
@@ -633,6 +664,7 @@ def _trace(
     implementation: str,
     device_type: str,
     world_size: int,
+    flex_fused: bool = False,
 ) -> TensorPeak:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -694,7 +726,7 @@ def _trace(
         tracker.track_external(wrapped, optimizer)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
         attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
-        flex = CudaFlexAttention() if device_type == "cuda" else None  # a CPU's refuses
+        flex = CudaFlexAttention(flex_fused) if device_type == "cuda" else None  # a CPU refuses
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()

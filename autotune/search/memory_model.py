@@ -342,7 +342,8 @@ class MemoryModel:
         """The single-device tensor trace ``config`` needs, or None (``trace_error`` says why)."""
         if config.processes > 1 and self._world_dependent is None:
             self._world_dependent = self._depends_on_world(config)
-        return self._tensor_peak(config, self._group_world(config))
+        peak = self._tensor_peak(config, self._group_world(config))
+        return peak.compiled() if peak is not None and config.compile != "off" else peak
 
     def _tensor_peak(self, config: TrainConfig, world: int) -> TensorPeak | None:
         mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
@@ -390,6 +391,12 @@ class MemoryModel:
     def device_tensors(self, config: TrainConfig) -> dict[str, int] | None:
         peak = self.tensor_peak(config)
         return None if peak is None else device_parts(peak, config)
+
+    def _fused_when_compiled(self, config: TrainConfig) -> bool:
+        """Whether ``config`` compiled is predicted with FlexAttention's dense calls fused
+        (``TensorPeak.compiled``), not as eager."""
+        peak = self._tensor_peak(config, self._group_world(config))
+        return peak is not None and peak.flex_dense_excess_bytes > 0
 
     def traced(self, config: TrainConfig) -> Traced | None:
         """What ``config``'s trace gives a prediction and the calibration, from one look-up of
@@ -497,6 +504,8 @@ class MemoryModel:
                 if calibration.compile_bytes
                 else ", compile predicted as eager (no compiled trial yet)"
             )
+        if compiled and self._fused_when_compiled(config):
+            source += ", FlexAttention as its fused kernel holds it"
         source += ", routing taken as uniform" if self.routed else ""
         source += f", {calibration.describe()}"
         return Prediction(per_device * self.devices_counted(config), shown, source)

@@ -42,6 +42,11 @@ def test_flex_attention_the_model_compiled_itself_is_traced_fused_without_scores
     assert (fused.flex_dense_calls, fused.flex_fused_calls) == (0, 3)
     scores = 8 * HEADS * 256 * 256 * 4  # one call's float32 scores, the dense kernels' own
     assert fused.total_bytes <= dense.total_bytes - scores
+    # a trial that compiles the model runs it fused too: the dense trace knows by how much less
+    assert dense.compiled().total_bytes == fused.total_bytes
+    assert dense.compiled().backward_bytes == fused.backward_bytes
+    assert (dense.compiled().flex_dense_calls, dense.compiled().flex_fused_calls) == (0, 3)
+    assert fused.compiled() == fused  # nothing dense to take away
 
     # twice the sequence: twice the fused kernel's activations, over thrice the dense ones'
     def longer(name: str) -> int:

@@ -525,21 +525,26 @@ def test_nothing_fitting_in_a_narrow_space_says_what_its_blocks_and_micro_batch_
     assert json.loads(capsys.readouterr().out)["beyond_space"] is None
 
 
-def test_a_cuda_plan_of_a_flex_attention_model_predicts_it_as_cuda_runs_it_uncompiled(
+def test_a_cuda_plan_of_a_flex_attention_model_predicts_it_as_cuda_runs_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # FlexAttention refuses to train on a CPU: a plan for CUDA said "could not be traced" and
-    # predicted nothing; a plan for this CPU still cannot, as a trial here cannot train it.
-    config = tmp_path / "one.yaml"
-    config.write_text("global_batch_size: 8\n")
-    argv = ["plan", "--model", "tests.fixtures.flex:FlexBlocks", "--devices", "1"]
-    argv += ["--device-memory", "80GiB", "--config", str(config), "--json"]
-    assert main(argv) == 0
-    plan = json.loads(capsys.readouterr().out)
-    assert plan["predicted_peak_bytes"] > 0
-    assert "FlexAttention traced as CUDA runs it without torch.compile" in plan["assumption"]
-    argv[2] = "tests.fixtures.flex:CompiledFlexBlocks"  # compiled by its own code
-    assert main(argv) == 0
-    compiled = json.loads(capsys.readouterr().out)
-    assert "FlexAttention compiled by the model's own code" in compiled["assumption"]
-    assert compiled["predicted_peak_bytes"] < plan["predicted_peak_bytes"]
+    # predicted nothing. CUDA runs it dense without torch.compile, fused where the trial or
+    # the model's own code compiles it: predicted as eager, a compiled trial's scores counted
+    # would be skipped as over the limit where it fits.
+    def planned(model: str, **values: object) -> dict[str, object]:
+        config = tmp_path / "one.yaml"
+        config.write_text(json.dumps({"global_batch_size": 8, **values}))
+        argv = ["plan", "--model", f"tests.fixtures.flex:{model}", "--devices", "1"]
+        assert main([*argv, "--device-memory", "80GiB", "--config", str(config), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+    eager = planned("FlexBlocks")
+    assert "FlexAttention traced as CUDA runs it: without torch.compile" in eager["assumption"]
+    compiled = planned("FlexBlocks", compile="default")
+    own = planned("CompiledFlexBlocks")  # compiled by its own code, the trial's eager
+    assert "FlexAttention compiled by the model's own code" in own["assumption"]
+    assert compiled["predicted_peak_bytes"] == own["predicted_peak_bytes"]
+    assert compiled["predicted_peak_bytes"] < eager["predicted_peak_bytes"]
+    assert "FlexAttention as its fused kernel holds it" in compiled["source"]
+    assert "FlexAttention" not in eager["source"]
