@@ -1,4 +1,6 @@
-"""torch.compile's state in a trial's process: the one module on dynamo's private counter.
+"""torch.compile's state in the tool's processes: the one module on dynamo's private counter,
+the module a compiled model wraps, and what a model compiles itself run eagerly where the tool
+inspects it.
 
 ``eager_compiles`` runs what the model's own code compiled eagerly (the public ``force_eager``
 stance) while the tool runs the model for what it is made of, not for its speed: the memory
