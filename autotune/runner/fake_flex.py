@@ -84,6 +84,31 @@ def compiled_above(frame: FrameType | None) -> bool:
     return False
 
 
+def parameters_read(score_mod: Any, query: Any) -> list[Any]:
+    """The parameters ``score_mod`` reads (a learned bias it indexes), from one call of it on
+    scalars as the op calls it; none where that call fails."""
+    import torch.nn as nn
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    found: list[Any] = []
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            found.extend(a for a in tree_leaves((args, kwargs)) if isinstance(a, nn.Parameter))
+            return func(*args, **(kwargs or {}))
+
+    scalars = (query.new_zeros(()), *(query.new_zeros((), dtype=torch.int) for _ in range(4)))
+    try:
+        with Reads(), torch.no_grad():
+            score_mod(*scalars)
+    except Exception:  # a modification that needs more than scalars: nothing is found
+        return []
+    return found
+
+
 class CudaFlexAttention(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Enter above the memory tracker, in a trace for a CUDA device (see the module);
     ``dense_calls`` and ``fused_calls`` count the forwards run each way. ``fused``: every call
@@ -100,6 +125,19 @@ class CudaFlexAttention(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._saved: tuple[Any, Any] | None = None
         self._compiled = False  # the coming call's, told by the front end's check
         self._fused: Any = WeakIdKeyDictionary()  # a forward's query -> whether it ran fused
+        self._read: dict[int, Any] = {}  # parameters a score_mod read, by id
+
+    def give_gradients(self) -> int:
+        """After backward: each parameter a ``score_mod`` read, left without a gradient, gets
+        one, as CUDA's compiled front end (which lifts what the modification captures) trains
+        it, where the op called without compiling, as here, leaves it out. How many."""
+        given = 0
+        for parameter in self._read.values():
+            if parameter.requires_grad and parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+                given += 1
+        self._read.clear()
+        return given
 
     @property
     def available(self) -> bool:
@@ -135,6 +173,7 @@ class CudaFlexAttention(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func is kernels.forward:
             fused = (self.every_call_fused or self._compiled) and bool(kernels.fused)
             self._fused[args[0]] = fused
+            self._read.update((id(p), p) for p in parameters_read(args[3], args[0]))
             self.fused_calls += fused
             self.dense_calls += not fused
         else:  # backward: as its forward ran (a checkpointed block's recomputation included)

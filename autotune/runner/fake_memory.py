@@ -754,6 +754,8 @@ def _trace(
             # backward and the optimizer's step, as the trials' step holds it: it goes when
             # the next step's output replaces it.
             loss.backward()
+            if flex:
+                flex.give_gradients()
             backward = _by_kind(tracker.get_tracker_snapshot("peak"))
             unused = sum(1 for p in model.parameters() if p.requires_grad and p.grad is None)
             gradients_full = _gradient_bytes(model)

@@ -138,3 +138,23 @@ def test_what_the_flex_trace_relies_on() -> None:
         assert torch.compile(here)() is True
         assert torch.compiler.disable(here)() is False
         assert here() is False
+
+
+def test_a_parameter_only_the_score_modification_reads_trains() -> None:
+    # Called without compiling (as the trace calls it), FlexAttention leaves out of autograd
+    # what its score_mod captures, as torch warns; CUDA's compiled front end lifts it and
+    # trains it. The trace said the bias was unused (DDP then given find_unused_parameters)
+    # and counted no gradient or optimizer state for it.
+    from autotune.runner.fake_flex import parameters_read
+    from tests.fixtures.flex import LearnedBias
+
+    traced = trace_step(
+        WorkloadSpec(model="tests.fixtures.flex:LearnedBias"), 8, device_type="cuda"
+    )
+    model = LearnedBias()
+    every = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert traced.unused_parameters == 0
+    assert traced.gradient_bytes_full == every
+    q = torch.zeros(1, HEADS, 4, WIDTH // HEADS)
+    assert [p is model.bias for p in parameters_read(model.score_mod, q)] == [True]
+    assert parameters_read(lambda score, *_: score.unsqueeze(0).unsqueeze(0)[0, 0], q) == []
