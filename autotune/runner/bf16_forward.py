@@ -21,6 +21,7 @@ from torch import nn
 
 from autotune.config import TrainConfig
 from autotune.runner.blocks import find_repeated_blocks
+from autotune.runner.compile_state import eager_compiles
 from autotune.runner.lazy_modules import materialize
 from autotune.runner.training import (
     forward_keywords,
@@ -59,7 +60,7 @@ def bf16_forward_error(model: nn.Module, batch: Any, loss_fn: Any) -> BaseExcept
     args, kwargs, _ = split_batch(batch, forward_keywords(model), target_into(model, loss_fn))
     model.train()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eager_compiles():  # its dtypes, not its speed
             model(*args, **kwargs)
     except Exception as error:  # the caller tells a dtype's failure from the others
         return error

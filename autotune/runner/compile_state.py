@@ -4,11 +4,11 @@ inspects it.
 
 ``eager_compiles`` runs what the model's own code compiled eagerly (the public ``force_eager``
 stance) while the tool runs the model for what it is made of, not for its speed: the memory
-trace, the meta-device forwards, the loss's coupling check. Under a dispatch mode (the trace's,
-``FlopCounterMode``) dynamo compiles nothing; a ``fullgraph=True`` compile then raised, and the
-code it skipped stayed skipped in the process, so a later check of the same model raised too
-("Compilation was not attempted"). On the meta device or in float64 it would compile for
-nothing (seconds a block).
+trace, the meta-device forwards, the loss's coupling check, FSDP's bf16 forward check. Under a
+dispatch mode (the trace's, ``FlopCounterMode``) dynamo compiles nothing; a ``fullgraph=True``
+compile then raised, and the code it skipped stayed skipped in the process, so a later check of
+the same model raised too ("Compilation was not attempted"). On the meta device, in float64 or
+in bf16 it would compile for nothing (seconds a block).
 
 ``compiled_graphs`` reads ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (private:
 pinned by tests/runner/test_compile_state.py). Where a release moves or renames it, the count is
@@ -32,13 +32,16 @@ from typing import Any
 @contextlib.contextmanager
 def eager_compiles() -> Iterator[None]:
     """While entered, ``torch.compile`` runs what it wraps eagerly (the module docstring), and
-    torch's note on a compiled module beside global module hooks (the hooks of the tool's own
-    modes, not the user's to act on) is not shown. The stance is left as it was where dynamo is
+    torch's notes on a compiled module beside global module hooks (the hooks of the tool's own
+    modes) and on FlexAttention run uncompiled (by the tool) are not shown: not the user's to
+    act on. The stance is left as it was where dynamo is
     not imported (nothing was compiled: ``torch.compile`` imports it, though a model compiling
     in its first forward is then not covered) or has no stances (torch before 2.6). The
     wrapper's frame stays, which ``fake_flex`` reads."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when")
+        # and its note that FlexAttention runs uncompiled: here it is the tool that runs it so
+        warnings.filterwarnings("ignore", message=r"flex_attention called without torch.compile")
         stance = None
         if "torch._dynamo" in sys.modules:
             import torch

@@ -96,3 +96,28 @@ def test_a_model_compiling_its_own_blocks_is_checked_and_named_as_written() -> N
     assert loss_coupling(spec) is False  # its mean square is a mean over the samples
     assert repeated_blocks(spec) == (2, "Block")
     assert fsdp_block_classes(spec.model) == "Block"
+
+
+def test_the_bf16_forward_check_compiles_nothing_and_says_nothing_of_flex_attention(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # FSDP's bf16 check runs a real forward: a model's own compiled blocks were compiled for it
+    # in bf16 (seconds a block), and torch's note that FlexAttention ran uncompiled, the tool's
+    # doing, was printed in the middle of a plan's progress lines
+    import warnings
+
+    import torch.nn.attention.flex_attention as flex_front
+
+    from autotune.runner.bf16_forward import bf16_forward_error
+    from tests.fixtures.flex import WIDTH as FLEX_WIDTH
+    from tests.fixtures.flex import FlexBlocks
+    from tests.fixtures.precompiled import WIDTH, CompilesItsBlocks
+
+    monkeypatch.setattr(flex_front, "_WARNINGS_SHOWN", set())  # said once a process
+    before = compile_state.compiled_graphs()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert bf16_forward_error(CompilesItsBlocks(), torch.randn(2, WIDTH), None) is None
+        assert bf16_forward_error(FlexBlocks(), torch.randn(2, 128, FLEX_WIDTH), None) is None
+    assert compile_state.compiled_since(before) == 0
+    assert not [w for w in caught if "without torch.compile" in str(w.message)]
