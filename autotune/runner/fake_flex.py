@@ -19,7 +19,10 @@ from compiling anything, so the model's code runs eagerly inside it), else the d
 trace takes the trial's own compile knob as eager, an upper bound, as it does for every op.
 Entered above the memory tracker, so that the tracker sees what the kernels allocate. The
 front end's refusal of a CPU input is lifted while entered, and it calls the op itself rather
-than through ``torch.compile``'s eager backend, which a dispatch mode stops.
+than through ``torch.compile``'s eager backend, which a dispatch mode stops. Called so, the op
+leaves out of autograd what a ``score_mod`` captures (torch warns of it), where CUDA's compiled
+front end lifts it and trains it: a parameter a ``score_mod`` reads (``parameters_read``) and
+left without a gradient is given one after backward (``give_gradients``).
 
 Private names it relies on, pinned by ``tests/runner/test_fake_flex.py``: the front end's
 ``_validate_device`` and ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``; the two higher-order ops,
