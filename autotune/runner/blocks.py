@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from autotune.runner.compile_state import wrapped_module
+
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 MINOR_SHARE = 0.05
 """A stacked kind whose instances hold under this share of the parameters the heaviest stacked
@@ -258,9 +260,4 @@ def block_classes(blocks: list[nn.Module]) -> str:
     ``fsdp_transformer_layer_cls_to_wrap`` takes them); "" for none. A block the model compiled
     itself (``torch.compile(block)``: an ``OptimizedModule``) is named by the module it wraps,
     which it holds as ``_orig_mod`` and which those wrap policies find."""
-    return ",".join(dict.fromkeys(type(_wrapped(block)).__name__ for block in blocks))
-
-
-def _wrapped(module: nn.Module) -> nn.Module:
-    inner = getattr(module, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) else module
+    return ",".join(dict.fromkeys(type(wrapped_module(b) or b).__name__ for b in blocks))

@@ -34,10 +34,10 @@ def eager_compiles() -> Iterator[None]:
     """While entered, ``torch.compile`` runs what it wraps eagerly (the module docstring), and
     torch's notes on a compiled module beside global module hooks (the hooks of the tool's own
     modes) and on FlexAttention run uncompiled (by the tool) are not shown: not the user's to
-    act on. The stance is left as it was where dynamo is
-    not imported (nothing was compiled: ``torch.compile`` imports it, though a model compiling
-    in its first forward is then not covered) or has no stances (torch before 2.6). The
-    wrapper's frame stays, which ``fake_flex`` reads."""
+    act on. The stance is left as it was where dynamo is not imported (nothing was compiled:
+    ``torch.compile`` imports it, though a model compiling in its first forward is then not
+    covered) or has no stances (torch before 2.6). The wrapper's frame stays, which
+    ``fake_flex`` reads."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when")
         # and its note that FlexAttention runs uncompiled: here it is the tool that runs it so
@@ -91,13 +91,19 @@ def compiled_module(model: Any) -> Any | None:
 
         original = model._orig_mod if isinstance(model, OptimizedModule) else None
     except ImportError:  # the fallback the module docstring describes
-        import torch.nn as nn
-
-        original = getattr(model, "_orig_mod", None) if isinstance(model, nn.Module) else None
-        original = original if isinstance(original, nn.Module) else None
+        original = wrapped_module(model)
     if original is not None:
         _UNWRAPPED.add(original)
     return original
+
+
+def wrapped_module(model: Any) -> Any | None:
+    """The module ``model`` holds as ``_orig_mod`` (what ``torch.compile`` wraps), whatever its
+    class; None where it holds none. Remembers nothing."""
+    import torch.nn as nn
+
+    original = getattr(model, "_orig_mod", None) if isinstance(model, nn.Module) else None
+    return original if isinstance(original, nn.Module) else None
 
 
 def was_compiled(module: Any) -> bool:

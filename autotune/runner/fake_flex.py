@@ -130,17 +130,14 @@ class CudaFlexAttention(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._fused: Any = WeakIdKeyDictionary()  # a forward's query -> whether it ran fused
         self._read: dict[int, Any] = {}  # parameters a score_mod read, by id
 
-    def give_gradients(self) -> int:
+    def give_gradients(self) -> None:
         """After backward: each parameter a ``score_mod`` read, left without a gradient, gets
         one, as CUDA's compiled front end (which lifts what the modification captures) trains
-        it, where the op called without compiling, as here, leaves it out. How many."""
-        given = 0
+        it, where the op called without compiling, as here, leaves it out."""
         for parameter in self._read.values():
             if parameter.requires_grad and parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
-                given += 1
         self._read.clear()
-        return given
 
     @property
     def available(self) -> bool:
@@ -173,14 +170,13 @@ class CudaFlexAttention(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kernels = self._kernels
         if kernels is None or func not in kernels.dense:
             return func(*args, **(kwargs or {}))
+        fused = (self.every_call_fused or self._compiled) and bool(kernels.fused)
         if func is kernels.forward:
-            fused = (self.every_call_fused or self._compiled) and bool(kernels.fused)
             self._fused[args[0]] = fused
             self._read.update((id(p), p) for p in parameters_read(args[3], args[0]))
             self.fused_calls += fused
             self.dense_calls += not fused
         else:  # backward: as its forward ran (a checkpointed block's recomputation included)
-            ran = self.every_call_fused or self._compiled
-            fused = self._fused.get(args[0], ran and bool(kernels.fused))
+            fused = self._fused.get(args[0], fused)
         kernel = kernels.fused[func] if fused else kernels.dense[func]
         return kernel(*args, **(kwargs or {}))

@@ -192,10 +192,16 @@ class Traced:
     parts: dict[str, int]
     unsharded_bytes: int
     forked_bytes: int
+    flex_fused_by_compile: bool = False  # FlexAttention traced dense, predicted fused
 
     @property
     def tensors_bytes(self) -> int:
         return sum(self.parts.values())
+
+
+def _as_run(peak: TensorPeak, config: TrainConfig) -> TensorPeak:
+    """``peak`` as ``config`` runs it: compiled, FlexAttention fused (``TensorPeak.compiled``)."""
+    return peak.compiled() if config.compile != "off" else peak
 
 
 @dataclass
@@ -339,11 +345,15 @@ class MemoryModel:
         return jobs
 
     def tensor_peak(self, config: TrainConfig) -> TensorPeak | None:
-        """The single-device tensor trace ``config`` needs, or None (``trace_error`` says why)."""
+        """The single-device tensor trace ``config`` needs, as ``config`` runs it (compiled:
+        ``TensorPeak.compiled``), or None (``trace_error`` says why)."""
+        eager = self._eager_peak(config)
+        return None if eager is None else _as_run(eager, config)
+
+    def _eager_peak(self, config: TrainConfig) -> TensorPeak | None:
         if config.processes > 1 and self._world_dependent is None:
             self._world_dependent = self._depends_on_world(config)
-        peak = self._tensor_peak(config, self._group_world(config))
-        return peak.compiled() if peak is not None and config.compile != "off" else peak
+        return self._tensor_peak(config, self._group_world(config))
 
     def _tensor_peak(self, config: TrainConfig, world: int) -> TensorPeak | None:
         mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
@@ -392,20 +402,16 @@ class MemoryModel:
         peak = self.tensor_peak(config)
         return None if peak is None else device_parts(peak, config)
 
-    def _fused_when_compiled(self, config: TrainConfig) -> bool:
-        """Whether ``config`` compiled is predicted with FlexAttention's dense calls fused
-        (``TensorPeak.compiled``), not as eager."""
-        peak = self._tensor_peak(config, self._group_world(config))
-        return peak is not None and peak.flex_dense_excess_bytes > 0
-
     def traced(self, config: TrainConfig) -> Traced | None:
         """What ``config``'s trace gives a prediction and the calibration, from one look-up of
         it (an interpolated one is mixed at each): None where it cannot be traced."""
-        peak = self.tensor_peak(config)
-        if peak is None:
+        eager = self._eager_peak(config)
+        if eager is None:
             return None
+        peak = _as_run(eager, config)
         parts = device_parts(peak, config)
-        return Traced(parts, self._unsharded(peak, config), self._forked(parts, config))
+        unsharded, forked = self._unsharded(peak, config), self._forked(parts, config)
+        return Traced(parts, unsharded, forked, flex_fused_by_compile=peak is not eager)
 
     def calibrate(self, records: Iterable[TrialRecord]) -> Calibration:
         """Fit the process's share to every trial that ran to the end and was measured."""
@@ -504,7 +510,7 @@ class MemoryModel:
                 if calibration.compile_bytes
                 else ", compile predicted as eager (no compiled trial yet)"
             )
-        if compiled and self._fused_when_compiled(config):
+        if traced.flex_fused_by_compile:
             source += ", FlexAttention as its fused kernel holds it"
         source += ", routing taken as uniform" if self.routed else ""
         source += f", {calibration.describe()}"
