@@ -29,6 +29,7 @@ def real_step_peak(
     kernels, ``fake_flex.CudaFlexAttention``)."""
     import torch
 
+    from autotune.runner.fake_bias import causal_biases  # imports torch
     from autotune.runner.fake_memory import _peak_tracker  # imports torch
 
     assert isinstance(model, torch.nn.Module)
@@ -51,7 +52,7 @@ def real_step_peak(
         step()  # the optimizer's state exists from here on
     tracker = _peak_tracker()  # MemTracker, which refuses a frozen parameter (Whisper's)
     tracker.track_external(model, stepper)
-    with tracker, above():
+    with tracker, above(), causal_biases():  # built beneath the tracker, as outside it
         step()
     peaks = tracker.get_tracker_snapshot("peak")
     return int(max(p["Total"] for d, p in peaks.items() if d.type == device.type))

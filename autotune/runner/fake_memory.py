@@ -619,9 +619,11 @@ def trace_step(
             # torch's note on building a sparse gradient (an EmbeddingBag(sparse=True)'s, in
             # Adagrad's step), said from inside the trace as if the tool's own
             warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
+            from autotune.runner.fake_bias import causal_biases  # imports torch
             from autotune.runner.fake_routing import unchecked_distributions  # imports torch
 
-            with unchecked_distributions():  # the model's build too: a flow makes its base
+            # the model's build too: a flow makes its base, a model may keep its mask
+            with unchecked_distributions(), causal_biases():
                 step = (
                     spec,
                     micro_batch_size,

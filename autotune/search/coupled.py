@@ -123,9 +123,12 @@ def _meta_forward_flops(model: Any, batch: Any) -> int | None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from autotune.runner.fake_bias import causal_biases  # imports torch
+
     args, kwargs = meta_inputs(model, batch)
     try:
-        with FlopCounterMode(display=False) as counter, torch.no_grad(), eager_compiles():
+        counting = FlopCounterMode(display=False)
+        with counting as counter, torch.no_grad(), eager_compiles(), causal_biases():
             model(*args, **kwargs)
     except Exception:  # the forwards themselves are timed instead
         return None
