@@ -77,6 +77,7 @@ class TensorPeak:
     flex_fused_calls: int = 0  # and fused (compiled by the model's own code: ``fake_flex``)
     flex_dense_excess_bytes: int = 0  # what its dense calls add to the peak over fused ones
     flex_dense_excess_backward_bytes: int = 0  # and to ``backward_bytes``
+    offloaded_bytes: int = 0  # saved by ``save_on_cpu`` into host memory (CUDA's: ``fake_offload``)
 
     def held_alike(self, other: TensorPeak) -> bool:
         """Whether ``other``, the same step traced in a group of another size, holds the same:
@@ -458,6 +459,13 @@ FLEX_FUSED = (
 )
 """Said of a prediction for CUDA devices wherever the traced step ran FlexAttention fused."""
 
+HOST_OFFLOAD = (
+    "activations offloaded by torch's save_on_cpu traced in host memory, not on the device "
+    "({size} a process at most), each brought back to the device for its own backward; not "
+    "measured on a GPU"
+)
+"""Said of a prediction for CUDA devices wherever the traced step offloaded (``fake_offload``)."""
+
 DATA_DEPENDENT = (
     "a size or branch depends on tensor values, which fake tensors do not have (branching on "
     "a value, or nonzero / torch.where(mask) / masked_select of a mask made from activations "
@@ -677,6 +685,7 @@ def _trace(
     from autotune.runner.fake_attention import cuda_attention  # imports torch
     from autotune.runner.fake_autocast import cuda_policy  # imports torch
     from autotune.runner.fake_flex import CudaFlexAttention  # imports torch
+    from autotune.runner.fake_offload import host_offload  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
     from autotune.runner.training import (  # imports torch
         _AMP_DTYPES,
@@ -729,6 +738,7 @@ def _trace(
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
         attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
         flex = CudaFlexAttention(flex_fused) if device_type == "cuda" else None  # a CPU refuses
+        offload = host_offload() if device_type == "cuda" else contextlib.nullcontext()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()
@@ -745,6 +755,7 @@ def _trace(
             scalars,
             unmasked,
             _unmoved_modules(),
+            offload as offloaded,  # save_on_cpu's tensors in host memory, as on a GPU
         ):
             args, kwargs, target = split_batch(batch, accepts, into)
             found = _carried(model)
@@ -792,4 +803,5 @@ def _trace(
         group_world=world,
         flex_dense_calls=flex.dense_calls if flex else 0,
         flex_fused_calls=flex.fused_calls if flex else 0,
+        offloaded_bytes=offloaded.bytes if offloaded else 0,
     )

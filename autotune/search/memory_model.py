@@ -41,6 +41,7 @@ from autotune.runner.fake_memory import (
     FLEX_DENSE,
     FLEX_FUSED,
     GROUP_TRACED,
+    HOST_OFFLOAD,
     LIKELIEST_DRAWS,
     RECURRENT_ON_CPU,
     SAMPLE_SHARES,
@@ -50,6 +51,7 @@ from autotune.runner.fake_memory import (
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.calibration import Calibration, Point, fit
 from autotune.search.step_traces import Job, StepTraces, key_of
+from autotune.units import format_bytes
 
 MEMORY_FIELDS = {
     "parallel": "DDP's buckets; FSDP's shards and what it gathers",
@@ -268,6 +270,8 @@ class MemoryModel:
             said += [RECURRENT_ON_CPU.format(names=", ".join(recurrent))]
         said += [FLEX_DENSE] if any(t.flex_dense_calls for t in traces) else []  # CUDA's only
         said += [FLEX_FUSED] if any(t.flex_fused_calls for t in traces) else []
+        offloaded = max((t.offloaded_bytes for t in traces), default=0)  # CUDA's only
+        said += [HOST_OFFLOAD.format(size=format_bytes(offloaded))] if offloaded else []
         return "; ".join(said) or None
 
     @property

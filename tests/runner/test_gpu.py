@@ -354,6 +354,24 @@ def test_a_cuda_step_holds_what_its_trace_for_cuda_says_through_fused_attention(
     assert cpu.total_bytes > 1.2 * real  # the CPU's math path: what the fix took away
 
 
+def test_activations_offloaded_by_save_on_cpu_leave_the_gpu_as_its_trace_for_cuda_says() -> None:
+    # Traced on the CPU for CUDA (fake_offload), the tensors torch's save_on_cpu packs are held
+    # in host memory and come back for their own backward: held here against a real CUDA step
+    # (its device's tensors; the pinned host copies are the CPU's), and below the model's
+    # step without offloading.
+    from autotune.bench.traced_step import real_step_peak
+    from autotune.runner.fake_memory import trace_step
+    from tests.fixtures.traced import Offloaded, Stack
+
+    spec = WorkloadSpec(model="tests.fixtures.traced:Offloaded")
+    traced = trace_step(spec, 4096, device_type="cuda")
+    torch.manual_seed(0)
+    x = torch.randn(4096, 256, device="cuda")
+    real = real_step_peak(Offloaded().cuda().train(), x)
+    assert traced.total_bytes == pytest.approx(real, rel=0.02)
+    assert real < 0.8 * real_step_peak(Stack().cuda().train(), x)
+
+
 def _allocated_over_its_start(model: torch.nn.Module, x: torch.Tensor) -> int:
     """What the allocator's peak of a second bf16 AdamW step rose over what was allocated at
     its start (the parameters, the optimizer's state, the batch, and anything left before)."""

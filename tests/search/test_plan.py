@@ -548,3 +548,22 @@ def test_a_cuda_plan_of_a_flex_attention_model_predicts_it_as_cuda_runs_it(
     assert compiled["predicted_peak_bytes"] < eager["predicted_peak_bytes"]
     assert "FlexAttention as its fused kernel holds it" in compiled["source"]
     assert "FlexAttention" not in eager["source"]
+
+
+def test_a_cuda_plan_keeps_what_save_on_cpu_offloads_off_the_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Traced with torch's own hooks, a plan for CUDA counted every offloaded activation on the
+    # device, and a pinned copy beside it: above the same model without offloading.
+    def planned(model: str, device: str) -> dict[str, object]:
+        config = tmp_path / "one.yaml"
+        config.write_text(json.dumps({"global_batch_size": 1024, "device": device}))
+        argv = ["plan", "--model", f"tests.fixtures.traced:{model}", "--devices", "1"]
+        assert main([*argv, "--device-memory", "80GiB", "--config", str(config), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+    offloaded, plain = planned("Offloaded", "cuda"), planned("Stack", "cuda")
+    said = "activations offloaded by torch's save_on_cpu traced in host memory, not on the "
+    assert said + "device (43.0 MiB a process at most)" in str(offloaded["assumption"])
+    assert offloaded["predicted_peak_bytes"] < plain["predicted_peak_bytes"]  # type: ignore[operator]
+    assert "save_on_cpu" not in str(planned("Offloaded", "cpu")["assumption"])  # a CPU's own
