@@ -105,12 +105,15 @@ def _loss_coupling(workload: WorkloadSpec) -> bool | str:
     )
 
 
-def gathers(workload: WorkloadSpec) -> bool:
+def gathers(workload: WorkloadSpec, device_type: str = "cpu") -> bool:
     """Whether the workload's step holds more as one rank of many than alone: its loss covers
     what it gathers from every rank (``fake_group``), told by two traces of a micro-batch of
-    two (False where it cannot be traced)."""
+    two for the trials' ``device_type`` (False where it cannot be traced: FlexAttention, say,
+    for a CPU)."""
     try:
-        one, many = (trace_step(workload, 2, world_size=w) for w in (1, WORLD_PROBE))
+        one, many = (
+            trace_step(workload, 2, world_size=w, device_type=device_type) for w in (1, WORLD_PROBE)
+        )
     except TraceError:
         return False
     return not one.held_alike(many)
@@ -135,12 +138,13 @@ def _meta_forward_flops(model: Any, batch: Any) -> int | None:
     return int(counter.get_total_flops())
 
 
-def coupling(workload: WorkloadSpec) -> Coupling | None:
+def coupling(workload: WorkloadSpec, device_type: str = "cpu") -> Coupling | None:
     """What makes the workload's forward follow the micro-batch (``recipe.Coupling``), and why
-    the loss's part could not be told; None where nothing does and all was told."""
+    the loss's part could not be told; None where nothing does and all was told.
+    ``device_type``: the trials' (``gathers``)."""
     told = loss_coupling(workload)
     untold = "" if isinstance(told, bool) else told
-    gathered = told is True and gathers(workload)
+    gathered = told is True and gathers(workload, device_type)
     found = Coupling(
         batch_norm(workload.model), loss=told is True, loss_untold=untold, loss_gathered=gathered
     )

@@ -309,7 +309,7 @@ def _run_search(
 
     # the first time on a platform this tries comm hooks and torch.compile in tiny trials
     reporter.phase("probing what works on this machine (cached per platform)")
-    coupled = coupling(workload)  # four forwards of two samples, on the model built here
+    coupled = coupling(workload, device)  # four forwards of two samples, on the model built here
     images = feeds_images(workload) if "channels_last" in space.params else None
     flags = optimizer_flags(workload) if "optimizer_impl" in space.params else None
     refusals = model_refusals(workload.model) + (

@@ -91,6 +91,14 @@ def test_a_coupled_loss_over_other_samples_than_the_baselines_is_a_numerics_chan
     assert simplicity(ddp, base, loss)[0] == 1 and simplicity(ddp, base)[0] == 0
 
 
+def test_whether_the_loss_gathers_is_traced_for_the_trials_device() -> None:
+    # FlexAttention trains on CUDA, not on a CPU: traced for a CPU, a CUDA search took the
+    # trace's refusal for a loss that does not gather
+    spec = WorkloadSpec(model="tests.fixtures.contrastive:FlexGatheredTowers")
+    assert coupling(spec, "cuda") == Coupling(loss=True, loss_gathered=True)
+    assert coupling(spec) == Coupling(loss=True)  # a CPU trace stops at the refusal, as before
+
+
 def test_a_loss_over_negatives_gathered_from_every_rank_couples_them_all() -> None:
     from autotune.search.driver import _coupling_lines
 
