@@ -23,6 +23,17 @@ its ``pow`` runs in float32) gets none here either (``cuda_autocasts``).
 ``tests/runner/test_fake_autocast.py`` pins all of it: the lists, as this torch's CUDA autocast
 takes them, against the installed header (where the wheel ships it), and CPU autocast as it was
 once the context is left.
+
+A model may name CUDA's autocast itself: a region kept in float32 whatever the trainer's
+autocast (``torch.autocast("cuda", enabled=False)``, ``torch.cuda.amp.autocast(enabled=False)``
+as a decorator), or its own low precision (``torch.autocast("cuda", dtype=torch.bfloat16)``).
+On a CPU without CUDA torch disables such a region, and the trace, whose stand-in for CUDA's
+autocast is the CPU's, ran it in the trainer's precision: an fp32 region of a bf16 trial traced
+in bf16 (its activations half what a GPU holds), a model's own bf16 traced in fp32. While
+``cuda_regions()`` is entered (a trace for CUDA) such a region acts on the CPU autocast instead,
+with CUDA's default dtype (float16) where it names none. A decorator made at import with
+``enabled=True`` was already disabled by torch on this machine and stays so (its region runs in
+the trainer's precision).
 """
 
 from __future__ import annotations
@@ -171,3 +182,50 @@ def cuda_policy() -> Iterator[None]:
         yield
     finally:
         library._destroy()  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def cuda_regions() -> Iterator[None]:
+    """An autocast region the model names for CUDA acts on the trace's CPU autocast while
+    entered (see the module): made inside it, as a CPU region of CUDA's dtype; made before it
+    (a decorator, at import), entered as one."""
+    from torch.amp.autocast_mode import autocast
+
+    made, entered, left = autocast.__init__, autocast.__enter__, autocast.__exit__
+
+    def init(
+        self: Any,
+        device_type: str,
+        dtype: torch.dtype | None = None,
+        enabled: bool = True,
+        cache_enabled: bool | None = None,
+    ) -> None:
+        if device_type == "cuda":  # CUDA's default dtype, float16, where none is named
+            device_type, dtype = "cpu", dtype or torch.get_autocast_dtype("cuda")
+        made(self, device_type, dtype, enabled, cache_enabled)
+
+    def enter(self: Any) -> Any:
+        if self.device == "cuda" or getattr(self, _STOOD_IN, 0):
+            setattr(self, _STOOD_IN, getattr(self, _STOOD_IN, 0) + 1)
+            self.device = "cpu"
+        return entered(self)  # type: ignore[no-untyped-call]
+
+    def leave(self: Any, *exc: Any) -> Any:
+        try:
+            return left(self, *exc)
+        finally:
+            depth = getattr(self, _STOOD_IN, 0)
+            if depth:
+                setattr(self, _STOOD_IN, depth - 1)
+                if depth == 1:
+                    self.device = "cuda"  # as it was made, for any use after the trace
+
+    autocast.__init__, autocast.__enter__, autocast.__exit__ = init, enter, leave  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        autocast.__init__, autocast.__enter__, autocast.__exit__ = made, entered, left  # type: ignore[method-assign]
+
+
+_STOOD_IN = "_autotune_cuda_on_cpu"
+"""How deep a CUDA region made before the trace is entered as a CPU one (``cuda_regions``)."""

@@ -683,7 +683,7 @@ def _trace(
     from autotune.runner import fake_recurrent  # imports torch
     from autotune.runner.blocks import find_repeated_blocks  # imports torch
     from autotune.runner.fake_attention import cuda_attention  # imports torch
-    from autotune.runner.fake_autocast import cuda_policy  # imports torch
+    from autotune.runner.fake_autocast import cuda_policy, cuda_regions  # imports torch
     from autotune.runner.fake_flex import CudaFlexAttention  # imports torch
     from autotune.runner.fake_offload import host_offload  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
@@ -736,6 +736,7 @@ def _trace(
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
+        regions = cuda_regions() if device_type == "cuda" else contextlib.nullcontext()
         attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
         flex = CudaFlexAttention(flex_fused) if device_type == "cuda" else None  # a CPU refuses
         offload = host_offload() if device_type == "cuda" else contextlib.nullcontext()
@@ -749,6 +750,7 @@ def _trace(
             workspace,
             tracker,
             policy,
+            regions,  # the model's own CUDA autocast regions, on the trace's CPU autocast
             attention,
             flex or contextlib.nullcontext(),  # above the tracker: it sees the scores
             packing,

@@ -125,3 +125,38 @@ def test_a_cuda_trace_counts_the_float32_scores_cuda_autocast_saves() -> None:
         trace_step(spec, batch).total_bytes
         == trace_step(spec, batch, device_type="cuda").total_bytes
     )
+
+
+def _traced(name: str, amp: str, device_type: str = "cuda") -> int:
+    spec = WorkloadSpec(model=f"tests.fixtures.traced:{name}")
+    return trace_step(spec, 4096, amp, device_type=device_type).total_bytes
+
+
+@pytest.mark.parametrize("model", ["CudaFp32Region", "CudaFp32Decorated"])
+def test_a_region_the_model_keeps_in_float32_on_cuda_is_traced_in_float32(model: str) -> None:
+    # On a CPU without CUDA torch disables the region: a bf16 trial's trace for CUDA ran it in
+    # bf16, half the activations a GPU holds (the CPU trial runs it so, and its trace too)
+    assert _traced(model, "bf16") == _traced("Stack", "off")
+    assert _traced(model, "bf16", "cpu") == _traced("Stack", "bf16", "cpu")
+
+
+def test_the_models_own_cuda_autocast_is_traced_in_its_precision() -> None:
+    assert _traced("OwnCudaBf16", "off") == _traced("Stack", "bf16") < _traced("Stack", "off")
+
+
+def test_autocast_is_torchs_own_again_after_the_regions() -> None:
+    from torch.amp.autocast_mode import autocast
+
+    own = (autocast.__init__, autocast.__enter__, autocast.__exit__)
+    before = torch.autocast("cuda", enabled=False)  # made beforehand, as a decorator is
+    with fake_autocast.cuda_regions():
+        with torch.autocast("cuda", dtype=torch.bfloat16) as region:
+            assert region.device == "cpu" and torch.is_autocast_enabled("cpu")
+            assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+            with before:
+                assert before.device == "cpu" and not torch.is_autocast_enabled("cpu")
+            assert torch.is_autocast_enabled("cpu")
+        assert not torch.is_autocast_enabled("cpu")
+    assert before.device == "cuda"
+    assert (autocast.__init__, autocast.__enter__, autocast.__exit__) == own
+    assert torch.autocast("cpu").device == "cpu"
