@@ -684,6 +684,7 @@ def _trace(
     from autotune.runner.blocks import find_repeated_blocks  # imports torch
     from autotune.runner.fake_attention import cuda_attention  # imports torch
     from autotune.runner.fake_autocast import cuda_policy, cuda_regions  # imports torch
+    from autotune.runner.fake_device import CudaOnCpu, CudaOpsOnCpu  # imports torch
     from autotune.runner.fake_flex import CudaFlexAttention  # imports torch
     from autotune.runner.fake_offload import host_offload  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
@@ -702,7 +703,9 @@ def _trace(
     # Static shapes: every size stays a plain int, as without it.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
     routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
-    module, model = _fake_model(spec, mode, routing)
+    named = CudaOnCpu() if device_type == "cuda" else contextlib.nullcontext()  # "cuda" in code
+    with named:
+        module, model = _fake_model(spec, mode, routing)
     dataset, _ = load_dataset(spec, module, model)
     loss_fn, _ = load_loss(spec, module)
     factory, _ = load_optimizer(spec, module)
@@ -737,6 +740,7 @@ def _trace(
         tracker.track_external(wrapped, optimizer)
         policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
         regions = cuda_regions() if device_type == "cuda" else contextlib.nullcontext()
+        ops_named = CudaOpsOnCpu() if device_type == "cuda" else contextlib.nullcontext()  # type: ignore[no-untyped-call]
         attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
         flex = CudaFlexAttention(flex_fused) if device_type == "cuda" else None  # a CPU refuses
         offload = host_offload() if device_type == "cuda" else contextlib.nullcontext()
@@ -751,6 +755,8 @@ def _trace(
             tracker,
             policy,
             regions,  # the model's own CUDA autocast regions, on the trace's CPU autocast
+            named,
+            ops_named,  # and in backward, where a function mode is not active
             attention,
             flex or contextlib.nullcontext(),  # above the tracker: it sees the scores
             packing,

@@ -1,0 +1,59 @@
+"""CUDA named by the model's own code, for the memory trace's CPU tensors.
+
+GPU-only code makes tensors on CUDA by name: ``torch.arange(n, device="cuda")`` for positions,
+``mask.cuda()``, ``x.to("cuda")``, a buffer made with ``device="cuda"``. The trace's tensors are
+CPU tensors standing for a CUDA device's, so such a tensor met them on two devices ("Expected
+all tensors to be on the same device") or, made by ``.cuda()`` on a build without CUDA, raised
+("not linked with support for cuda devices"): ``autotune plan`` for CUDA devices, the one way to
+learn what such a model needs without a GPU, could not trace it.
+
+While a ``CudaOnCpu`` mode is entered (a trace for CUDA: the model's build, its step), a device
+the code names as CUDA is the trace's CPU: a ``device=`` argument, ``Tensor.to``'s device and
+``Tensor.cuda()`` (the tensor itself: it already stands on the device). A function mode is not
+active in backward, where a checkpointed block runs its forward again: there ``CudaOpsOnCpu``, a
+dispatch mode, makes the CPU of an op's ``device`` (a factory's, a copy's); a ``.cuda()`` in a
+checkpointed block still raises on a build without CUDA. Whatever else asks for CUDA
+(``torch.cuda`` calls, ``x.is_cuda``) answers as this machine does. Public API only (torch's
+mode classes); ``tests/runner/test_fake_device.py`` pins it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` with a CUDA device (a ``torch.device``, "cuda", "cuda:1") made the CPU."""
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
+        return "cpu"
+    return value
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """Every CUDA device the code names is the CPU while entered (see the module)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": _on_cpu(kwargs["device"])}
+        if func is torch.Tensor.to:
+            args = tuple(_on_cpu(a) for a in args)
+        return func(*args, **kwargs)
+
+
+class CudaOpsOnCpu(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """An op's CUDA ``device`` is the CPU while entered, in backward too (see the module)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": _on_cpu(kwargs["device"])}
+        return func(*args, **kwargs)

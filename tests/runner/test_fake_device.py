@@ -1,0 +1,52 @@
+"""CUDA named by the model's own code in the memory trace (``fake_device``): the trace's CPU,
+which stands for the CUDA device, for a trace for CUDA; a CPU trace stops, as its trial does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.runner.fake_device import CudaOnCpu
+from autotune.runner.fake_memory import TraceError, trace_step
+from autotune.runner.workload import WorkloadSpec
+
+NAMES = WorkloadSpec(model="tests.fixtures.named_cuda:NamesCuda")
+ITS_OWN = WorkloadSpec(model="tests.fixtures.named_cuda:OnItsDevice")
+
+
+def test_every_way_of_naming_cuda_is_the_cpu_while_entered() -> None:
+    x = torch.ones(2)
+    with CudaOnCpu():
+        assert torch.arange(3, device="cuda").device.type == "cpu"
+        assert torch.zeros(2, device=torch.device("cuda", 1)).device.type == "cpu"
+        assert x.new_ones(3, device="cuda:0").device.type == "cpu"
+        assert x.cuda() is x and x.cuda(0, non_blocking=True) is x
+        moved = x.to("cuda", torch.float16)
+        assert (moved.device.type, moved.dtype) == ("cpu", torch.float16)
+        assert x.to(device=torch.device("cuda")).device.type == "cpu"
+        assert x.to(torch.float64).dtype == torch.float64  # nothing else changes
+    with pytest.raises((RuntimeError, AssertionError)):  # left: this build has no CUDA
+        torch.zeros(2).cuda()
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_a_model_naming_cuda_traces_for_cuda_as_one_using_its_inputs_device(amp: str) -> None:
+    # before: "Expected all tensors to be on the same device", or "not linked with support for
+    # cuda devices": no plan for CUDA of GPU-only code
+    named = trace_step(NAMES, 8, amp, device_type="cuda")
+    assert named == trace_step(ITS_OWN, 8, amp, device_type="cuda")
+
+
+def test_checkpointed_blocks_naming_cuda_run_again_on_the_cpu_in_backward() -> None:
+    # a function mode is not active in backward: the recomputation made its tensor on CUDA
+    # ("Recomputed values ... have different metadata than during the forward pass")
+    def traced(model: str) -> object:
+        spec = WorkloadSpec(model=f"tests.fixtures.named_cuda:{model}")
+        return trace_step(spec, 8, "off", 2, device_type="cuda")
+
+    assert traced("BlocksNamingCuda") == traced("BlocksOnItsDevice")
+
+
+def test_a_cpu_trace_of_it_stops_as_a_cpu_trial_does() -> None:
+    with pytest.raises(TraceError):
+        trace_step(NAMES, 8)
