@@ -8,8 +8,10 @@ all tensors to be on the same device") or, made by ``.cuda()`` on a build withou
 learn what such a model needs without a GPU, could not trace it.
 
 While a ``CudaOnCpu`` mode is entered (a trace for CUDA: the model's build, its step), a device
-the code names as CUDA is the trace's CPU: a ``device=`` argument, ``Tensor.to``'s device and
-``Tensor.cuda()`` (the tensor itself: it already stands on the device). A function mode is not
+the code names as CUDA is the trace's: a factory's ``device=`` the default device (the CPU),
+``Tensor.to``'s and ``Tensor.cuda()``'s the tensor's own (it already stands on the device; a
+model's ``.to("cuda")`` in its factory keeps its parameters where they are, on the meta device
+where the build falls back to it). A function mode is not
 active in backward, where a checkpointed block runs its forward again: there ``CudaOpsOnCpu``, a
 dispatch mode, makes the CPU of an op's ``device`` (a factory's, a copy's); a ``.cuda()`` in a
 checkpointed block still raises on a build without CUDA. Whatever else asks for CUDA
@@ -26,26 +28,31 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def _on_cpu(value: Any) -> Any:
-    """``value`` with a CUDA device (a ``torch.device``, "cuda", "cuda:1") made the CPU."""
+def _instead(value: Any, device: Any) -> Any:
+    """``device`` where ``value`` names CUDA (a ``torch.device``, "cuda", "cuda:1"), else
+    ``value``."""
     if isinstance(value, torch.device) and value.type == "cuda":
-        return torch.device("cpu")
+        return device
     if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
-        return "cpu"
+        return device
     return value
 
 
 class CudaOnCpu(TorchFunctionMode):
-    """Every CUDA device the code names is the CPU while entered (see the module)."""
+    """Every CUDA device the code names is the trace's while entered (see the module): a
+    tensor's own for ``Tensor.to`` and ``Tensor.cuda``, the default device for a factory."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
-        if "device" in kwargs:
-            kwargs = {**kwargs, "device": _on_cpu(kwargs["device"])}
         if func is torch.Tensor.to:
-            args = tuple(_on_cpu(a) for a in args)
+            own = args[0].device
+            args = (args[0], *(_instead(a, own) for a in args[1:]))
+            if "device" in kwargs:
+                kwargs["device"] = _instead(kwargs["device"], own)
+        elif "device" in kwargs:
+            kwargs["device"] = _instead(kwargs["device"], None)
         return func(*args, **kwargs)
 
 
@@ -55,5 +62,5 @@ class CudaOpsOnCpu(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if "device" in kwargs:
-            kwargs = {**kwargs, "device": _on_cpu(kwargs["device"])}
+            kwargs = {**kwargs, "device": _instead(kwargs["device"], torch.device("cpu"))}
         return func(*args, **kwargs)

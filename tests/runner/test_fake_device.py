@@ -25,6 +25,9 @@ def test_every_way_of_naming_cuda_is_the_cpu_while_entered() -> None:
         assert (moved.device.type, moved.dtype) == ("cpu", torch.float16)
         assert x.to(device=torch.device("cuda")).device.type == "cpu"
         assert x.to(torch.float64).dtype == torch.float64  # nothing else changes
+        assert x.to("cuda") is x  # where it stands
+        meta = torch.empty(2, device="meta")
+        assert meta.to("cuda") is meta and meta.cuda() is meta  # a build on the meta device's
     with pytest.raises((RuntimeError, AssertionError)):  # left: this build has no CUDA
         torch.zeros(2).cuda()
 
@@ -45,6 +48,14 @@ def test_checkpointed_blocks_naming_cuda_run_again_on_the_cpu_in_backward() -> N
         return trace_step(spec, 8, "off", 2, device_type="cuda")
 
     assert traced("BlocksNamingCuda") == traced("BlocksOnItsDevice")
+
+
+@pytest.mark.parametrize("factory", ["moved_by_cuda", "moved_by_to"])
+def test_a_factory_moving_the_model_to_cuda_traces_as_the_model(factory: str) -> None:
+    # a fake module cannot be moved (its parameters are swapped, not set); on the meta device,
+    # where the build falls back to, .to("cuda") copied out of a meta tensor
+    spec = WorkloadSpec(model=f"tests.fixtures.named_cuda:{factory}")
+    assert trace_step(spec, 8, device_type="cuda") == trace_step(ITS_OWN, 8, device_type="cuda")
 
 
 def test_a_cpu_trace_of_it_stops_as_a_cpu_trial_does() -> None:
