@@ -372,6 +372,28 @@ def test_activations_offloaded_by_save_on_cpu_leave_the_gpu_as_its_trace_for_cud
     assert real < 0.8 * real_step_peak(Stack().cuda().train(), x)
 
 
+def test_gpu_only_code_and_its_own_autocast_regions_hold_what_their_traces_for_cuda_say() -> None:
+    # Traced on the CPU for CUDA: tensors the code makes on "cuda" by name (fake_device), and a
+    # region kept in float32 by torch.autocast("cuda", enabled=False) in a bf16 trial
+    # (fake_autocast.cuda_regions), each held here against the real CUDA step.
+    from autotune.bench.traced_step import real_step_peak
+    from autotune.runner.fake_memory import trace_step
+    from tests.fixtures.named_cuda import POSITIONS, WIDTH, NamesCuda
+    from tests.fixtures.traced import CudaFp32Region
+
+    named = trace_step(
+        WorkloadSpec(model="tests.fixtures.named_cuda:NamesCuda"), 8, device_type="cuda"
+    )
+    torch.manual_seed(0)
+    x = torch.randn(8, POSITIONS, WIDTH, device="cuda")
+    assert named.total_bytes == pytest.approx(real_step_peak(NamesCuda().cuda(), x), rel=0.02)
+    spec = WorkloadSpec(model="tests.fixtures.traced:CudaFp32Region")
+    region = trace_step(spec, 4096, "bf16", device_type="cuda")
+    x = torch.randn(4096, 256, device="cuda")
+    real = real_step_peak(CudaFp32Region().cuda(), x, amp="bf16")
+    assert region.total_bytes == pytest.approx(real, rel=0.02)
+
+
 def _allocated_over_its_start(model: torch.nn.Module, x: torch.Tensor) -> int:
     """What the allocator's peak of a second bf16 AdamW step rose over what was allocated at
     its start (the parameters, the optimizer's state, the batch, and anything left before)."""
