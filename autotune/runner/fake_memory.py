@@ -703,7 +703,8 @@ def _trace(
     # Static shapes: every size stays a plain int, as without it.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
     routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
-    named = CudaOnCpu() if device_type == "cuda" else contextlib.nullcontext()  # "cuda" in code
+    cuda = device_type == "cuda"  # the trace's CPU tensors stand for a CUDA device's
+    named = CudaOnCpu() if cuda else contextlib.nullcontext()  # "cuda" in the model's code
     with named:
         module, model = _fake_model(spec, mode, routing)
     dataset, _ = load_dataset(spec, module, model)
@@ -738,12 +739,12 @@ def _trace(
         optimizer = with_implementation(optimizer, implementation)
         tracker = _peak_tracker()
         tracker.track_external(wrapped, optimizer)
-        policy = cuda_policy() if dtype and device_type == "cuda" else contextlib.nullcontext()
-        regions = cuda_regions() if device_type == "cuda" else contextlib.nullcontext()
-        ops_named = CudaOpsOnCpu() if device_type == "cuda" else contextlib.nullcontext()  # type: ignore[no-untyped-call]
-        attention = cuda_attention() if device_type == "cuda" else contextlib.nullcontext()
-        flex = CudaFlexAttention(flex_fused) if device_type == "cuda" else None  # a CPU refuses
-        offload = host_offload() if device_type == "cuda" else contextlib.nullcontext()
+        policy = cuda_policy() if dtype and cuda else contextlib.nullcontext()
+        regions = cuda_regions() if cuda else contextlib.nullcontext()
+        ops_named = CudaOpsOnCpu() if cuda else contextlib.nullcontext()  # type: ignore[no-untyped-call]
+        attention = cuda_attention() if cuda else contextlib.nullcontext()
+        flex = CudaFlexAttention(flex_fused) if cuda else None  # a CPU refuses to run it
+        offload = host_offload() if cuda else contextlib.nullcontext()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()
