@@ -18,6 +18,7 @@ too: a CUDA build of torch, once this process has run a backward, leaves copies 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -25,7 +26,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -62,7 +63,8 @@ def forked_autograd_runs() -> bool:
         return True  # nothing has run a backward here
     if sys.platform != "linux":
         return False  # no fork
-    pid = os.fork()
+    with _forking():
+        pid = os.fork()
     if pid == 0:  # the child: exits 0 only if its backward ran
         code = 1
         try:
@@ -106,8 +108,9 @@ def run_side_by_side(
         context.Process(target=_copy, args=(jobs, work, counter, answers), daemon=True)
         for _ in range(copies)
     ]
-    for worker in workers:
-        worker.start()
+    with _forking():
+        for worker in workers:
+            worker.start()
     done: dict[int, T] = {}
     longest = 0.0
     try:
@@ -140,6 +143,18 @@ def run_side_by_side(
                 worker.terminate()
         answers.close()
     return done
+
+
+@contextlib.contextmanager
+def _forking() -> Iterator[None]:
+    """Python 3.12's warning that forking a process with other threads may deadlock, left
+    unsaid: this process has no other Python thread (``processes_here``), the threads 3.12
+    counts are torch's own pools, and a copy that stops answering has its job run here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning
+        )
+        yield
 
 
 def _claim(counter: Any, total: int) -> int | None:
