@@ -14,13 +14,18 @@ model's ``.to("cuda")`` in its factory keeps its parameters where they are, on t
 where the build falls back to it). A function mode is not
 active in backward, where a checkpointed block runs its forward again: there ``CudaOpsOnCpu``, a
 dispatch mode, makes the CPU of an op's ``device`` (a factory's, a copy's); a ``.cuda()`` in a
-checkpointed block still raises on a build without CUDA. Whatever else asks for CUDA
-(``torch.cuda`` calls, ``x.is_cuda``) answers as this machine does. Public API only (torch's
-mode classes); ``tests/runner/test_fake_device.py`` pins it.
+checkpointed block still raises on a build without CUDA. NVTX's profiling ranges
+(``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX
+functions not installed"), mark nothing while ``unmarked_ranges()`` is entered (torch's private
+``torch.cuda.nvtx._nvtx`` replaced; a CUDA build's left as it is). Whatever else asks for CUDA
+(``torch.cuda.current_device()``, ``x.is_cuda``) answers as this machine does.
+``tests/runner/test_fake_device.py`` pins it.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -64,3 +69,28 @@ class CudaOpsOnCpu(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if "device" in kwargs:
             kwargs = {**kwargs, "device": _instead(kwargs["device"], torch.device("cpu"))}
         return func(*args, **kwargs)
+
+
+class _Unmarked:
+    """NVTX's calls, marking nothing (a range's depth is 0)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: 0
+
+
+@contextlib.contextmanager
+def unmarked_ranges() -> Iterator[None]:
+    """NVTX's ranges mark nothing while entered, where this build has no NVTX (see the
+    module); where torch no longer has the stub it names, nothing is done."""
+    import torch.cuda.nvtx as nvtx
+
+    stub = getattr(nvtx, "_NVTXStub", None)
+    own = getattr(nvtx, "_nvtx", None)
+    if stub is None or not isinstance(own, stub):  # a CUDA build's own, or another torch's
+        yield
+        return
+    setattr(nvtx, "_nvtx", _Unmarked())  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(nvtx, "_nvtx", own)  # noqa: B010

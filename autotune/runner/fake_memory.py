@@ -684,7 +684,11 @@ def _trace(
     from autotune.runner.blocks import find_repeated_blocks  # imports torch
     from autotune.runner.fake_attention import cuda_attention  # imports torch
     from autotune.runner.fake_autocast import cuda_policy, cuda_regions  # imports torch
-    from autotune.runner.fake_device import CudaOnCpu, CudaOpsOnCpu  # imports torch
+    from autotune.runner.fake_device import (  # imports torch
+        CudaOnCpu,
+        CudaOpsOnCpu,
+        unmarked_ranges,
+    )
     from autotune.runner.fake_flex import CudaFlexAttention  # imports torch
     from autotune.runner.fake_offload import host_offload  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
@@ -745,6 +749,7 @@ def _trace(
         attention = cuda_attention() if cuda else contextlib.nullcontext()
         flex = CudaFlexAttention(flex_fused) if cuda else None  # a CPU refuses to run it
         offload = host_offload() if cuda else contextlib.nullcontext()
+        markers = unmarked_ranges() if cuda else contextlib.nullcontext()  # NVTX's, on a CPU
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()
@@ -758,6 +763,7 @@ def _trace(
             regions,  # the model's own CUDA autocast regions, on the trace's CPU autocast
             named,
             ops_named,  # and in backward, where a function mode is not active
+            markers,
             attention,
             flex or contextlib.nullcontext(),  # above the tracker: it sees the scores
             packing,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune.runner.fake_device import CudaOnCpu
+from autotune.runner.fake_device import CudaOnCpu, unmarked_ranges
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
 
@@ -56,6 +56,17 @@ def test_a_factory_moving_the_model_to_cuda_traces_as_the_model(factory: str) ->
     # where the build falls back to, .to("cuda") copied out of a meta tensor
     spec = WorkloadSpec(model=f"tests.fixtures.named_cuda:{factory}")
     assert trace_step(spec, 8, device_type="cuda") == trace_step(ITS_OWN, 8, device_type="cuda")
+
+
+def test_nvtx_ranges_mark_nothing_in_a_trace_for_cuda_on_a_build_without_them() -> None:
+    # "NVTX functions not installed. Are you sure you have a CUDA build?": no plan before
+    marked = WorkloadSpec(model="tests.fixtures.named_cuda:MarksRanges")
+    assert trace_step(marked, 8, device_type="cuda") == trace_step(ITS_OWN, 8, device_type="cuda")
+    if not torch.cuda.is_available():  # torch's stub, as the trace found it
+        with pytest.raises(RuntimeError, match="NVTX functions not installed"):
+            torch.cuda.nvtx.range_push("after")
+        with unmarked_ranges():
+            assert torch.cuda.nvtx.range_push("inside") == 0
 
 
 def test_a_cpu_trace_of_it_stops_as_a_cpu_trial_does() -> None:
