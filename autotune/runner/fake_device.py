@@ -11,13 +11,13 @@ While a ``CudaOnCpu`` mode is entered (a trace for CUDA: the model's build, its 
 the code names as CUDA is the trace's: a factory's ``device=`` the default device (the CPU),
 ``Tensor.to``'s and ``Tensor.cuda()``'s the tensor's own (it already stands on the device; a
 model's ``.to("cuda")`` in its factory keeps its parameters where they are, on the meta device
-where the build falls back to it). A function mode is not
-active in backward, where a checkpointed block runs its forward again: there ``CudaOpsOnCpu``, a
-dispatch mode, makes the CPU of an op's ``device`` (a factory's, a copy's); a ``.cuda()`` in a
-checkpointed block still raises on a build without CUDA. NVTX's profiling ranges
-(``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX
-functions not installed"), mark nothing while ``unmarked_ranges()`` is entered (torch's private
-``torch.cuda.nvtx._nvtx`` replaced; a CUDA build's left as it is). Whatever else asks for CUDA
+where the build falls back to it). A function mode is not active in backward, where a
+checkpointed block runs its forward again: there ``CudaOpsOnCpu``, a dispatch mode, makes the
+CPU of an op's ``device`` (a factory's, a copy's); a ``.cuda()`` in a checkpointed block still
+raises on a build without CUDA. NVTX's profiling ranges (``torch.cuda.nvtx.range``,
+``range_push``), which a build without CUDA refuses ("NVTX functions not installed"), mark
+nothing while ``unmarked_ranges()`` is entered (torch's private ``torch.cuda.nvtx._nvtx``
+replaced; a CUDA build's left as it is). Whatever else asks for CUDA
 (``torch.cuda.current_device()``, ``x.is_cuda``) answers as this machine does.
 ``tests/runner/test_fake_device.py`` pins it.
 """
