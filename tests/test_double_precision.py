@@ -89,3 +89,31 @@ def test_a_model_built_in_bf16_gets_bf16_samples_and_its_arithmetic_named() -> N
     assert "(fp32 arithmetic" in numerics_line(plain)
     said = numerics_line(plain.model_copy(update={"parameter_dtype": "bfloat16"}))
     assert said == "numerics: unchanged (bf16 arithmetic, uncompressed gradients)"
+
+
+@pytest.mark.parametrize(
+    ("model", "dtype"), [("ExampledBrain", "bfloat16"), ("ExampledPINN", "float64")]
+)
+def test_a_float32_example_input_takes_the_dtype_of_a_model_of_another(
+    model: str, dtype: str
+) -> None:
+    # The example is float32 (made before the model was cast): its samples met the bf16 or
+    # float64 parameters in the first matmul, and every trial failed ("mat1 and mat2 must have
+    # the same dtype"), while the trace, whose fake matmul does not check, predicted it.
+    from torch.utils.data import default_collate
+
+    workload = build_workload(WorkloadSpec(model=f"tests.fixtures.double:{model}"))
+    sample = workload.dataset[0]
+    floating = sample["x"] if isinstance(sample, dict) else sample
+    assert floating.dtype == getattr(torch, dtype)
+    if isinstance(sample, dict):
+        assert sample["steps"].dtype == torch.int64  # integers are left as they are
+    assert workload.data_source == (
+        f"synthetic, shaped like model.example_input, {dtype} as the model's parameters "
+        "(the example is float32)"
+    )
+    batch = default_collate([workload.dataset[0], workload.dataset[1]])
+    out = workload.model(**batch) if isinstance(batch, dict) else workload.model(batch)
+    assert out.dtype == getattr(torch, dtype)
+    float32 = build_workload(WorkloadSpec(model="tests.fixtures.traced:Stack"))
+    assert float32.data_source == "synthetic, shaped like model.example_input"

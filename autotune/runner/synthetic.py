@@ -32,16 +32,29 @@ def integer_high(dtype: torch.dtype, high: int) -> int | None:
     return 2 if dtype == torch.bool else high
 
 
-def _template(value: Any) -> Any:
-    """A picklable description of ``value``: (shape, dtype, high) leaves in the same structure."""
+def _template(value: Any, float32_as: torch.dtype | None = None) -> Any:
+    """A picklable description of ``value``: (shape, dtype, high) leaves in the same structure;
+    a float32 leaf described as ``float32_as`` where given."""
     if isinstance(value, torch.Tensor):
         high = None if value.is_floating_point() else max(int(value.max().item()) + 1, 2)
-        return ("tensor", tuple(value.shape), value.dtype, high)
+        dtype = float32_as if float32_as and value.dtype == torch.float32 else value.dtype
+        return ("tensor", tuple(value.shape), dtype, high)
     if isinstance(value, dict):
-        return {k: _template(v) for k, v in value.items()}
+        return {k: _template(v, float32_as) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return tuple(_template(v) for v in value)
+        return tuple(_template(v, float32_as) for v in value)
     raise TypeError(f"example input holds a {type(value).__name__}; expected tensors")
+
+
+def holds_float32(value: Any) -> bool:
+    """Whether ``value`` (a tensor, or a structure of them) holds a float32 tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype == torch.float32
+    if isinstance(value, dict):
+        return any(holds_float32(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(holds_float32(v) for v in value)
+    return False
 
 
 def _draw(template: Any, generator: torch.Generator) -> Any:
@@ -63,9 +76,10 @@ class SyntheticDataset(Dataset[Any]):
         self.length = length
 
     @classmethod
-    def like(cls, example: Any) -> SyntheticDataset:
-        """Samples shaped like ``example`` (one sample, no batch dimension)."""
-        return cls(_template(example))
+    def like(cls, example: Any, float32_as: str | None = None) -> SyntheticDataset:
+        """Samples shaped like ``example`` (one sample, no batch dimension); its float32
+        tensors drawn as ``float32_as`` where given (the model's own dtype)."""
+        return cls(_template(example, getattr(torch, float32_as) if float32_as else None))
 
     @classmethod
     def from_shape(

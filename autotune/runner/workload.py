@@ -347,6 +347,7 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     from autotune.runner.synthetic import (  # imports torch: when data is needed
         INTEGER_HIGH,
         SyntheticDataset,
+        holds_float32,
         lookup_bound,
     )
 
@@ -354,7 +355,15 @@ def load_dataset(spec: WorkloadSpec, model_module: Any, model: Any) -> tuple[Any
     if example is not None and spec.input_shape is not None:
         raise _shape_ignored(spec, f"the model has '{EXAMPLE_INPUT_ATTRIBUTE}'", "--input-shape")
     if example is not None:
-        return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
+        own = parameter_dtype(model)
+        if own in (None, "float32") or not holds_float32(example):
+            return SyntheticDataset.like(example), "synthetic, shaped like model.example_input"
+        # a float32 example beside parameters of another dtype (``model.half()`` after the
+        # example was made): float32 samples would meet them in the first matmul and fail
+        return SyntheticDataset.like(example, own), (
+            f"synthetic, shaped like model.example_input, {own} as the model's parameters "
+            "(the example is float32)"
+        )
     if spec.input_shape is not None:
         dtype, why = spec.input_dtype, ""
         own = parameter_dtype(model)
