@@ -684,6 +684,7 @@ def _trace(
     from autotune.runner.blocks import find_repeated_blocks  # imports torch
     from autotune.runner.fake_attention import cuda_attention  # imports torch
     from autotune.runner.fake_autocast import cuda_policy, cuda_regions  # imports torch
+    from autotune.runner.fake_checks import SameDtypes  # imports torch
     from autotune.runner.fake_device import (  # imports torch
         CudaOnCpu,
         CudaOpsOnCpu,
@@ -763,6 +764,7 @@ def _trace(
             regions,  # the model's own CUDA autocast regions, on the trace's CPU autocast
             named,
             ops_named,  # and in backward, where a function mode is not active
+            SameDtypes(),  # type: ignore[no-untyped-call]  # what a real matmul checks
             markers,
             attention,
             flex or contextlib.nullcontext(),  # above the tracker: it sees the scores
