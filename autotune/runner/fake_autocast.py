@@ -189,6 +189,8 @@ def cuda_regions() -> Iterator[None]:
     """An autocast region the model names for CUDA acts on the trace's CPU autocast while
     entered (see the module): made inside it, as a CPU region of CUDA's dtype; made before it
     (a decorator, at import), entered as one."""
+    from unittest import mock
+
     from torch.amp.autocast_mode import autocast
 
     made, entered, left = autocast.__init__, autocast.__enter__, autocast.__exit__
@@ -220,11 +222,8 @@ def cuda_regions() -> Iterator[None]:
                 if depth == 1:
                     self.device = "cuda"  # as it was made, for any use after the trace
 
-    autocast.__init__, autocast.__enter__, autocast.__exit__ = init, enter, leave  # type: ignore[method-assign]
-    try:
+    with mock.patch.multiple(autocast, __init__=init, __enter__=enter, __exit__=leave):
         yield
-    finally:
-        autocast.__init__, autocast.__enter__, autocast.__exit__ = made, entered, left  # type: ignore[method-assign]
 
 
 _STOOD_IN = "_autotune_cuda_on_cpu"

@@ -40,17 +40,13 @@ def _built_beneath_modes(cls: type, *args: Any) -> Any:
 def causal_biases() -> Iterator[None]:
     """Within it, ``torch.nn.attention.bias.CausalBias`` can be built under a dispatch mode
     (see the module). Where this torch has no such class, nothing is done."""
+    from unittest import mock
+
     try:
         from torch.nn.attention.bias import CausalBias
     except ImportError:  # an older torch: no model uses one
         yield
         return
-    own = CausalBias.__dict__.get("__new__")  # none in today's torch: it inherits Tensor's
-    setattr(CausalBias, "__new__", staticmethod(_built_beneath_modes))  # noqa: B010
-    try:
+    # put back as it was: today's torch has none of its own (it inherits Tensor's)
+    with mock.patch.object(CausalBias, "__new__", staticmethod(_built_beneath_modes)):
         yield
-    finally:
-        if own is None:
-            delattr(CausalBias, "__new__")
-        else:
-            setattr(CausalBias, "__new__", own)  # noqa: B010

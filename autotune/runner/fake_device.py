@@ -82,15 +82,13 @@ class _Unmarked:
 def unmarked_ranges() -> Iterator[None]:
     """NVTX's ranges mark nothing while entered, where this build has no NVTX (see the
     module); where torch no longer has the stub it names, nothing is done."""
+    from unittest import mock
+
     import torch.cuda.nvtx as nvtx
 
     stub = getattr(nvtx, "_NVTXStub", None)
-    own = getattr(nvtx, "_nvtx", None)
-    if stub is None or not isinstance(own, stub):  # a CUDA build's own, or another torch's
+    if stub is None or not isinstance(getattr(nvtx, "_nvtx", None), stub):  # a CUDA build's own
         yield
         return
-    setattr(nvtx, "_nvtx", _Unmarked())  # noqa: B010
-    try:
+    with mock.patch.object(nvtx, "_nvtx", _Unmarked()):
         yield
-    finally:
-        setattr(nvtx, "_nvtx", own)  # noqa: B010

@@ -54,16 +54,14 @@ class HostOffload:
 def host_offload() -> Iterator[HostOffload]:
     """Within it, ``torch.autograd.graph.save_on_cpu`` offloads as it does on a GPU (see the
     module); yields what it packed."""
+    from unittest import mock
+
     from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
 
     offload = HostOffload()
-    own = save_on_cpu.__init__
 
     def offloads(self: Any, pin_memory: bool = False, device_type: str = "cuda") -> None:
         saved_tensors_hooks.__init__(self, *offload.hooks())
 
-    setattr(save_on_cpu, "__init__", offloads)  # noqa: B010
-    try:
+    with mock.patch.object(save_on_cpu, "__init__", offloads):
         yield offload
-    finally:
-        setattr(save_on_cpu, "__init__", own)  # noqa: B010

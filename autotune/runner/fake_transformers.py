@@ -36,6 +36,8 @@ TRACING_CHECK = "is_tracing"
 def values_read_where_known(shadows: Any) -> Iterator[None]:
     """Within it, ``transformers.masking_utils`` reads a fake tensor that has a shadow
     (``shadows``: ``fake_shadows.Shadows``) as it reads a real one."""
+    from unittest import mock
+
     masking = sys.modules.get("transformers.masking_utils")
     original = getattr(masking, TRACING_CHECK, None)
     if original is None:
@@ -47,8 +49,5 @@ def values_read_where_known(shadows: Any) -> Iterator[None]:
             return original()  # compiling or scripting still count; its values are known
         return original(tensor)
 
-    setattr(masking, TRACING_CHECK, is_tracing)
-    try:
+    with mock.patch.object(masking, TRACING_CHECK, is_tracing):
         yield
-    finally:
-        setattr(masking, TRACING_CHECK, original)
