@@ -11,8 +11,12 @@ While ``cuda_attention()`` is entered, ``F.scaled_dot_product_attention`` runs t
 memory-efficient kernel's op instead (``aten._scaled_dot_product_efficient_attention``,
 private: its fake-tensor kernel and its backward give the shapes a CUDA run holds), with its
 inputs cast as CUDA's autocast casts them and a boolean mask turned into the additive bias CUDA
-makes of it. Left to the CPU path (the op's composite kernel), as on CUDA: grouped-query
-attention in float32 or beside a mask (the math path there too), nested tensors, and float64.
+makes of it. Where CUDA takes no fused kernel it runs the math path (the composite kernel's,
+never the CPU's flash kernel, which holds what a fused one does): grouped-query attention in
+float32 or beside a mask, float64, inputs not of four dimensions. The code's own pick counts as
+on CUDA: ``sdpa_kernel(SDPBackend.MATH)`` holds the scores, a fused backend alone (flash,
+memory-efficient, cuDNN) holds a fused kernel's tensors, and a step none of the enabled kernels
+takes (flash alone in float32) fails as CUDA's does. Nested tensors keep the op's own kernel.
 It is a kernel for the op's ``AutogradCPU`` key, so that a checkpointed block's recomputation in
 backward, where a function mode is not active, holds the same; registered through the public
 ``torch.library`` and removed with the private ``Library._destroy``, as ``fake_autocast``'s
@@ -52,9 +56,9 @@ def _fused(
         query, key, value = (t.to(dtype) if t.is_floating_point() else t for t in tensors)
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(dtype)
+    if not _fusable(query, key, attn_mask, enable_gqa):
+        return None
     if enable_gqa and key.shape[1] != query.shape[1]:
-        if query.dtype is torch.float32 or attn_mask is not None:
-            return None  # CUDA's flash kernel alone takes grouped keys: the math path
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     bias = None
@@ -74,14 +78,46 @@ def _fused(
     return output
 
 
+def _enabled(backend: str) -> bool:
+    """Whether SDPA's ``backend`` (flash, mem_efficient, cudnn, math) is enabled: the flags
+    ``sdpa_kernel`` sets, which a build without CUDA keeps too."""
+    return bool(getattr(torch.backends.cuda, f"{backend}_sdp_enabled")())
+
+
+def _fusable(query: Any, key: Any, attn_mask: Any, enable_gqa: bool) -> bool:
+    """Whether a fused kernel the code leaves enabled (``sdpa_kernel``, ``torch.backends.cuda``'s
+    flags) takes these inputs on CUDA: flash in 16 bits without a mask, the memory-efficient
+    kernel, cuDNN's in 16 bits. Each saves the output and a log-sum-exp per query."""
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    flash = _enabled("flash") and half and attn_mask is None
+    if enable_gqa and key.shape[1] != query.shape[1]:
+        return flash  # CUDA's flash kernel alone takes grouped keys: else the math path
+    return flash or _enabled("mem_efficient") or (_enabled("cudnn") and half)
+
+
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
-def _kernel(*args: Any, **kwargs: Any) -> Any:
-    output = _fused(*args, **kwargs)
-    if output is None:  # the CPU's own choice: the op's composite kernel, as without this one
+def _math(*args: Any, **kwargs: Any) -> Any:
+    """What CUDA runs where no fused kernel takes the call: the math path (scores and softmax
+    held for backward), never the CPU's flash kernel, which holds what a fused one does. Where
+    the code disabled the math path too, CUDA has no kernel: raised as CUDA raises it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not _enabled("math"):
+        raise RuntimeError(
+            "scaled_dot_product_attention: no kernel CUDA has enabled takes these inputs "
+            "(the math path is disabled; flash takes 16-bit inputs without a mask)"
+        )
+    with sdpa_kernel(SDPBackend.MATH):
         return _SDPA.decompose(*args, **kwargs)
-    return output
+
+
+def _kernel(*args: Any, **kwargs: Any) -> Any:
+    if any(getattr(t, "is_nested", False) for t in args[:3]):  # the op's own, as without this
+        return _SDPA.decompose(*args, **kwargs)
+    output = _fused(*args, **kwargs)
+    return _math(*args, **kwargs) if output is None else output
 
 
 @contextlib.contextmanager

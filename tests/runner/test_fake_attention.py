@@ -54,6 +54,50 @@ def test_grouped_keys_are_fused_in_low_precision_and_left_to_math_in_float32() -
     )
 
 
+SCORES = 8 * 4 * 128 * 128 * 4  # one float32 score per query, key and head: the math path's
+
+
+def test_grouped_keys_in_float32_hold_the_math_paths_scores_not_the_cpus_flash_kernels() -> None:
+    # Without dropout a CPU runs its flash kernel on grouped keys in float32; CUDA, whose flash
+    # kernel takes 16 bits only, runs the math path and holds the scores (and the keys and
+    # values repeated to every head).
+    flash = _activations("AttendsGroupedWithoutDropout", "cpu")
+    assert _activations("AttendsGroupedWithoutDropout", "cuda") > flash + SCORES
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_the_math_path_the_code_picks_holds_its_scores_on_cuda_too(amp: str) -> None:
+    # sdpa_kernel(SDPBackend.MATH) in the model's code: CUDA runs it as a CPU does, its softmax
+    # kept in float32 even under autocast (the math path computes 16-bit inputs in float32)
+    fused = _activations("AttendsWithoutDropout", "cuda", amp)
+    assert _activations("AttendsMath", "cuda", amp) == _activations("AttendsMath", "cpu", amp)
+    if amp == "off":  # the output's log-sum-exp traded for the scores' softmax
+        assert _activations("AttendsMath", "cuda", amp) == pytest.approx(fused + SCORES, rel=0.01)
+    else:  # and float32 copies of the 16-bit queries, keys and values
+        assert _activations("AttendsMath", "cuda", amp) > fused + SCORES
+
+
+@pytest.mark.parametrize("name", ["AttendsEfficientOnly", "AttendsCudnnOnly", "AttendsFlashOnly"])
+def test_a_fused_kernel_the_code_picks_holds_what_the_default_one_does(name: str) -> None:
+    assert _activations(name, "cuda", "bf16") == _activations(
+        "AttendsWithoutDropout", "cuda", "bf16"
+    )
+
+
+def test_a_float32_step_with_only_16_bit_kernels_enabled_fails_as_on_cuda() -> None:
+    from autotune.runner.fake_memory import TraceError
+
+    spec = WorkloadSpec(model="tests.fixtures.traced:AttendsFlashOnly")
+    with pytest.raises(TraceError, match=r"no kernel CUDA has enabled.*math path is disabled"):
+        trace_step(spec, 8, device_type="cuda")
+    # the memory-efficient kernel takes float32 on CUDA; a CPU has none of it
+    assert _activations("AttendsEfficientOnly", "cuda") == _activations(
+        "AttendsWithoutDropout", "cuda"
+    )
+    with pytest.raises(TraceError, match="No viable backend"):
+        trace_step(WorkloadSpec(model="tests.fixtures.traced:AttendsEfficientOnly"), 8)
+
+
 def test_checkpointed_blocks_recompute_their_attention_as_cuda_does() -> None:
     # Backward recomputes a checkpointed block's forward, where a function mode is not active:
     # the CPU's path there saved other tensors than the forward had ("A different number of

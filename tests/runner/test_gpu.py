@@ -354,6 +354,25 @@ def test_a_cuda_step_holds_what_its_trace_for_cuda_says_through_fused_attention(
     assert cpu.total_bytes > 1.2 * real  # the CPU's math path: what the fix took away
 
 
+@pytest.mark.parametrize(
+    "name", ["AttendsMath", "AttendsGroupedWithoutDropout", "AttendsCudnnOnly"]
+)
+def test_the_attention_kernel_cuda_picks_holds_what_its_trace_for_cuda_says(name: str) -> None:
+    # The code's own sdpa_kernel choice (the math path; cuDNN's) and grouped keys in float32
+    # (flash takes 16 bits only): the trace for CUDA follows CUDA's pick (fake_attention).
+    from autotune.bench.traced_step import real_step_peak
+    from autotune.runner.fake_memory import trace_step
+    from tests.fixtures import traced as fixtures
+
+    amp = "bf16" if name == "AttendsCudnnOnly" else "off"
+    spec = WorkloadSpec(model=f"tests.fixtures.traced:{name}")
+    predicted = trace_step(spec, 8, amp, device_type="cuda")
+    torch.manual_seed(0)
+    model = getattr(fixtures, name)().cuda().train()
+    real = real_step_peak(model, torch.randn(8, 128, fixtures.WIDTH, device="cuda"), amp=amp)
+    assert predicted.total_bytes == pytest.approx(real, rel=0.02)
+
+
 def test_activations_offloaded_by_save_on_cpu_leave_the_gpu_as_its_trace_for_cuda_says() -> None:
     # Traced on the CPU for CUDA (fake_offload), the tensors torch's save_on_cpu packs are held
     # in host memory and come back for their own backward: held here against a real CUDA step
