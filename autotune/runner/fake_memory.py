@@ -688,7 +688,7 @@ def _trace(
     from autotune.runner.fake_device import (  # imports torch
         CudaOnCpu,
         CudaOpsOnCpu,
-        unmarked_ranges,
+        cuda_stand_ins,
     )
     from autotune.runner.fake_flex import CudaFlexAttention  # imports torch
     from autotune.runner.fake_offload import host_offload  # imports torch
@@ -710,7 +710,7 @@ def _trace(
     routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
     cuda = device_type == "cuda"  # the trace's CPU tensors stand for a CUDA device's
     named = CudaOnCpu() if cuda else contextlib.nullcontext()  # "cuda" in the model's code
-    with named:
+    with cuda_stand_ins() if cuda else contextlib.nullcontext(), named:
         module, model = _fake_model(spec, mode, routing)
     dataset, _ = load_dataset(spec, module, model)
     loss_fn, _ = load_loss(spec, module)
@@ -750,7 +750,8 @@ def _trace(
         attention = cuda_attention() if cuda else contextlib.nullcontext()
         flex = CudaFlexAttention(flex_fused) if cuda else None  # a CPU refuses to run it
         offload = host_offload() if cuda else contextlib.nullcontext()
-        markers = unmarked_ranges() if cuda else contextlib.nullcontext()  # NVTX's, on a CPU
+        # Tensor.to("cuda"), current_device(), NVTX: in backward too, and on a CPU build
+        stand_ins = cuda_stand_ins() if cuda else contextlib.nullcontext()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()
@@ -765,7 +766,7 @@ def _trace(
             named,
             ops_named,  # and in backward, where a function mode is not active
             SameDtypes(),  # type: ignore[no-untyped-call]  # what a real matmul checks
-            markers,
+            stand_ins,
             attention,
             flex or contextlib.nullcontext(),  # above the tracker: it sees the scores
             packing,

@@ -28,11 +28,16 @@ from autotune.runner.workload import (
 @functools.cache
 def meta_model(model_reference: str) -> tuple[Any, Any] | None:
     """(module, model) built once on the meta device (no memory, no initialisation) for the
-    probe's questions about the model; None if it cannot be built there."""
+    probe's questions about the model; None if it cannot be built there. CUDA named by GPU code
+    (``device="cuda"``, ``.cuda()``, ``torch.cuda.current_device()``) is the meta device here
+    (``fake_device``): such code builds on a machine without a GPU, and a model moved by
+    ``.cuda()`` keeps its meta tensors, as its trace does."""
     import torch
 
+    from autotune.runner.fake_device import CudaOnCpu, cuda_stand_ins  # imports torch
+
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), cuda_stand_ins(), CudaOnCpu():
             module, model = load_model(model_reference)
         if names_an_instance(model_reference):  # built before: a copy of it on meta
             model = copy_with_tensors(model, lambda t: t.to("meta"), model_reference)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune.runner.fake_device import CudaOnCpu, unmarked_ranges
+from autotune.runner.fake_device import CudaOnCpu, cuda_stand_ins, unmarked_ranges
 from autotune.runner.fake_memory import TraceError, trace_step
 from autotune.runner.workload import WorkloadSpec
 
@@ -40,14 +40,38 @@ def test_a_model_naming_cuda_traces_for_cuda_as_one_using_its_inputs_device(amp:
     assert named == trace_step(ITS_OWN, 8, amp, device_type="cuda")
 
 
-def test_checkpointed_blocks_naming_cuda_run_again_on_the_cpu_in_backward() -> None:
+@pytest.mark.parametrize("model", ["BlocksNamingCuda", "BlocksMovingToCuda"])
+def test_checkpointed_blocks_naming_cuda_run_again_on_the_cpu_in_backward(model: str) -> None:
     # a function mode is not active in backward: the recomputation made its tensor on CUDA
-    # ("Recomputed values ... have different metadata than during the forward pass")
+    # ("Recomputed values ... have different metadata than during the forward pass"), or, by
+    # .cuda() or .to("cuda"), raised "not linked with support for cuda devices"
     def traced(model: str) -> object:
         spec = WorkloadSpec(model=f"tests.fixtures.named_cuda:{model}")
         return trace_step(spec, 8, "off", 2, device_type="cuda")
 
-    assert traced("BlocksNamingCuda") == traced("BlocksOnItsDevice")
+    assert traced(model) == traced("BlocksOnItsDevice")
+
+
+def test_megatron_style_code_naming_the_current_device_traces_as_its_inputs_device() -> None:
+    # before: "Torch not compiled with CUDA enabled" building it, "Cannot access accelerator
+    # device when none is available" for device=0
+    by_index = WorkloadSpec(model="tests.fixtures.named_cuda:NamesCudaByIndex")
+    assert trace_step(by_index, 8, device_type="cuda") == trace_step(ITS_OWN, 8, device_type="cuda")
+
+
+def test_the_stand_ins_leave_torch_as_it_was() -> None:
+    to, cuda, current = torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device
+    x = torch.ones(2)
+    with cuda_stand_ins():
+        assert x.cuda() is x and x.to("cuda:0") is x and x.to(0) is x
+        assert x.to(torch.float16, non_blocking=True).dtype == torch.float16
+        assert x.to(torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
+        if not torch.cuda.is_available():
+            assert torch.cuda.current_device() == 0
+    assert (torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device) == (to, cuda, current)
+    if not torch.cuda.is_available():
+        with pytest.raises((RuntimeError, AssertionError)):
+            x.to("cuda")
 
 
 @pytest.mark.parametrize("factory", ["moved_by_cuda", "moved_by_to"])

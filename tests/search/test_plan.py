@@ -566,3 +566,17 @@ def test_a_cuda_plan_keeps_what_save_on_cpu_offloads_off_the_device(
     said = "activations offloaded by torch's save_on_cpu traced in host memory, not on the "
     assert said + "device (43.0 MiB a process at most)" in str(offloaded["assumption"])
     assert offloaded["predicted_peak_bytes"] < plain["predicted_peak_bytes"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("model", ["NamesCuda", "NamesCudaByIndex", "moved_by_cuda"])
+def test_a_cuda_plan_of_gpu_only_code_knows_its_blocks_from_its_build(model: str) -> None:
+    # Built on the meta device for the plan's questions, code naming CUDA in its constructor or
+    # factory failed there: its repeated blocks unknown, the quick space's checkpointed
+    # configurations were traced, and their refusal ("has no repeated blocks") ended the plan.
+    from autotune.api import plan
+
+    reference = f"tests.fixtures.named_cuda:{model}"
+    table = plan(reference, devices=2, device="cuda", device_memory="16GiB", space="quick")
+    assert table.trace_error is None
+    assert "checkpoint_segments 2: the model has no repeated blocks" in table.left_out
+    assert table.rows and all(row.config.checkpoint_segments == 0 for row in table.rows)
