@@ -71,11 +71,26 @@ def fake_group(world_size: int = 1) -> Iterator[None]:
     import torch.distributed as dist
     import torch.testing._internal.distributed.fake_pg as fake_pg  # registers "fake"
 
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=world_size)
+    with _excepthook_kept():
+        dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=world_size)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _excepthook_kept() -> Iterator[None]:
+    """``sys.excepthook`` as it was once left: ``init_process_group`` wraps it in one that
+    writes "[rank0]: " before every line of a traceback, and destroying the group leaves the
+    wrapper, so each trace of a plan wrapped the caller's hook once more."""
+    import sys
+
+    hook = sys.excepthook
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 @contextlib.contextmanager
@@ -85,11 +100,12 @@ def group_of_one() -> Iterator[None]:
     import torch.distributed as dist
 
     store = dist.HashStore()  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    with _excepthook_kept():
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
 
 
 def needs_group(told: object) -> bool:

@@ -40,6 +40,22 @@ def test_the_fake_group_passes_fake_tensors_through_its_collectives_and_is_left(
     assert not dist.is_initialized()
 
 
+def test_a_trace_leaves_the_callers_excepthook_as_it_was() -> None:
+    # init_process_group wraps sys.excepthook ("[rank0]: " before every line) and destroying
+    # the group leaves it: each trace of a plan wrapped the caller's hook once more
+    import sys
+
+    from autotune.runner.fake_group import group_of_one
+
+    hook = sys.excepthook
+    trace_step(PLAIN, 4)  # in a fake group of one
+    with fake_group(2):
+        assert sys.excepthook is not hook  # torch's own, while the group lives
+    with group_of_one():
+        pass
+    assert sys.excepthook is hook
+
+
 def test_a_step_gathering_from_every_rank_is_traced_as_one_rank_of_the_configs() -> None:
     plain, gathered = trace_step(PLAIN, 8), trace_step(GATHERED, 8)  # raised NO_GROUP before
     assert (plain.group_world, gathered.group_world) == (1, 1)
