@@ -25,12 +25,17 @@ forward. NVTX's profiling ranges (``torch.cuda.nvtx.range``, ``range_push``), wh
 without CUDA refuses ("NVTX functions not installed"), mark nothing (torch's private
 ``torch.cuda.nvtx._nvtx`` replaced; a CUDA build's left as it is). Whatever else asks for CUDA
 (``torch.cuda.get_device_capability()``, ``x.is_cuda``) answers as this machine does: the
-trace cannot know which GPU the plan is for. ``tests/runner/test_fake_device.py`` pins it.
+trace cannot know which GPU the plan is for. A dataset GPU code keeps on the GPU is built
+under the same stand-ins, and ``CudaMade`` records what it made there (by name, and computed
+from that; not what it copied back to the host): what a GPU holds beside every step.
+``tests/runner/test_fake_device.py`` and ``test_fake_device_data.py`` pin it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,22 +56,90 @@ def _instead(value: Any, device: Any) -> Any:
     return value
 
 
+def _moved(values: tuple[Any, ...], device: Any) -> tuple[tuple[Any, ...], bool]:
+    """``values`` with every CUDA they name ``device`` (``_instead``), and whether one did."""
+    moved = tuple(_instead(v, device) for v in values)
+    return moved, any(a is not b for a, b in zip(moved, values, strict=True))
+
+
+class CudaMade:
+    """The tensors a build made on CUDA by name while recording, and those computed from them:
+    what a GPU would hold of them once the build is over (``held_bytes``). A dataset kept on
+    the GPU, as small research runs keep one, is such a build."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def add(self, value: Any) -> None:
+        for tensor in _tensors(value):
+            self._made[id(tensor)] = weakref.ref(tensor)
+
+    def holds(self, value: Any) -> bool:
+        """Whether a tensor of ``value`` is one of them."""
+        return any(self._is_made(t) for t in _tensors(value))
+
+    def _is_made(self, tensor: torch.Tensor) -> bool:
+        ref = self._made.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+    def held_bytes(self) -> int:
+        """The bytes of their storages still alive, each storage once."""
+        gc.collect()
+        storages: dict[int, int] = {}
+        for ref in self._made.values():
+            tensor = ref()
+            if tensor is not None:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
 class CudaOnCpu(TorchFunctionMode):
     """Every CUDA device the code names is the trace's while entered (see the module): a
-    tensor's own for ``Tensor.to`` and ``Tensor.cuda``, the default device for a factory."""
+    tensor's own for ``Tensor.to`` and ``Tensor.cuda``, the default device for a factory.
+    ``made``, where given, records what was made on CUDA so (``CudaMade``)."""
+
+    def __init__(self, made: CudaMade | None = None) -> None:
+        super().__init__()
+        self.made = made
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
+        host = _to_host(func, args, kwargs)  # as the code names it, before it is moved
+        own = args[0].device if func is torch.Tensor.to else None
         if func is torch.Tensor.cuda:
-            return args[0]
-        if func is torch.Tensor.to:
-            own = args[0].device
-            args = (args[0], *(_instead(a, own) for a in args[1:]))
+            result, named = args[0], True
+        else:
+            moved, named = _moved(args[1:], own) if own is not None else ((), False)
+            args = (args[0], *moved) if own is not None else args
             if "device" in kwargs:
-                kwargs["device"] = _instead(kwargs["device"], own)
-        elif "device" in kwargs:
-            kwargs["device"] = _instead(kwargs["device"], None)
-        return func(*args, **kwargs)
+                device = kwargs["device"]
+                kwargs["device"] = _instead(device, own)
+                named = named or kwargs["device"] is not device
+            result = func(*args, **kwargs)
+        made = self.made
+        if made is not None and host and made.holds(result):  # the CPU's own tensor, returned
+            return result.clone()  # a copy in host memory, as a GPU's copy to the host is
+        if made is not None and (named or made.holds((args, kwargs))) and not host:
+            made.add(result)
+        return result
+
+
+def _to_host(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether ``func`` copies a tensor to the host (``.cpu()``, ``.to("cpu")``): its result is
+    not CUDA's, whatever it was computed from."""
+    if func is torch.Tensor.cpu:
+        return True
+    if func is not torch.Tensor.to:
+        return False
+    named = [*args[1:], kwargs.get("device")]
+    return any(torch.device(v).type == "cpu" for v in named if isinstance(v, (str, torch.device)))
 
 
 class CudaOpsOnCpu(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -89,33 +162,39 @@ class _Unmarked:
 _TO = torch.Tensor.to  # torch's own, as this module found it
 
 
-def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """``Tensor.to``, a CUDA device it names the tensor's own."""
-    own = self.device
-    args = tuple(_instead(a, own) for a in args)
-    if "device" in kwargs:
-        kwargs["device"] = _instead(kwargs["device"], own)
-    return _TO(self, *args, **kwargs)
-
-
-def _cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """``Tensor.cuda``: the tensor, which already stands for a CUDA device's."""
-    return self
-
-
 def _current_device() -> int:
     return 0
 
 
 @contextlib.contextmanager
-def cuda_stand_ins() -> Iterator[None]:
+def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
     """While entered, ``Tensor.to``/``Tensor.cuda`` keep a tensor where it stands where they
-    name CUDA, ``torch.cuda.current_device()`` answers 0 on a build without a CUDA device, and
-    NVTX's ranges mark nothing (see the module). Leaving restores torch's own."""
+    name CUDA (recording it in ``made``, where given), ``torch.cuda.current_device()`` answers
+    0 on a build without a CUDA device, and NVTX's ranges mark nothing (see the module).
+    Leaving restores torch's own."""
     from unittest import mock
 
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """``Tensor.to``, a CUDA device it names the tensor's own."""
+        own = self.device
+        args, named = _moved(args, own)
+        if "device" in kwargs:
+            device = kwargs["device"]
+            kwargs["device"] = _instead(device, own)
+            named = named or kwargs["device"] is not device
+        result = _TO(self, *args, **kwargs)
+        if made is not None and named:
+            made.add(result)
+        return result
+
+    def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``Tensor.cuda``: the tensor, which already stands for a CUDA device's."""
+        if made is not None:
+            made.add(self)
+        return self
+
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.multiple(torch.Tensor, to=_to, cuda=_cuda))
+        stack.enter_context(mock.patch.multiple(torch.Tensor, to=to, cuda=cuda))
         if not torch.cuda.is_available():
             stack.enter_context(mock.patch.object(torch.cuda, "current_device", _current_device))
         stack.enter_context(unmarked_ranges())

@@ -78,6 +78,7 @@ class TensorPeak:
     flex_dense_excess_bytes: int = 0  # what its dense calls add to the peak over fused ones
     flex_dense_excess_backward_bytes: int = 0  # and to ``backward_bytes``
     offloaded_bytes: int = 0  # saved by ``save_on_cpu`` into host memory (CUDA's: ``fake_offload``)
+    dataset_on_device_bytes: int = 0  # what the dataset keeps on CUDA, beside the step
 
     def held_alike(self, other: TensorPeak) -> bool:
         """Whether ``other``, the same step traced in a group of another size, holds the same:
@@ -686,6 +687,7 @@ def _trace(
     from autotune.runner.fake_autocast import cuda_policy, cuda_regions  # imports torch
     from autotune.runner.fake_checks import SameDtypes  # imports torch
     from autotune.runner.fake_device import (  # imports torch
+        CudaMade,
         CudaOnCpu,
         CudaOpsOnCpu,
         cuda_stand_ins,
@@ -712,11 +714,17 @@ def _trace(
     named = CudaOnCpu() if cuda else contextlib.nullcontext()  # "cuda" in the model's code
     with cuda_stand_ins() if cuda else contextlib.nullcontext(), named:
         module, model = _fake_model(spec, mode, routing)
-    dataset, _ = load_dataset(spec, module, model)
-    loss_fn, _ = load_loss(spec, module)
-    factory, _ = load_optimizer(spec, module)
-    collate, _ = load_collate(spec, module)
-    batch, observed = fake_batch(dataset, micro_batch, mode, collate)
+    made = CudaMade() if cuda else None  # a dataset kept on the GPU: real tensors, here
+    with (
+        cuda_stand_ins(made) if cuda else contextlib.nullcontext(),
+        CudaOnCpu(made) if cuda else contextlib.nullcontext(),
+    ):
+        dataset, _ = load_dataset(spec, module, model)
+        loss_fn, _ = load_loss(spec, module)
+        factory, _ = load_optimizer(spec, module)
+        collate, _ = load_collate(spec, module)
+        batch, observed = fake_batch(dataset, micro_batch, mode, collate)
+    on_device = made.held_bytes() if made is not None else 0  # what the dataset keeps there
     model = _materialized(model, batch, mode, spec.model)  # lazy modules' shapes, as on a rank
     config = TrainConfig(
         global_batch_size=micro_batch, amp=amp, checkpoint_segments=segments, device="cpu"
@@ -822,4 +830,5 @@ def _trace(
         flex_dense_calls=flex.dense_calls if flex else 0,
         flex_fused_calls=flex.fused_calls if flex else 0,
         offloaded_bytes=offloaded.bytes if offloaded else 0,
+        dataset_on_device_bytes=on_device,
     )

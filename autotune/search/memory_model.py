@@ -123,6 +123,8 @@ def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
             parts["powersgd error feedback"] = peak.gradient_bytes_full
     if config.grad_accum_steps > 1 and config.parallel != "fsdp":
         parts["accumulated gradients"] = peak.accumulating_bytes
+    if peak.dataset_on_device_bytes:  # each rank's own copy, through the whole run
+        parts["dataset"] = peak.dataset_on_device_bytes
     if config.parallel == "fsdp":
         shards = config.world_size
         # Offloaded shards live in host memory: a CUDA device no longer holds them, while on a

@@ -61,11 +61,14 @@ BATCH_CHECKED = 4
 def _dataset(workload: WorkloadSpec) -> tuple[Any, str] | None:
     """(dataset, where it came from), built once beside the meta-device model; None when that
     cannot be done here (the trials will say)."""
+    from autotune.runner.fake_device import CudaOnCpu, cuda_stand_ins  # imports torch
+
     built = meta_model(workload.model)
     if built is None:
         return None
     try:
-        return load_dataset(workload, *built)
+        with cuda_stand_ins(), CudaOnCpu():  # a dataset GPU code keeps there: on this CPU
+            return load_dataset(workload, *built)
     except Exception:  # the trials will say what is wrong with it
         return None
 
