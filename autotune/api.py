@@ -31,7 +31,7 @@ from autotune.search.meta_build import check_batches, check_optimizer
 from autotune.search.model_facts import check_segments
 from autotune.search.plan import Plan, make_plan
 from autotune.search.progress import LineReporter, Reporter
-from autotune.search.refusals import check_refusals, forget
+from autotune.search.refusals import check_refusals, dataset_refusals, forget, model_refusals
 from autotune.search.settings import make_settings
 from autotune.search.space import load_space
 from autotune.units import parse_bytes
@@ -273,7 +273,10 @@ def run_trial(
     if isinstance(config, dict) and "global_batch_size" not in config:
         config = {**config, "global_batch_size": declared_global_batch_size(workload.model)}
     chosen = as_config(config)
-    check_refusals(chosen, workload.model)
+    refusals = model_refusals(workload.model)
+    if chosen.device != "cpu" and (chosen.num_workers or chosen.pin_memory):
+        refusals += dataset_refusals(workload, [chosen.num_workers])
+    check_refusals(chosen, workload.model, refusals)
     if chosen.checkpoint_segments:  # more than the model has: one line, before any launch
         check_segments(workload, chosen.checkpoint_segments)
     return launch(chosen, workload, as_options(options, option_overrides), rank_output)

@@ -57,7 +57,12 @@ from autotune.search.model_facts import (
 from autotune.search.probe import every_block, is_looped, restrict_space
 from autotune.search.progress import Reporter
 from autotune.search.recipe import BatchNorm, Coupling
-from autotune.search.refusals import check_clipping, fsdp_bf16_refusals, model_refusals
+from autotune.search.refusals import (
+    check_clipping,
+    dataset_refusals,
+    fsdp_bf16_refusals,
+    model_refusals,
+)
 from autotune.search.settings import SearchSettings
 from autotune.search.space import SearchSpace, load_space
 from autotune.search.storage import open_storage, pick_study, stored_studies
@@ -315,6 +320,9 @@ def _run_search(
     refusals = model_refusals(workload.model) + (
         fsdp_bf16_refusals(workload) if _asks_fsdp_bf16(space, devices) else ()
     )
+    if device == "cuda" and "num_workers" in space.params:  # a dataset kept on the GPU's
+        workers = [w for w in space.params["num_workers"].choices if isinstance(w, int)]
+        refusals += dataset_refusals(workload, workers)
     space, exclusions = restrict_space(
         space,
         platform,

@@ -51,6 +51,19 @@ def forget() -> None:
     meta device, the dataset and its first samples: a caller's objects, where given as such)."""
     for cached in (meta_model, _dataset, read_samples):
         cached.cache_clear()
+    _ON_GPU.clear()
+
+
+_ON_GPU: dict[WorkloadSpec, tuple[int, bool]] = {}
+"""What each dataset built here keeps on CUDA (``on_gpu``)."""
+
+
+def on_gpu(workload: WorkloadSpec) -> tuple[int, bool]:
+    """(bytes, whether its samples are CUDA's): what the dataset keeps on CUDA, as GPU code
+    keeps a small one there (``fake_device.CudaMade``); (0, False) where it keeps nothing there
+    or cannot be built here."""
+    _dataset(workload)
+    return _ON_GPU.get(workload, (0, False))
 
 
 BATCH_CHECKED = 4
@@ -61,16 +74,32 @@ BATCH_CHECKED = 4
 def _dataset(workload: WorkloadSpec) -> tuple[Any, str] | None:
     """(dataset, where it came from), built once beside the meta-device model; None when that
     cannot be done here (the trials will say)."""
-    from autotune.runner.fake_device import CudaOnCpu, cuda_stand_ins  # imports torch
+    from autotune.runner.fake_device import CudaMade, CudaOnCpu, cuda_stand_ins  # imports torch
 
     built = meta_model(workload.model)
     if built is None:
         return None
+    made = CudaMade()
     try:
-        with cuda_stand_ins(), CudaOnCpu():  # a dataset GPU code keeps there: on this CPU
-            return load_dataset(workload, *built)
+        with cuda_stand_ins(made), CudaOnCpu(made):  # a dataset GPU code keeps there: here
+            loaded = load_dataset(workload, *built)
     except Exception:  # the trials will say what is wrong with it
         return None
+    kept = made.held_bytes()
+    if kept:
+        _ON_GPU[workload] = (kept, _samples_made(loaded[0], made))
+    return loaded
+
+
+def _samples_made(dataset: Any, made: Any) -> bool:
+    """Whether the dataset's first sample holds a tensor it made on CUDA (``made``)."""
+    from autotune.runner.fake_device import CudaOnCpu, cuda_stand_ins  # imports torch
+
+    try:
+        with cuda_stand_ins(made), CudaOnCpu(made):
+            return bool(made.holds(first_samples(dataset, 1)))
+    except Exception:  # the trials will say what is wrong with it
+        return False
 
 
 @functools.cache

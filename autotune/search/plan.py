@@ -30,7 +30,12 @@ from autotune.search.model_facts import (
     repeated_blocks,
 )
 from autotune.search.probe import blocks_phrase, every_block, idle_reason
-from autotune.search.refusals import check_refusals, fsdp_bf16_refusals, model_refusals
+from autotune.search.refusals import (
+    check_refusals,
+    dataset_refusals,
+    fsdp_bf16_refusals,
+    model_refusals,
+)
 from autotune.search.side_by_side import processes_here
 from autotune.search.space import Param, SearchSpace, enumerate_configs
 
@@ -368,6 +373,8 @@ def _refused(
     refusals = model_refusals(workload.model)
     if any(c.parallel == "fsdp" and c.fsdp_mixed_precision != "off" for c in configs):
         refusals += fsdp_bf16_refusals(workload)
+    if any(c.device != "cpu" and (c.num_workers or c.pin_memory) for c in configs):
+        refusals += dataset_refusals(workload, {c.num_workers for c in configs})
     if one:
         check_refusals(configs[0], workload.model, refusals)
     dropped: dict[tuple[str, str], list[str]] = {}

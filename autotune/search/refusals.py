@@ -9,7 +9,9 @@ and on a CPU the fp16 hook for sparse ones), or would run for nothing (autocast 
 parameters), is a ``Refusal``: the search's probe drops it (``probe.restrict_space``), ``plan``
 leaves it out, and a configuration given alone asking for one is refused in one line
 (``check_refusals``; so is clipping sparse gradients, ``check_clipping``, a setting rather than
-a knob). Each refusal that stands for a limit of torch is pinned by a test that fails should
+a knob). A dataset GPU code keeps on the GPU rules out DataLoader workers on CUDA, and pinned
+memory where its samples are CUDA's (``dataset_refusals``: the workload's, not the model's).
+Each refusal that stands for a limit of torch is pinned by a test that fails should
 torch lift it (gloo's crash now and then, ``GLOO_SPARSE``, by a script that counts it instead);
 a refusal measured on one device type only holds there.
 """
@@ -17,6 +19,7 @@ a refusal measured on one device type only holds there.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import get_args
 
@@ -28,8 +31,9 @@ from autotune.runner.tensor_hooks import fsdp_drops_hooks
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.coupled import built_for_real
 from autotune.search.meta_build import forget as forget_built
-from autotune.search.meta_build import meta_model
+from autotune.search.meta_build import meta_model, on_gpu
 from autotune.search.model_facts import parameters_dtype
+from autotune.units import format_bytes
 
 
 def fsdp_refusal(model_reference: str) -> str | None:
@@ -420,6 +424,30 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
                 "use foreach or default",
             )
         )
+    return tuple(refusals)
+
+
+def dataset_refusals(workload: WorkloadSpec, workers: Iterable[int]) -> tuple[Refusal, ...]:
+    """What a dataset GPU code keeps on the GPU rules out on CUDA (``meta_build.on_gpu``):
+    DataLoader workers (of ``workers``, the counts asked for), forked processes, which cannot
+    use CUDA; and pinned memory where its samples are CUDA's, since only host tensors pin. None
+    where it keeps nothing there."""
+    kept, samples = on_gpu(workload)
+    if not kept:
+        return ()
+    held = f"the dataset keeps {format_bytes(kept)} of tensors on the GPU"
+    forked = (
+        f'{held}, and a DataLoader worker, a forked process, cannot use CUDA ("Cannot '
+        're-initialize CUDA in forked subprocess"); its samples need no loading'
+    )
+    refusals = [
+        Refusal("num_workers", count, forked, "use num_workers=0", device="cuda")
+        for count in sorted(set(workers))
+        if count > 0
+    ]
+    if samples:
+        pinned = f"{held} and its samples are CUDA's: only host tensors can be pinned"
+        refusals.append(Refusal("pin_memory", True, pinned, "use pin_memory=false", "cuda"))
     return tuple(refusals)
 
 

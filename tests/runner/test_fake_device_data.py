@@ -59,3 +59,41 @@ def test_a_cuda_plan_shows_it_as_a_part_of_each_devices_peak(
     assert {k: v for k, v in kept.items() if k not in ("dataset", "process")} == {
         k: v for k, v in host.items() if k != "process"
     }
+
+
+def test_on_cuda_a_dataset_kept_on_the_gpu_rules_out_workers_and_pinning_its_samples() -> None:
+    # A DataLoader worker is a forked process, which cannot use CUDA; only host tensors pin:
+    # on a GPU each such trial would fail its first step.
+    from autotune.runner.platform import detect_platform
+    from autotune.search.probe import restrict_space
+    from autotune.search.refusals import dataset_refusals
+    from autotune.search.space import load_space
+
+    refusals = dataset_refusals(_spec("on_gpu"), [0, 1, 2, 4, 8])
+    assert [(r.knob, r.value, r.device) for r in refusals] == [
+        *(("num_workers", count, "cuda") for count in (1, 2, 4, 8)),
+        ("pin_memory", True, "cuda"),
+    ]
+    assert refusals[0].reason.startswith("the dataset keeps 264.0 KiB of tensors on the GPU, and a")
+    cuda = detect_platform("cpu").model_copy(update={"device_type": "cuda"})
+    space, _ = restrict_space(load_space("default"), cuda, 2, None, False, refusals=refusals)
+    assert space.params["num_workers"].choices == (0,)
+    assert True not in space.params["pin_memory"].choices
+    # read to the host sample by sample: pinned, but still no worker; kept nothing: no refusal
+    read = dataset_refusals(_spec("on_gpu_read_to_host"), [0, 2])
+    assert [(r.knob, r.value) for r in read] == [("num_workers", 2)]
+    assert dataset_refusals(_spec("staged_on_gpu"), [0, 2]) == ()
+    assert dataset_refusals(_spec("on_host"), [0, 2]) == ()
+
+
+def test_a_cuda_configuration_with_workers_for_it_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "workers.yaml"
+    config.write_text(json.dumps({"global_batch_size": 64, "device": "cuda", "num_workers": 2}))
+    argv = ["plan", "--model", MODEL, "--data", "tests.fixtures.gpu_data:on_gpu"]
+    argv += ["--devices", "1", "--device-memory", "16GiB", "--config", str(config)]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "num_workers=2: the dataset keeps 264.0 KiB of tensors on the GPU" in err
+    assert "use num_workers=0" in err and "Traceback" not in err
