@@ -60,8 +60,8 @@ _ON_GPU: dict[WorkloadSpec, tuple[int, bool]] = {}
 
 def on_gpu(workload: WorkloadSpec) -> tuple[int, bool]:
     """(bytes, whether its samples are CUDA's): what the dataset keeps on CUDA, as GPU code
-    keeps a small one there (``fake_device.CudaMade``); (0, False) where it keeps nothing there
-    or cannot be built here."""
+    keeps a small one there (``fake_device.CudaMade``), and whether its first sample is made
+    there; (0, False) where neither, or where it cannot be built here."""
     _dataset(workload)
     return _ON_GPU.get(workload, (0, False))
 
@@ -85,14 +85,16 @@ def _dataset(workload: WorkloadSpec) -> tuple[Any, str] | None:
             loaded = load_dataset(workload, *built)
     except Exception:  # the trials will say what is wrong with it
         return None
-    kept = made.held_bytes()
-    if kept:
-        _ON_GPU[workload] = (kept, _samples_made(loaded[0], made))
+    kept, samples = made.held_bytes(), _samples_made(loaded[0], made)
+    if kept or samples:
+        _ON_GPU[workload] = (kept, samples)
     return loaded
 
 
 def _samples_made(dataset: Any, made: Any) -> bool:
-    """Whether the dataset's first sample holds a tensor it made on CUDA (``made``)."""
+    """Whether the dataset's first sample holds a tensor made on CUDA (``made``): one it keeps
+    there, or one made there as the sample is read (``device="cuda"`` in ``__getitem__``, a
+    Hugging Face dataset formatted for CUDA)."""
     from autotune.runner.fake_device import CudaOnCpu, cuda_stand_ins  # imports torch
 
     try:

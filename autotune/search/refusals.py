@@ -428,14 +428,18 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
 
 
 def dataset_refusals(workload: WorkloadSpec, workers: Iterable[int]) -> tuple[Refusal, ...]:
-    """What a dataset GPU code keeps on the GPU rules out on CUDA (``meta_build.on_gpu``):
-    DataLoader workers (of ``workers``, the counts asked for), forked processes, which cannot
-    use CUDA; and pinned memory where its samples are CUDA's, since only host tensors pin. None
-    where it keeps nothing there."""
+    """What a dataset GPU code keeps on the GPU, or whose samples it makes there, rules out on
+    CUDA (``meta_build.on_gpu``): DataLoader workers (of ``workers``, the counts asked for),
+    forked processes, which cannot use CUDA; and pinned memory where its samples are CUDA's,
+    since only host tensors pin. None where it uses no GPU."""
     kept, samples = on_gpu(workload)
-    if not kept:
+    if not kept and not samples:
         return ()
-    held = f"the dataset keeps {format_bytes(kept)} of tensors on the GPU"
+    held = (
+        f"the dataset keeps {format_bytes(kept)} of tensors on the GPU"
+        if kept
+        else "the dataset makes its samples on the GPU"
+    )
     forked = (
         f'{held}, and a DataLoader worker, a forked process, cannot use CUDA ("Cannot '
         're-initialize CUDA in forked subprocess"); its samples need no loading'
@@ -446,7 +450,7 @@ def dataset_refusals(workload: WorkloadSpec, workers: Iterable[int]) -> tuple[Re
         if count > 0
     ]
     if samples:
-        pinned = f"{held} and its samples are CUDA's: only host tensors can be pinned"
+        pinned = f"{held}, and its samples are CUDA's: only host tensors can be pinned"
         refusals.append(Refusal("pin_memory", True, pinned, "use pin_memory=false", "cuda"))
     return tuple(refusals)
 

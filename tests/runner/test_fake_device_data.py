@@ -82,6 +82,10 @@ def test_on_cuda_a_dataset_kept_on_the_gpu_rules_out_workers_and_pinning_its_sam
     # read to the host sample by sample: pinned, but still no worker; kept nothing: no refusal
     read = dataset_refusals(_spec("on_gpu_read_to_host"), [0, 2])
     assert [(r.knob, r.value) for r in read] == [("num_workers", 2)]
+    made = dataset_refusals(_spec("made_on_read"), [0, 2])  # nothing kept, samples CUDA's
+    assert [(r.knob, r.value) for r in made] == [("num_workers", 2), ("pin_memory", True)]
+    assert made[0].reason.startswith("the dataset makes its samples on the GPU, and a")
+    assert trace_step(_spec("made_on_read"), 32, device_type="cuda").dataset_on_device_bytes == 0
     assert dataset_refusals(_spec("staged_on_gpu"), [0, 2]) == ()
     assert dataset_refusals(_spec("on_host"), [0, 2]) == ()
 

@@ -568,7 +568,14 @@ def test_a_cuda_plan_keeps_what_save_on_cpu_offloads_off_the_device(
     assert offloaded["predicted_peak_bytes"] < plain["predicted_peak_bytes"]  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("model", ["NamesCuda", "NamesCudaByIndex", "moved_by_cuda"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("NamesCuda", marks=pytest.mark.slow),  # the same build stand-ins as
+        "NamesCudaByIndex",
+        pytest.param("moved_by_cuda", marks=pytest.mark.slow),  # an index's and the factory's
+    ],
+)
 def test_a_cuda_plan_of_gpu_only_code_knows_its_blocks_from_its_build(model: str) -> None:
     # Built on the meta device for the plan's questions, code naming CUDA in its constructor or
     # factory failed there: its repeated blocks unknown, the quick space's checkpointed
