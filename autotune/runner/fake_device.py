@@ -20,10 +20,11 @@ the step of a trace for CUDA), ``Tensor.to`` and ``Tensor.cuda`` are torch's own
 wrapper that keeps a tensor where it stands where they name CUDA, in backward too;
 ``torch.cuda.current_device()``, which GPU code passes as a device (Megatron-style layers:
 ``torch.empty(..., device=torch.cuda.current_device())``), answers 0 where this build has no
-CUDA device, and a device given as an index (``device=0``) is the trace's device too, in
-forward. NVTX's profiling ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build
-without CUDA refuses ("NVTX functions not installed"), mark nothing (torch's private
-``torch.cuda.nvtx._nvtx`` replaced; a CUDA build's left as it is). Whatever else asks for CUDA
+CUDA device, a device given as an index (``device=0``) is the trace's device too, in
+forward, and ``torch.set_default_device("cuda")`` keeps the trace's default. NVTX's profiling
+ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX
+functions not installed"), mark nothing (torch's private ``torch.cuda.nvtx._nvtx`` replaced; a
+CUDA build's left as it is). Whatever else asks for CUDA
 (``torch.cuda.get_device_capability()``, ``x.is_cuda``) answers as this machine does: the
 trace cannot know which GPU the plan is for. A dataset GPU code keeps on the GPU is built
 under the same stand-ins, and ``CudaMade`` records what it made there (by name, and computed
@@ -193,8 +194,16 @@ def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
             made.add(self)
         return self
 
+    own_default = torch.set_default_device
+
+    def set_default_device(device: Any) -> None:
+        """``torch.set_default_device``: naming CUDA, the trace's own default is kept."""
+        if _instead(device, None) is device:
+            own_default(device)
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.multiple(torch.Tensor, to=to, cuda=cuda))
+        stack.enter_context(mock.patch.object(torch, "set_default_device", set_default_device))
         if not torch.cuda.is_available():
             stack.enter_context(mock.patch.object(torch.cuda, "current_device", _current_device))
         stack.enter_context(unmarked_ranges())

@@ -63,18 +63,21 @@ def test_the_stand_ins_leave_torch_as_it_was() -> None:
     to, cuda, current = torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device
     x = torch.ones(2)
     with cuda_stand_ins():
+        torch.set_default_device("cuda")
+        assert torch.ones(1).device.type == "cpu"
         assert x.cuda() is x and x.to("cuda:0") is x and x.to(0) is x
         assert x.to(torch.float16, non_blocking=True).dtype == torch.float16
         assert x.to(torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
         if not torch.cuda.is_available():
             assert torch.cuda.current_device() == 0
     assert (torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device) == (to, cuda, current)
+    assert torch.get_default_device() == torch.device("cpu")  # a factory's CUDA default: kept out
     if not torch.cuda.is_available():
         with pytest.raises((RuntimeError, AssertionError)):
             x.to("cuda")
 
 
-@pytest.mark.parametrize("factory", ["moved_by_cuda", "moved_by_to"])
+@pytest.mark.parametrize("factory", ["moved_by_cuda", "moved_by_to", "on_cuda_by_default"])
 def test_a_factory_moving_the_model_to_cuda_traces_as_the_model(factory: str) -> None:
     # a fake module cannot be moved (its parameters are swapped, not set); on the meta device,
     # where the build falls back to, .to("cuda") copied out of a meta tensor
