@@ -19,9 +19,10 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
+from autotune.runner.fake_memory import MODEL_AT_FAULT
 from autotune.runner.workload import WorkloadSpec, describe_optimizer
 from autotune.search.calibration import Point, fit, prior_for
-from autotune.search.memory_model import MEMORY_FIELDS, MemoryModel, Prediction
+from autotune.search.memory_model import MEMORY_FIELDS, MemoryModel, Prediction, traced_amp
 from autotune.search.meta_build import configures_optimizer
 from autotune.search.model_facts import (
     check_segments,
@@ -38,6 +39,7 @@ from autotune.search.refusals import (
 )
 from autotune.search.side_by_side import processes_here
 from autotune.search.space import Param, SearchSpace, enumerate_configs
+from autotune.search.step_traces import precision
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
 MEMORY_KNOBS = tuple(k for k in MEMORY_FIELDS if k not in NOT_ENUMERATED)
@@ -246,12 +248,15 @@ def make_plan(
         model.trace_ahead(configs, processes_here())
     if measure is not None and configs:
         _calibrate(model, configs, measure, global_batch_size, device_type)
-    rows = []
-    for c in configs:
-        prediction = model.predict(c)
-        if prediction is None:
-            break
-        rows.append(PlanRow(c, prediction))
+    rows, models = _predicted(model, configs), [model]
+    # a failure of the model's own (not of fake tensors' limits, which hold for every step):
+    # of one kind of step, or of every one?
+    if model.trace_error and MODEL_AT_FAULT in model.trace_error and config is None:
+        apart = _kinds_apart(model, configs)
+        if apart is not None:
+            rows, models, failing = apart
+            left_out += failing
+    model = models[0]  # a model that traced: its assumptions, and the steps beyond the space
     beyond = _beyond_space(model, rows, limit_bytes, workload) if config is None else None
     calibrated = model.calibration or model.prior
     copied = model.prior.epoch_copy
@@ -267,10 +272,10 @@ def make_plan(
         limit_bytes=limit_bytes,
         rows=rows,
         trace_error=model.trace_error,
-        assumption=model.assumption,
+        assumption="; ".join(dict.fromkeys(a for m in models if (a := m.assumption))) or None,
         left_out=left_out,
         added=added,
-        needs_find_unused_parameters=model.needs_unused_parameters,
+        needs_find_unused_parameters=any(m.needs_unused_parameters for m in models),
         beyond=beyond,
         optimizer=describe_optimizer(workload, configures_optimizer(workload.model)),
         calibration=calibrated.describe()
@@ -288,6 +293,65 @@ def make_plan(
         )
         + copies,
     )
+
+
+def _predicted(model: MemoryModel, configs: list[TrainConfig]) -> list[PlanRow]:
+    """``configs`` predicted in turn, up to the first that cannot be (``trace_error``)."""
+    rows = []
+    for c in configs:
+        prediction = model.predict(c)
+        if prediction is None:
+            break
+        rows.append(PlanRow(c, prediction))
+    return rows
+
+
+def _kinds_apart(
+    model: MemoryModel, configs: list[TrainConfig]
+) -> tuple[list[PlanRow], list[MemoryModel], list[str]] | None:
+    """Where a step of ``configs`` could not be traced, each kind of step (its precision, and
+    whether it checkpoints) planned on its own: a kind whose step fails (attention whose code
+    enables CUDA's flash kernel alone, in float32; checkpointing a model whose blocks the meta
+    build could not see) is left out with a line saying why, not the whole plan. The rows, the
+    models that traced, the lines; None where no kind traces (the model's own failure)."""
+    kinds: dict[tuple[str, bool], list[TrainConfig]] = {}
+    for c in configs:
+        kinds.setdefault((precision(traced_amp(c)), c.checkpoint_segments > 0), []).append(c)
+    if len(kinds) < 2:
+        return None
+    rows: list[PlanRow] = []
+    models: list[MemoryModel] = []
+    failing: dict[str, list[tuple[str, bool]]] = {}
+    for kind, members in kinds.items():
+        alone = MemoryModel(model.workload, model.device_type, model.prior, model.calibration)
+        if len(members) > 1:
+            alone.interpolate_between(members)
+        predicted = _predicted(alone, members)
+        if alone.trace_error:
+            failing.setdefault(alone.trace_error, []).append(kind)
+        else:
+            rows, models = rows + predicted, [*models, alone]
+    if not models:
+        return None
+    order = {id(c): i for i, c in enumerate(configs)}
+    rows.sort(key=lambda r: order[id(r.config)])
+    lines = [
+        f"{_kinds_phrase(k, set(kinds))}: the step fails under fake tensors: {e}"
+        for e, k in failing.items()
+    ]
+    return rows, models, lines
+
+
+def _kinds_phrase(failing: list[tuple[str, bool]], present: set[tuple[str, bool]]) -> str:
+    """The configurations of the ``failing`` kinds of step (precision, checkpointing), of the
+    ``present`` ones, in the words of their knobs."""
+    amp = {"fp32": "amp off", "16-bit": "amp fp16, bf16"}
+    ckpt = {True: "checkpoint_segments above 0", False: "checkpoint_segments 0"}
+    for place, words in ((0, amp), (1, ckpt)):
+        values = {kind[place] for kind in failing}
+        if len(values) == 1 and all(k in failing for k in present if k[place] in values):
+            return words[values.pop()]  # type: ignore[index]
+    return "; ".join(f"{amp[p]} with {ckpt[k]}" for p, k in failing)
 
 
 def _beyond_space(

@@ -587,3 +587,29 @@ def test_a_cuda_plan_of_gpu_only_code_knows_its_blocks_from_its_build(model: str
     assert table.trace_error is None
     assert "checkpoint_segments 2: the model has no repeated blocks" in table.left_out
     assert table.rows and all(row.config.checkpoint_segments == 0 for row in table.rows)
+
+
+def test_a_kind_of_step_that_fails_is_left_out_and_the_rest_planned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Attention whose code enables CUDA's flash kernel alone fails in float32 on CUDA: before,
+    # that one failure ended the plan ("could not be traced") for its bf16 steps too.
+    argv = _plan_argv(tmp_path, "amp: ['off', bf16]\n", "tests.fixtures.traced:AttendsFlashOnly")
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["trace_error"] is None
+    assert {r["config"]["amp"] for r in plan["configurations"]} == {"bf16"}
+    [line] = [line for line in plan["left_out"] if line.startswith("amp off")]
+    assert line.startswith("amp off: the step fails under fake tensors: RuntimeError: ")
+    assert "no kernel CUDA has enabled takes these inputs" in line
+
+
+def test_a_model_whose_every_step_fails_is_still_said_not_to_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # each kind of step tried alone fails too: the plan says so, as before (exit status 1)
+    argv = _plan_argv(tmp_path, "amp: ['off', bf16]\n", "tests.fixtures.traced:Mismatched")
+    assert main([*argv, "--json"]) == 1
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["configurations"] == [] and "must have same reduction dim" in plan["trace_error"]
+    assert not any(line.startswith("amp") for line in plan["left_out"])
