@@ -345,7 +345,7 @@ def _kinds_apart(
 def _kinds_phrase(failing: list[tuple[str, bool]], present: set[tuple[str, bool]]) -> str:
     """The configurations of the ``failing`` kinds of step (precision, checkpointing), of the
     ``present`` ones, in the words of their knobs."""
-    amp = {"fp32": "amp off", "16-bit": "amp fp16, bf16"}
+    amp = {"fp32": "amp off", "16-bit": "amp fp16, bf16 (and FSDP's bf16 parameters)"}
     ckpt = {True: "checkpoint_segments above 0", False: "checkpoint_segments 0"}
     for place, words in ((0, amp), (1, ckpt)):
         values = {kind[place] for kind in failing}
