@@ -21,7 +21,8 @@ wrapper that keeps a tensor where it stands where they name CUDA, in backward to
 ``torch.cuda.current_device()``, which GPU code passes as a device (Megatron-style layers:
 ``torch.empty(..., device=torch.cuda.current_device())``), answers 0 where this build has no
 CUDA device, a device given as an index (``device=0``) is the trace's device too, in
-forward, and ``torch.set_default_device("cuda")`` keeps the trace's default. NVTX's profiling
+forward, ``torch.set_default_device("cuda")`` keeps the trace's default, and pinned host
+memory (``.pin_memory()``, ``pin_memory=True``), which needs a GPU, is plain. NVTX's profiling
 ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX
 functions not installed"), mark nothing (torch's private ``torch.cuda.nvtx._nvtx`` replaced; a
 CUDA build's left as it is). Whatever else asks for CUDA
@@ -123,6 +124,8 @@ class CudaOnCpu(TorchFunctionMode):
                 device = kwargs["device"]
                 kwargs["device"] = _instead(device, own)
                 named = named or kwargs["device"] is not device
+            if kwargs.get("pin_memory"):  # host memory either way; pinning needs a GPU
+                kwargs["pin_memory"] = False
             result = func(*args, **kwargs)
         made = self.made
         if made is not None and host and made.holds(result):  # the CPU's own tensor, returned
@@ -150,6 +153,8 @@ class CudaOpsOnCpu(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         if "device" in kwargs:
             kwargs = {**kwargs, "device": _instead(kwargs["device"], torch.device("cpu"))}
+        if kwargs.get("pin_memory"):
+            kwargs = {**kwargs, "pin_memory": False}
         return func(*args, **kwargs)
 
 
@@ -194,6 +199,11 @@ def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
             made.add(self)
         return self
 
+    def pin_memory(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``Tensor.pin_memory``: the tensor, in host memory as a pinned copy would be (pinning
+        needs a GPU)."""
+        return self
+
     own_default = torch.set_default_device
 
     def set_default_device(device: Any) -> None:
@@ -202,7 +212,9 @@ def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
             own_default(device)
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.multiple(torch.Tensor, to=to, cuda=cuda))
+        stack.enter_context(
+            mock.patch.multiple(torch.Tensor, to=to, cuda=cuda, pin_memory=pin_memory)
+        )
         stack.enter_context(mock.patch.object(torch, "set_default_device", set_default_device))
         if not torch.cuda.is_available():
             stack.enter_context(mock.patch.object(torch.cuda, "current_device", _current_device))

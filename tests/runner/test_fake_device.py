@@ -52,6 +52,13 @@ def test_checkpointed_blocks_naming_cuda_run_again_on_the_cpu_in_backward(model:
     assert traced(model) == traced("BlocksOnItsDevice")
 
 
+def test_copies_staged_in_pinned_memory_trace_as_its_inputs_device() -> None:
+    # before: "Cannot access accelerator device when none is available" (pin_memory()),
+    # "pin_memory=True requires a CUDA or other accelerator backend"
+    pins = WorkloadSpec(model="tests.fixtures.named_cuda:PinsItsCopies")
+    assert trace_step(pins, 8, device_type="cuda") == trace_step(ITS_OWN, 8, device_type="cuda")
+
+
 def test_megatron_style_code_naming_the_current_device_traces_as_its_inputs_device() -> None:
     # before: "Torch not compiled with CUDA enabled" building it, "Cannot access accelerator
     # device when none is available" for device=0
@@ -61,16 +68,18 @@ def test_megatron_style_code_naming_the_current_device_traces_as_its_inputs_devi
 
 def test_the_stand_ins_leave_torch_as_it_was() -> None:
     to, cuda, current = torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device
+    pin = torch.Tensor.pin_memory
     x = torch.ones(2)
     with cuda_stand_ins():
         torch.set_default_device("cuda")
         assert torch.ones(1).device.type == "cpu"
-        assert x.cuda() is x and x.to("cuda:0") is x and x.to(0) is x
+        assert x.cuda() is x and x.to("cuda:0") is x and x.to(0) is x and x.pin_memory() is x
         assert x.to(torch.float16, non_blocking=True).dtype == torch.float16
         assert x.to(torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
         if not torch.cuda.is_available():
             assert torch.cuda.current_device() == 0
     assert (torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device) == (to, cuda, current)
+    assert torch.Tensor.pin_memory is pin
     assert torch.get_default_device() == torch.device("cpu")  # a factory's CUDA default: kept out
     if not torch.cuda.is_available():
         with pytest.raises((RuntimeError, AssertionError)):
