@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 from autotune.config import TrainConfig
 from autotune.records import PREDICTED_NOT_TO_FIT
-from autotune.runner.fake_memory import UNUSED_PARAMETERS
+from autotune.runner.fake_memory import MODEL_AT_FAULT, UNUSED_PARAMETERS
 from autotune.search.log import StudyLog
-from autotune.search.memory_model import MemoryModel, Prediction
+from autotune.search.memory_model import MemoryModel, Prediction, traced_amp
 from autotune.search.precheck import measured_estimate
 from autotune.search.proposer import Proposer
+from autotune.search.step_traces import Kind, kind_of, kind_words
 
 TRACE_SAID_S = 2.0
 """A trace that took this long has its successors said as they start: a pause the user sees."""
@@ -40,6 +41,7 @@ class MemoryGate:
     ) -> None:
         self.model, self.limit_bytes, self.log = model, limit_bytes, log
         self.proposer, self.say, self.devices = proposer, say, devices
+        self.failing: dict[Kind, str] = {}  # kinds of step the model fails, and why
         if model is not None:
             model.tracing = self._tracing
         self.learn()  # a resumed study's trials, at once
@@ -63,15 +65,24 @@ class MemoryGate:
     def predict(self, config: TrainConfig) -> Prediction | None:
         """``config``'s peak as the model predicts it now (None: the model defeats the fake
         tensors, said once)."""
-        if self.model is None:
+        if self.model is None or self._kind(config) in self.failing:
             return None
         failed_before = self.model.trace_error is not None
         assumed_before = self.model.assumption is not None
         prediction = self.model.predict(config)
-        if self.model.trace_error is not None and not failed_before:
+        error = self.model.trace_error
+        if error is not None and not failed_before:
+            if self._fails_alone(config, error):
+                kind = self._kind(config)
+                self.failing[kind] = error
+                self.say(
+                    f"memory: {kind_words(kind)} could not be traced under fake tensors: "
+                    f"{error}; predicting those by a fit over measured trials, the rest traced"
+                )
+                return None
             self.say(
-                f"memory: the model could not be traced under fake tensors: "
-                f"{self.model.trace_error}; predicting by a fit over measured trials instead"
+                f"memory: the model could not be traced under fake tensors: {error}; "
+                "predicting by a fit over measured trials instead"
             )
         if self.model.assumption is not None and not assumed_before:
             self.say(f"memory: {self.model.assumption}")
@@ -81,12 +92,50 @@ class MemoryGate:
                 self.say(f"{UNUSED_PARAMETERS}: DDP trials run with find_unused_parameters=True")
         return prediction
 
+    @staticmethod
+    def _kind(config: TrainConfig) -> Kind:
+        return kind_of(traced_amp(config), config.checkpoint_segments)
+
+    def _fails_alone(self, config: TrainConfig, error: str) -> bool:
+        """Whether ``config``'s step failing with ``error`` fails for its kind alone: an error
+        of the model's own (not of fake tensors' limits), where the step of another kind (the
+        other precision, nothing checkpointed) traces. Then the model is traced afresh for the
+        other kinds (the traces this process made are not made again); else its failure is the
+        model's, as before."""
+        assert self.model is not None  # only a model's error is asked of
+        if MODEL_AT_FAULT not in error:
+            return False
+        kind = self._kind(config)
+        others = [a for a in ("off", "bf16") if kind_of(a, 0) not in (kind, *self.failing)]
+        if not others:  # every kind without checkpointing failed: the model's failure
+            return False
+        try:
+            probe = TrainConfig.model_validate(
+                {**config.model_dump(), "amp": others[0], "fsdp_mixed_precision": "off",
+                 "checkpoint_segments": 0}
+            )  # fmt: skip
+        except ValueError:  # no such configuration: the failure stays the model's
+            return False
+        model = self.model
+        untraced = {*self.failing, kind}
+        fresh = MemoryModel(
+            model.workload, model.device_type, model.prior, model.calibration, untraced
+        )
+        fresh.tracing = self._tracing
+        if fresh.predict(probe) is None:
+            return False
+        self.model = fresh
+        return True
+
     def shown(self, config: TrainConfig) -> Prediction | None:
         """What a trial of ``config`` is recorded as predicted to hold: the model's prediction,
         else, for a model the fake tensors cannot trace, the measured trials' own estimate
         (``precheck.measured_estimate``), so that its error is shown too."""
         prediction = self.predict(config)
-        if prediction is None and self.model is not None and self.model.trace_error:
+        untraced = self.model is not None and (
+            self.model.trace_error is not None or self._kind(config) in self.failing
+        )
+        if prediction is None and untraced:
             found = measured_estimate(config, self.log.observations())
             if found is not None:
                 prediction = Prediction(found[0], {}, found[1])

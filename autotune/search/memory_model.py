@@ -50,7 +50,7 @@ from autotune.runner.fake_memory import (
 )
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.calibration import Calibration, Point, fit
-from autotune.search.step_traces import Job, StepTraces, key_of
+from autotune.search.step_traces import Job, Kind, StepTraces, key_of, kind_of
 from autotune.units import format_bytes
 
 MEMORY_FIELDS = {
@@ -217,6 +217,8 @@ class MemoryModel:
     device_type: str
     prior: Calibration = field(default_factory=Calibration)
     calibration: Calibration | None = None
+    untraced: set[Kind] = field(default_factory=set)
+    """Kinds of step known to fail (``memory_gate``): not traced, so not predicted."""
     steps: StepTraces = field(init=False)
     _corners: tuple[tuple[int, int], tuple[int, int]] | None = None
     _world_dependent: bool | None = None  # None: no configuration of more processes traced
@@ -357,6 +359,8 @@ class MemoryModel:
         return None if eager is None else _as_run(eager, config)
 
     def _eager_peak(self, config: TrainConfig) -> TensorPeak | None:
+        if kind_of(traced_amp(config), config.checkpoint_segments) in self.untraced:
+            return None
         if config.processes > 1 and self._world_dependent is None:
             self._world_dependent = self._depends_on_world(config)
         return self._tensor_peak(config, self._group_world(config))

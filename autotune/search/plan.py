@@ -39,7 +39,7 @@ from autotune.search.refusals import (
 )
 from autotune.search.side_by_side import processes_here
 from autotune.search.space import Param, SearchSpace, enumerate_configs
-from autotune.search.step_traces import precision
+from autotune.search.step_traces import kind_of
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
 MEMORY_KNOBS = tuple(k for k in MEMORY_FIELDS if k not in NOT_ENUMERATED)
@@ -316,7 +316,7 @@ def _kinds_apart(
     models that traced, the lines; None where no kind traces (the model's own failure)."""
     kinds: dict[tuple[str, bool], list[TrainConfig]] = {}
     for c in configs:
-        kinds.setdefault((precision(traced_amp(c)), c.checkpoint_segments > 0), []).append(c)
+        kinds.setdefault(kind_of(traced_amp(c), c.checkpoint_segments), []).append(c)
     if len(kinds) < 2:
         return None
     rows: list[PlanRow] = []

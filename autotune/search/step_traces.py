@@ -34,6 +34,21 @@ def precision(amp: str) -> str:
     return "fp32" if amp == "off" else "16-bit"
 
 
+Kind = tuple[str, bool]
+"""A kind of step: its precision, and whether it checkpoints. A failure of the model's own in
+one kind (attention whose code enables CUDA's flash kernel alone fails in float32) leaves the
+other kinds traced (``memory_gate``, ``plan``)."""
+
+
+def kind_of(amp: str, segments: int) -> Kind:
+    return precision(amp), segments > 0
+
+
+def kind_words(kind: Kind) -> str:
+    """``kind`` in words: "fp32 steps", "16-bit steps with checkpointing"."""
+    return f"{kind[0]} steps" + (" with checkpointing" if kind[1] else "")
+
+
 def key_of(job: Job) -> Key:
     micro_batch, amp, segments, impl, world = job
     return (micro_batch, precision(amp), segments, impl, world)

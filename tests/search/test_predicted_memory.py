@@ -215,6 +215,34 @@ def test_a_search_says_once_that_a_fit_over_trials_predicts_a_model_it_cannot_tr
     assert "could not be traced" in lines[0] and "predicting by a fit" in lines[0]
 
 
+def test_a_kind_of_step_the_model_fails_is_fit_over_trials_and_the_rest_still_traced() -> None:
+    # One kind's failure (16-bit steps of a float32-only kernel) took the whole model off the
+    # trace before: every configuration was predicted by the fit over measured trials.
+    tuner = make_tuner(
+        FakeExecutor(measured),
+        SPACE,
+        workload=WorkloadSpec(model="tests.fixtures.traced:Float32Only"),
+        predict_memory=True,
+        global_batch_size=64,
+    )
+    tuner.reporter = phases = _Phases()
+    bf16, fp32 = (TrainConfig(global_batch_size=64, amp=a, device="cpu") for a in ("bf16", "off"))
+    assert tuner.gate.predict(bf16) is None
+    assert tuner.gate.predict(fp32) is not None and tuner.gate.trace_error is None
+    assert tuner.gate.predict(bf16) is None  # not traced again
+    [line] = [line for line in phases.lines if "could not be traced" in line]
+    assert line.startswith("memory: 16-bit steps could not be traced under fake tensors: ")
+    assert "float32 only" in line and line.endswith(
+        "by a fit over measured trials, the rest traced"
+    )
+
+
+def test_a_step_failing_in_every_kind_is_still_the_models_failure() -> None:
+    lines, predicted = _said_while_predicting("tests.fixtures.traced:Mismatched")
+    assert not predicted
+    assert len(lines) == 1 and lines[0].startswith("memory: the model could not be traced")
+
+
 def _one_device(outcome: Outcome, model: str, space: dict[str, Any], trials: int) -> Tuner:
     """A search of ``tests.fixtures.traced``'s ``model`` on one device, memory predicted, a
     global batch of 64 and a 4,000 MiB limit, over ``space`` with ``trials`` trials."""
