@@ -4,6 +4,7 @@ this CPU, and what it keeps there is counted beside the step, once per device.""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,6 @@ def test_a_dataset_kept_on_the_gpu_is_counted_beside_the_step_it_feeds() -> None
     host = trace_step(_spec("on_host"), 32, device_type="cuda")
     assert kept.dataset_on_device_bytes == ON_GPU_BYTES  # the normalised features, the labels
     assert host.dataset_on_device_bytes == 0
-    from dataclasses import replace
-
     assert replace(kept, dataset_on_device_bytes=0) == host  # the step itself: the same
 
 
