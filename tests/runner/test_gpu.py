@@ -373,6 +373,21 @@ def test_the_attention_kernel_cuda_picks_holds_what_its_trace_for_cuda_says(name
     assert predicted.total_bytes == pytest.approx(real, rel=0.02)
 
 
+def test_a_dataset_kept_on_the_gpu_fails_forked_workers_and_pinning_as_its_refusals_say() -> None:
+    # What refusals.dataset_refusals foresees, pinned where it holds: should either run, the
+    # refusal can go.
+    from torch.utils.data import DataLoader
+
+    from tests.fixtures.gpu_data import on_gpu
+
+    dataset = on_gpu()
+    assert next(iter(DataLoader(dataset, batch_size=8)))[0].is_cuda  # no worker, no pinning
+    with pytest.raises(RuntimeError):
+        next(iter(DataLoader(dataset, batch_size=8, num_workers=2)))
+    with pytest.raises(RuntimeError, match="pin"):
+        next(iter(DataLoader(dataset, batch_size=8, pin_memory=True)))
+
+
 def test_activations_offloaded_by_save_on_cpu_leave_the_gpu_as_its_trace_for_cuda_says() -> None:
     # Traced on the CPU for CUDA (fake_offload), the tensors torch's save_on_cpu packs are held
     # in host memory and come back for their own backward: held here against a real CUDA step
