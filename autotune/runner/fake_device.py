@@ -20,9 +20,11 @@ the step of a trace for CUDA), ``Tensor.to`` and ``Tensor.cuda`` are torch's own
 wrapper that keeps a tensor where it stands where they name CUDA, in backward too;
 ``torch.cuda.current_device()``, which GPU code passes as a device (Megatron-style layers:
 ``torch.empty(..., device=torch.cuda.current_device())``), answers 0 where this build has no
-CUDA device, a device given as an index (``device=0``) is the trace's device too, in
-forward, ``torch.set_default_device("cuda")`` keeps the trace's default, and pinned host
-memory (``.pin_memory()``, ``pin_memory=True``), which needs a GPU, is plain. NVTX's profiling
+CUDA device (where ``torch.cuda.set_device``, ``torch.cuda.device(i)`` and
+``torch.cuda.synchronize()`` do nothing), a device given as an index (``device=0``) is the
+trace's device too, in forward, ``torch.set_default_device("cuda")`` keeps the trace's
+default, and pinned host memory (``.pin_memory()``, ``pin_memory=True``), which needs a GPU,
+is plain. NVTX's profiling
 ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX
 functions not installed"), mark nothing (torch's private ``torch.cuda.nvtx._nvtx`` replaced; a
 CUDA build's left as it is). Whatever else asks for CUDA
@@ -172,6 +174,21 @@ def _current_device() -> int:
     return 0
 
 
+def _set_device(device: Any) -> None:
+    """``torch.cuda.set_device``: one device, nothing to select."""
+
+
+def _synchronize(device: Any = None) -> None:
+    """``torch.cuda.synchronize``: nothing to wait for."""
+
+
+class _SameDevice(contextlib.nullcontext):  # type: ignore[type-arg]
+    """``torch.cuda.device(i)``: the trace's one device stays selected."""
+
+    def __init__(self, device: Any = None) -> None:
+        super().__init__()
+
+
 @contextlib.contextmanager
 def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
     """While entered, ``Tensor.to``/``Tensor.cuda`` keep a tensor where it stands where they
@@ -179,6 +196,10 @@ def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
     0 on a build without a CUDA device, and NVTX's ranges mark nothing (see the module).
     Leaving restores torch's own."""
     from unittest import mock
+
+    # torch.compile's rules for torch's functions, built once a process as it is imported:
+    # built here, under the stand-ins, they held them (and two of one object failed its build)
+    import torch._dynamo
 
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """``Tensor.to``, a CUDA device it names the tensor's own."""
@@ -216,8 +237,16 @@ def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
             mock.patch.multiple(torch.Tensor, to=to, cuda=cuda, pin_memory=pin_memory)
         )
         stack.enter_context(mock.patch.object(torch, "set_default_device", set_default_device))
-        if not torch.cuda.is_available():
-            stack.enter_context(mock.patch.object(torch.cuda, "current_device", _current_device))
+        if not torch.cuda.is_available():  # which device, and waiting for it: nothing here
+            stack.enter_context(
+                mock.patch.multiple(
+                    torch.cuda,
+                    current_device=_current_device,
+                    set_device=_set_device,
+                    synchronize=_synchronize,
+                    device=_SameDevice,
+                )
+            )
         stack.enter_context(unmarked_ranges())
         yield
 

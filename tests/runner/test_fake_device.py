@@ -52,6 +52,13 @@ def test_checkpointed_blocks_naming_cuda_run_again_on_the_cpu_in_backward(model:
     assert traced(model) == traced("BlocksOnItsDevice")
 
 
+def test_code_selecting_and_waiting_for_its_gpu_traces_as_its_inputs_device() -> None:
+    # before: "PyTorch was compiled without CUDA support" (torch.cuda.device(0)),
+    # "Torch not compiled with CUDA enabled" (synchronize)
+    waits = WorkloadSpec(model="tests.fixtures.named_cuda:SelectsAndWaits")
+    assert trace_step(waits, 8, device_type="cuda") == trace_step(ITS_OWN, 8, device_type="cuda")
+
+
 def test_copies_staged_in_pinned_memory_trace_as_its_inputs_device() -> None:
     # before: "Cannot access accelerator device when none is available" (pin_memory()),
     # "pin_memory=True requires a CUDA or other accelerator backend"
@@ -68,7 +75,7 @@ def test_megatron_style_code_naming_the_current_device_traces_as_its_inputs_devi
 
 def test_the_stand_ins_leave_torch_as_it_was() -> None:
     to, cuda, current = torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device
-    pin = torch.Tensor.pin_memory
+    pin, chosen = torch.Tensor.pin_memory, (torch.cuda.set_device, torch.cuda.device)
     x = torch.ones(2)
     with cuda_stand_ins():
         torch.set_default_device("cuda")
@@ -78,15 +85,21 @@ def test_the_stand_ins_leave_torch_as_it_was() -> None:
         assert x.to(torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
         if not torch.cuda.is_available():
             assert torch.cuda.current_device() == 0
+            torch.cuda.set_device(1), torch.cuda.synchronize()
+            with torch.cuda.device(1):
+                assert torch.cuda.current_device() == 0  # one device: nothing to select
     assert (torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device) == (to, cuda, current)
     assert torch.Tensor.pin_memory is pin
+    assert (torch.cuda.set_device, torch.cuda.device) == chosen
     assert torch.get_default_device() == torch.device("cpu")  # a factory's CUDA default: kept out
     if not torch.cuda.is_available():
         with pytest.raises((RuntimeError, AssertionError)):
             x.to("cuda")
 
 
-@pytest.mark.parametrize("factory", ["moved_by_cuda", "moved_by_to", "on_cuda_by_default"])
+@pytest.mark.parametrize(
+    "factory", ["moved_by_cuda", "moved_by_to", "on_cuda_by_default", "selects_its_device"]
+)
 def test_a_factory_moving_the_model_to_cuda_traces_as_the_model(factory: str) -> None:
     # a fake module cannot be moved (its parameters are swapped, not set); on the meta device,
     # where the build falls back to, .to("cuda") copied out of a meta tensor
@@ -109,3 +122,24 @@ def test_nvtx_ranges_mark_nothing_in_a_trace_for_cuda_on_a_build_without_them() 
 def test_a_cpu_trace_of_it_stops_as_a_cpu_trial_does() -> None:
     with pytest.raises(TraceError):
         trace_step(NAMES, 8)
+
+
+def test_torch_compiles_rules_for_torchs_functions_are_built_with_torchs_own() -> None:
+    # torch._dynamo builds its map of torch's functions once, as it is imported: imported
+    # first under the stand-ins (a plan's meta build), it held them, and two stand-ins of one
+    # object failed its import ("Duplicate torch object"). Fresh process: dynamo not imported.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from autotune.runner.fake_device import cuda_stand_ins\n"
+        "with cuda_stand_ins():\n"
+        "    import torch._dynamo\n"
+        "from torch._dynamo.trace_rules import get_torch_obj_rule_map\n"
+        "rules = get_torch_obj_rule_map()\n"
+        "assert torch.cuda.set_device in rules and torch.cuda.synchronize in rules\n"
+        "assert torch.cuda.current_device in rules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
