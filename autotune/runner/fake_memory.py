@@ -628,6 +628,10 @@ def trace_step(
             # torch's note on building a sparse gradient (an EmbeddingBag(sparse=True)'s, in
             # Adagrad's step), said from inside the trace as if the tool's own
             warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
+            # torch.compile's map of torch's functions, built as it is imported: before any
+            # stand-in below is entered (``fake_device.cuda_stand_ins`` says why)
+            import torch._dynamo  # noqa: F401
+
             from autotune.runner.fake_bias import causal_biases  # imports torch
             from autotune.runner.fake_routing import unchecked_distributions  # imports torch
 
