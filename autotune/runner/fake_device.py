@@ -66,6 +66,15 @@ def _moved(values: tuple[Any, ...], device: Any) -> tuple[tuple[Any, ...], bool]
     return moved, any(a is not b for a, b in zip(moved, values, strict=True))
 
 
+def _moved_keyword(kwargs: dict[str, Any], device: Any) -> bool:
+    """``kwargs``' ``device``, where it names CUDA, made ``device`` in place; whether it was."""
+    if "device" not in kwargs:
+        return False
+    named = kwargs["device"]
+    kwargs["device"] = _instead(named, device)
+    return kwargs["device"] is not named
+
+
 class CudaMade:
     """The tensors a build made on CUDA by name while recording, and those computed from them:
     what a GPU would hold of them once the build is over (``held_bytes``). A dataset kept on
@@ -122,10 +131,7 @@ class CudaOnCpu(TorchFunctionMode):
         else:
             moved, named = _moved(args[1:], own) if own is not None else ((), False)
             args = (args[0], *moved) if own is not None else args
-            if "device" in kwargs:
-                device = kwargs["device"]
-                kwargs["device"] = _instead(device, own)
-                named = named or kwargs["device"] is not device
+            named = _moved_keyword(kwargs, own) or named
             if kwargs.get("pin_memory"):  # host memory either way; pinning needs a GPU
                 kwargs["pin_memory"] = False
             result = func(*args, **kwargs)
@@ -205,10 +211,7 @@ def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
         """``Tensor.to``, a CUDA device it names the tensor's own."""
         own = self.device
         args, named = _moved(args, own)
-        if "device" in kwargs:
-            device = kwargs["device"]
-            kwargs["device"] = _instead(device, own)
-            named = named or kwargs["device"] is not device
+        named = _moved_keyword(kwargs, own) or named
         result = _TO(self, *args, **kwargs)
         if made is not None and named:
             made.add(result)
