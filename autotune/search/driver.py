@@ -320,9 +320,9 @@ def _run_search(
     refusals = model_refusals(workload.model) + (
         fsdp_bf16_refusals(workload) if _asks_fsdp_bf16(space, devices) else ()
     )
-    if device == "cuda" and "num_workers" in space.params:  # a dataset kept on the GPU's
-        workers = [w for w in space.params["num_workers"].choices if isinstance(w, int)]
-        refusals += dataset_refusals(workload, workers)
+    if device == "cuda":  # a dataset kept on the GPU's: workers, and pinning its samples
+        asked = space.params["num_workers"].choices if "num_workers" in space.params else ()
+        refusals += dataset_refusals(workload, [w for w in asked if isinstance(w, int)])
     space, exclusions = restrict_space(
         space,
         platform,
