@@ -27,11 +27,12 @@ default, and pinned host memory (``.pin_memory()``, ``pin_memory=True``), which 
 is plain. NVTX's profiling
 ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX
 functions not installed"), mark nothing (torch's private ``torch.cuda.nvtx._nvtx`` replaced; a
-CUDA build's left as it is). Whatever else asks for CUDA
-(``torch.cuda.get_device_capability()``, ``x.is_cuda``) answers as this machine does: the
-trace cannot know which GPU the plan is for. A dataset GPU code keeps on the GPU is built
-under the same stand-ins, and ``CudaMade`` records what it made there (by name, and computed
-from that; not what it copied back to the host): what a GPU holds beside every step.
+CUDA build's left as it is). Where this machine has no CUDA device, what the code asks of the
+device (``torch.cuda.get_device_capability()``, ``is_available()``) answers as the GPU a plan
+is for (``planned_gpu``); ``x.is_cuda`` answers as this machine does. A dataset GPU code keeps
+on the GPU is built under the same stand-ins, and ``CudaMade`` records what it made there (by
+name, and computed from that; not what it copied back to the host): what a GPU holds beside
+every step.
 ``tests/runner/test_fake_device.py`` and ``test_fake_device_data.py`` pin it.
 """
 
@@ -46,6 +47,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from autotune.runner.planned_gpu import answered
 
 
 def _instead(value: Any, device: Any) -> Any:
@@ -196,10 +199,14 @@ class _SameDevice(contextlib.nullcontext):  # type: ignore[type-arg]
 
 
 @contextlib.contextmanager
-def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
+def cuda_stand_ins(
+    made: CudaMade | None = None, asked: set[str] | None = None, available: bool = True
+) -> Iterator[None]:
     """While entered, ``Tensor.to``/``Tensor.cuda`` keep a tensor where it stands where they
     name CUDA (recording it in ``made``, where given), ``torch.cuda.current_device()`` answers
-    0 on a build without a CUDA device, and NVTX's ranges mark nothing (see the module).
+    0 on a build without a CUDA device, where the device's questions answer as the planned
+    GPU's (``planned_gpu.answered``: recorded in ``asked``, ``is_available()`` answering
+    ``available`` to the model's code), and NVTX's ranges mark nothing (see the module).
     Leaving restores torch's own."""
     from unittest import mock
 
@@ -250,6 +257,7 @@ def cuda_stand_ins(made: CudaMade | None = None) -> Iterator[None]:
                     device=_SameDevice,
                 )
             )
+            stack.enter_context(answered(set() if asked is None else asked, available))
         stack.enter_context(unmarked_ranges())
         yield
 

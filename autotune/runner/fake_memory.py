@@ -22,6 +22,7 @@ add or shard is arithmetic on these parts (``autotune.search.memory_model``).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,6 +36,7 @@ from autotune.runner.fake_transformers import values_read_where_known
 from autotune.runner.instances import copy_with_tensors
 from autotune.runner.loss import call_loss
 from autotune.runner.optimizer import chosen_optimizer, device_default, with_implementation
+from autotune.runner.planned_gpu import AVAILABLE
 from autotune.runner.workload import (
     WorkloadSpec,
     load_collate,
@@ -79,6 +81,7 @@ class TensorPeak:
     flex_dense_excess_backward_bytes: int = 0  # and to ``backward_bytes``
     offloaded_bytes: int = 0  # saved by ``save_on_cpu`` into host memory (CUDA's: ``fake_offload``)
     dataset_on_device_bytes: int = 0  # what the dataset keeps on CUDA, beside the step
+    cuda_asked: tuple[str, ...] = ()  # what the model's code asked of the GPU (``planned_gpu``)
 
     def held_alike(self, other: TensorPeak) -> bool:
         """Whether ``other``, the same step traced in a group of another size, holds the same:
@@ -647,9 +650,21 @@ def trace_step(
                     device_type,
                     world_size,
                 )
-                peak = _trace(*step)
+                asked: set[str] = set()  # what the model's code asked of the GPU
+                trace = functools.partial(_trace, *step, asked=asked)
+                try:
+                    peak = trace()
+                except Exception:
+                    if AVAILABLE not in asked:
+                        raise
+                    # told a GPU is there, the code reached for what only a GPU has: the
+                    # path it takes without one (``planned_gpu``)
+                    asked.clear()
+                    trace = functools.partial(_trace, *step, asked=asked, available=False)
+                    peak = trace()
+                peak = replace(peak, cuda_asked=tuple(sorted(asked)))
                 if peak.flex_dense_calls:  # and compiled: the fused kernel (``compiled``)
-                    fused = _trace(*step, flex_fused=True)
+                    fused = trace(flex_fused=True)
                     if fused.flex_fused_calls:  # where this torch has its fake kernels
                         peak = replace(
                             peak,
@@ -680,6 +695,8 @@ def _trace(
     device_type: str,
     world_size: int,
     flex_fused: bool = False,
+    asked: set[str] | None = None,
+    available: bool = True,
 ) -> TensorPeak:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -716,11 +733,12 @@ def _trace(
     routing = UniformRouting()  # below the tracker: it sees the sizes routing gave
     cuda = device_type == "cuda"  # the trace's CPU tensors stand for a CUDA device's
     named = CudaOnCpu() if cuda else contextlib.nullcontext()  # "cuda" in the model's code
-    with cuda_stand_ins() if cuda else contextlib.nullcontext(), named:
+    asked = set() if asked is None else asked  # what the model's code asked of the GPU
+    with cuda_stand_ins(None, asked, available) if cuda else contextlib.nullcontext(), named:
         module, model = _fake_model(spec, mode, routing)
     made = CudaMade() if cuda else None  # a dataset kept on the GPU: real tensors, here
     with (
-        cuda_stand_ins(made) if cuda else contextlib.nullcontext(),
+        cuda_stand_ins(made, asked, available) if cuda else contextlib.nullcontext(),
         CudaOnCpu(made) if cuda else contextlib.nullcontext(),
     ):
         dataset, _ = load_dataset(spec, module, model)
@@ -763,7 +781,7 @@ def _trace(
         flex = CudaFlexAttention(flex_fused) if cuda else None  # a CPU refuses to run it
         offload = host_offload() if cuda else contextlib.nullcontext()
         # Tensor.to("cuda"), current_device(), NVTX: in backward too, and on a CPU build
-        stand_ins = cuda_stand_ins() if cuda else contextlib.nullcontext()
+        stand_ins = cuda_stand_ins(None, asked, available) if cuda else contextlib.nullcontext()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()

@@ -48,6 +48,7 @@ from autotune.runner.fake_memory import (
     UNIFORM_ROUTING,
     TensorPeak,
 )
+from autotune.runner.planned_gpu import assumed
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.calibration import Calibration, Point, fit
 from autotune.search.step_traces import Job, Kind, StepTraces, key_of, kind_of
@@ -276,6 +277,8 @@ class MemoryModel:
         said += [FLEX_FUSED] if any(t.flex_fused_calls for t in traces) else []
         offloaded = max((t.offloaded_bytes for t in traces), default=0)  # CUDA's only
         said += [HOST_OFFLOAD.format(size=format_bytes(offloaded))] if offloaded else []
+        gpu = assumed({name for t in traces for name in t.cuda_asked})  # CUDA's only
+        said += [gpu] if gpu else []
         return "; ".join(said) or None
 
     @property
@@ -386,7 +389,8 @@ class MemoryModel:
             ((mb1, k1), u * v),
         ):  # corners coincide where the table has one micro-batch or one checkpointing
             weights[corner] = weights.get(corner, 0.0) + weight
-        named = ("carried_state", "recurrent_layers")  # names: every corner's, not mixed
+        # names: every corner's, not mixed
+        named = ("carried_state", "recurrent_layers", "cuda_asked")
         fields = [name for name in TensorPeak.__dataclass_fields__ if name not in named]
         mixed: dict[str, Any] = {
             name: round(sum(w * getattr(corners[c], name) for c, w in weights.items()))

@@ -1,0 +1,110 @@
+"""What GPU code asks of its GPU, answered in a trace for CUDA as the GPU a plan is for
+(``planned_gpu``) where this machine has none; torch's own questions answered as it has."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.cli import main
+from autotune.runner.fake_device import cuda_stand_ins
+from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step
+from autotune.runner.planned_gpu import AVAILABLE, PLANNED, TOLD_UNAVAILABLE, assumed
+from autotune.runner.workload import WorkloadSpec
+from tests.fixtures.gpu_data import ON_GPU_BYTES
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a CUDA device")
+
+
+def _traced(model: str, **options: object) -> TensorPeak:
+    spec = WorkloadSpec(model=f"tests.fixtures.asks_gpu:{model}", **options)  # type: ignore[arg-type]
+    return trace_step(spec, 8, device_type="cuda")
+
+
+@pytest.mark.parametrize(
+    ("model", "asked"),
+    [
+        ("AsksCapability", ("get_device_capability",)),
+        ("AsksProperties", ("get_device_name", "get_device_properties", "is_bf16_supported")),
+    ],
+)
+def test_code_asking_which_gpu_it_runs_on_is_traced_for_the_planned_gpu(
+    model: str, asked: tuple[str, ...]
+) -> None:
+    # before: "could not be built: Torch not compiled with CUDA enabled" (no CUDA plan at all)
+    peak = _traced(model)
+    assert peak.cuda_asked == asked
+    fused, written_out = _traced("Attends"), _traced("written_out")
+    assert replace(peak, cuda_asked=()) == fused  # flash, as on an H100
+    assert fused.total_bytes < written_out.total_bytes  # the branch it took is seen
+
+
+def test_a_dataset_put_on_the_gpu_where_one_is_there_is_counted_on_it() -> None:
+    # before: is_available() answered False, the dataset planned in host memory
+    data = "tests.fixtures.gpu_data:where_available"
+    spec = WorkloadSpec(model="tests.fixtures.gpu_data:Net", data=data)
+    peak = trace_step(spec, 32, device_type="cuda")
+    assert peak.dataset_on_device_bytes == ON_GPU_BYTES
+    assert peak.cuda_asked == (AVAILABLE,)
+    said = assumed(peak.cuda_asked)
+    assert said is not None and "torch.cuda.is_available()" in said
+    assert trace_step(spec, 32).dataset_on_device_bytes == 0  # a CPU trace: as this machine
+
+
+def test_code_reaching_for_a_gpu_only_stream_is_traced_on_its_path_without_a_gpu() -> None:
+    peak = _traced("StreamsWhereAvailable")
+    assert peak.cuda_asked == (TOLD_UNAVAILABLE,)
+    assert replace(peak, cuda_asked=()) == _traced("Attends")
+    said = assumed(peak.cuda_asked)
+    assert said is not None and "traced told False" in said
+
+
+def test_torchs_own_questions_are_answered_as_this_machine_has() -> None:
+    own = {"__name__": "torch.somewhere", "torch": torch}
+    exec("def asks():\n    return torch.cuda.is_available()\n", own)
+    users = {"__name__": "users_model", "torch": torch}
+    exec("def asks():\n    return torch.cuda.is_available()\n", users)
+    asked: set[str] = set()
+    with cuda_stand_ins(asked=asked):
+        assert own["asks"]() is False
+        assert users["asks"]() is True
+        assert torch.cuda.get_device_capability() == (PLANNED.major, PLANNED.minor)
+    assert asked == {AVAILABLE, "get_device_capability"}
+    assert torch.cuda.is_available() is False  # restored
+    with pytest.raises((RuntimeError, AssertionError)):
+        torch.cuda.get_device_capability()
+
+
+def test_what_was_asked_is_said_with_the_gpu_it_was_answered_as() -> None:
+    said = assumed(("get_device_capability", AVAILABLE))
+    assert said is not None
+    assert "torch.cuda.get_device_capability(), torch.cuda.is_available()" in said
+    assert PLANNED.name in said and "capability 9.0" in said
+    assert assumed(()) is None
+
+
+def test_a_cpu_trace_asks_nothing_of_a_gpu() -> None:
+    spec = WorkloadSpec(model="tests.fixtures.asks_gpu:AsksCapability")
+    with pytest.raises(TraceError, match="could not be built"):  # as a CPU trial would
+        trace_step(spec, 8)
+
+
+def test_a_cuda_plan_says_which_gpu_the_code_was_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "one.yaml"
+    config.write_text(json.dumps({"global_batch_size": 8, "device": "cuda"}))
+    code = main(
+        [
+            "plan", "--model", "tests.fixtures.asks_gpu:AsksCapability", "--devices", "1",
+            "--device-memory", "80GiB", "--config", str(config), "--json", "--quiet",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert PLANNED.name in plan["assumption"]
+    assert plan["predicted_peak_bytes"] > 0
