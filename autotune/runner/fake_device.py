@@ -17,23 +17,21 @@ CPU of an op's ``device`` (a factory's, a copy's); a ``.cuda()`` in a checkpoint
 raises on a build without CUDA, as does ``.to("cuda")``: their Python bindings ask for the
 device before any mode sees the call. So while ``cuda_stand_ins()`` is entered (the build and
 the step of a trace for CUDA), ``Tensor.to`` and ``Tensor.cuda`` are torch's own behind a
-wrapper that keeps a tensor where it stands where they name CUDA, in backward too;
-``torch.cuda.current_device()``, which GPU code passes as a device (Megatron-style layers:
-``torch.empty(..., device=torch.cuda.current_device())``), answers 0 where this build has no
-CUDA device (where ``torch.cuda.set_device``, ``torch.cuda.device(i)`` and
-``torch.cuda.synchronize()`` do nothing), a device given as an index (``device=0``) is the
-trace's device too, in forward, ``torch.set_default_device("cuda")`` keeps the trace's
-default, and pinned host memory (``.pin_memory()``, ``pin_memory=True``), which needs a GPU,
-is plain. NVTX's profiling
-ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX
-functions not installed"), mark nothing (torch's private ``torch.cuda.nvtx._nvtx`` replaced; a
-CUDA build's left as it is). Where this machine has no CUDA device, what the code asks of the
-device (``torch.cuda.get_device_capability()``, ``is_available()``) answers as the GPU a plan
-is for (``planned_gpu``); ``x.is_cuda`` answers as this machine does. A dataset GPU code keeps
-on the GPU is built under the same stand-ins, and ``CudaMade`` records what it made there (by
-name, and computed from that; not what it copied back to the host): what a GPU holds beside
-every step.
-``tests/runner/test_fake_device.py`` and ``test_fake_device_data.py`` pin it.
+wrapper that keeps a tensor where it stands where they name CUDA, in backward too; what GPU code
+asks a GPU to do (``torch.cuda.current_device()``, which Megatron-style layers pass as a device,
+selecting and waiting for it, its streams, events and random state) is done by nothing where
+this machine has no CUDA device (``idle_gpu``), a device given as an index (``device=0``) is the
+trace's device too, in forward, ``torch.set_default_device("cuda")`` keeps the trace's default,
+and pinned host memory (``.pin_memory()``, ``pin_memory=True``), which needs a GPU, is plain.
+NVTX's profiling ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA
+refuses ("NVTX functions not installed"), mark nothing (torch's private
+``torch.cuda.nvtx._nvtx`` replaced; a CUDA build's left as it is). Where this machine has no
+CUDA device, what the code asks of the device (``torch.cuda.get_device_capability()``,
+``is_available()``) answers as the GPU a plan is for (``planned_gpu``); ``x.is_cuda`` answers as
+this machine does. A dataset GPU code keeps on the GPU is built under the same stand-ins, and
+``CudaMade`` records what it made there (by name, and computed from that; not what it copied
+back to the host): what a GPU holds beside every step. ``tests/runner/test_fake_device.py`` and
+``test_fake_device_data.py`` pin it.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autotune.runner.idle_gpu import for_cpu_tensors, idle
 from autotune.runner.planned_gpu import answered
 
 
@@ -179,25 +178,6 @@ class _Unmarked:
 _TO = torch.Tensor.to  # torch's own, as this module found it
 
 
-def _current_device() -> int:
-    return 0
-
-
-def _set_device(device: Any) -> None:
-    """``torch.cuda.set_device``: one device, nothing to select."""
-
-
-def _synchronize(device: Any = None) -> None:
-    """``torch.cuda.synchronize``: nothing to wait for."""
-
-
-class _SameDevice(contextlib.nullcontext):  # type: ignore[type-arg]
-    """``torch.cuda.device(i)``: the trace's one device stays selected."""
-
-    def __init__(self, device: Any = None) -> None:
-        super().__init__()
-
-
 @contextlib.contextmanager
 def cuda_stand_ins(
     made: CudaMade | None = None, asked: set[str] | None = None, available: bool = True
@@ -247,16 +227,9 @@ def cuda_stand_ins(
             mock.patch.multiple(torch.Tensor, to=to, cuda=cuda, pin_memory=pin_memory)
         )
         stack.enter_context(mock.patch.object(torch, "set_default_device", set_default_device))
-        if not torch.cuda.is_available():  # which device, and waiting for it: nothing here
-            stack.enter_context(
-                mock.patch.multiple(
-                    torch.cuda,
-                    current_device=_current_device,
-                    set_device=_set_device,
-                    synchronize=_synchronize,
-                    device=_SameDevice,
-                )
-            )
+        stack.enter_context(for_cpu_tensors())  # streams, generators: the trace's are the CPU's
+        if not torch.cuda.is_available():  # what a GPU does, and what it is: nothing, an H100
+            stack.enter_context(idle())
             stack.enter_context(answered(set() if asked is None else asked, available))
         stack.enter_context(unmarked_ranges())
         yield

@@ -2,22 +2,25 @@
 
 GPU code asks which device it runs on: ``torch.cuda.get_device_capability()`` to pick its
 attention (flash from capability 8.0), ``torch.cuda.is_bf16_supported()`` for its precision,
-``torch.cuda.get_device_properties(0).total_memory`` to size a cache, ``torch.cuda.is_available()``
-to choose "cuda" over "cpu" for a buffer or a dataset. On a machine without a CUDA device the
-first three raise ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver") and the
-last answers False: such a model could not be planned for CUDA at all, or was planned on the
-path it takes on a CPU.
+``torch.cuda.get_device_properties(0).total_memory`` or ``mem_get_info()`` to size a cache,
+``device_count()`` to split its work, ``torch.cuda.is_available()`` to choose "cuda" over "cpu"
+for a buffer or a dataset. On a machine without a CUDA device most of them raise ("Torch not
+compiled with CUDA enabled", "Found no NVIDIA driver"), ``device_count()`` answers 0 and
+``is_available()`` False: such a model could not be planned for CUDA at all, or was planned on
+the path it takes on a CPU.
 
 While ``answered(asked)`` is entered (a CUDA trace's ``fake_device.cuda_stand_ins`` where this
 machine has no CUDA device) they answer as ``PLANNED``, an H100 80GB: the GPU whose measurements
 this project's CUDA numbers are, with the kernels the trace's attention assumes (flash and
-memory-efficient, capability 8.0 and later). ``is_available()`` answers True to the model's code
-only: its callers in torch and in autotune are told what this machine has, so that torch's own
-checks (a checkpoint's random state, a DataLoader's pinning) do not turn to a device that is not
-here. Where the model's code, told True, reached for what a GPU alone has (a stream, its random
-state), the trace is run again told False (``available=False``): the plan is then for the path
-the code takes without a GPU, and says so. What was asked goes in ``asked``, for the plan to say
-what it assumed. ``tests/runner/test_planned_gpu.py`` pins it.
+memory-efficient, capability 8.0 and later), all of its memory free, one device a process (as a
+launcher that gives each rank its own device shows it). ``is_available()`` answers True to the
+model's code only: its callers in torch and in autotune are told what this machine has, so that
+torch's own checks (a checkpoint's random state, a DataLoader's pinning) do not turn to a device
+that is not here. Where the model's code, told True, reached for what a GPU alone has and the
+trace cannot stand in for (a CUDA graph, a library's own CUDA kernel), the trace is run again
+told False (``available=False``): the plan is then for the path the code takes without a GPU,
+and says so. What was asked goes in ``asked``, for the plan to say what it assumed.
+``tests/runner/test_planned_gpu.py`` pins it.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ def answered(asked: set[str], available: bool = True) -> Iterator[None]:
         get_device_properties=told("get_device_properties", PLANNED),
         get_device_name=told("get_device_name", PLANNED.name),
         is_bf16_supported=told("is_bf16_supported", True),
+        device_count=told("device_count", 1),
+        mem_get_info=told("mem_get_info", (PLANNED.total_memory, PLANNED.total_memory)),
     ):
         yield
 
@@ -105,11 +110,13 @@ def assumed(asked: tuple[str, ...] | set[str]) -> str | None:
     """What a plan assumed of the GPU where the model's code asked after it (``asked``, as
     ``answered`` records it), or None where it asked nothing."""
     questions = sorted(f"torch.cuda.{name}()" for name in asked if name != TOLD_UNAVAILABLE)
+    counted = " (one device a process)" if "device_count" in asked else ""
     said = []
     if questions:
         said.append(
             f"the model's code asked which GPU it runs on ({', '.join(questions)}): answered as "
-            f"{planned_words()}, the step traced for that GPU (on another the code may choose "
+            f"{planned_words()}{counted}, the step traced for that GPU (on another the code may "
+            "choose "
             "otherwise)"
         )
     if TOLD_UNAVAILABLE in asked:

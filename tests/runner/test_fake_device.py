@@ -3,6 +3,8 @@ which stands for the CUDA device, for a trace for CUDA; a CPU trace stops, as it
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -143,3 +145,36 @@ def test_torch_compiles_rules_for_torchs_functions_are_built_with_torchs_own() -
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_code_overlapping_timing_and_recomputing_on_its_gpu_traces_as_its_twin() -> None:
+    # before: "Tried to instantiate dummy base class Stream", "Cannot get CUDA generator without
+    # ATen_cuda library", "Torch not compiled with CUDA enabled" (get_rng_state)
+    def traced(model: str) -> object:
+        spec = WorkloadSpec(model=f"tests.fixtures.asks_gpu:{model}")
+        return replace(trace_step(spec, 8, device_type="cuda"), cuda_asked=())
+
+    assert traced("OverlapsAndTimes") == traced("Attends")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a CUDA device")
+def test_what_a_gpu_would_do_is_done_by_nothing_and_then_torchs_own_again() -> None:
+    own = (torch.Generator, torch.cuda.Stream, torch.cuda.get_rng_state, torch.Tensor.record_stream)
+    with cuda_stand_ins(), CudaOnCpu():
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        assert isinstance(generator, torch.Generator) and generator.device.type == "cpu"
+        assert torch.Generator().device.type == "cpu"
+        drawn = torch.randn(3, device="cuda", generator=generator)
+        assert drawn.device.type == "cpu"
+        state = torch.cuda.get_rng_state()
+        assert (state.dtype, state.numel()) == (torch.uint8, 16)  # CUDA's: seed and offset
+        torch.cuda.random.set_rng_state(state)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        drawn.record_stream(stream)
+        event = stream.record_event()
+        assert event.query() and event.elapsed_time(event) == 0.0
+    after = (torch.Generator, torch.cuda.Stream, torch.cuda.get_rng_state)
+    assert (*after, torch.Tensor.record_stream) == own
+    with pytest.raises((RuntimeError, AssertionError)):
+        torch.cuda.get_rng_state()

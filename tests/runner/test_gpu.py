@@ -428,6 +428,21 @@ def test_gpu_only_code_and_its_own_autocast_regions_hold_what_their_traces_for_c
     assert region.total_bytes == pytest.approx(real, rel=0.02)
 
 
+def test_code_asking_after_its_gpu_and_overlapping_on_it_holds_what_its_trace_says() -> None:
+    # On a machine with a GPU the code's questions get the GPU's own answers; its generator
+    # made for CUDA and its record_stream meet the trace's CPU tensors (idle_gpu.for_cpu_tensors)
+    from autotune.bench.traced_step import real_step_peak
+    from autotune.runner.fake_memory import trace_step
+    from tests.fixtures.asks_gpu import POSITIONS, WIDTH, OverlapsAndTimes
+
+    spec = WorkloadSpec(model="tests.fixtures.asks_gpu:OverlapsAndTimes")
+    traced = trace_step(spec, 8, device_type="cuda")
+    assert traced.cuda_asked == ()  # this machine's answers: nothing assumed
+    x = torch.randn(8, POSITIONS, WIDTH, device="cuda")
+    real = real_step_peak(OverlapsAndTimes().cuda(), x)
+    assert traced.total_bytes == pytest.approx(real, rel=0.02)
+
+
 def _allocated_over_its_start(model: torch.nn.Module, x: torch.Tensor) -> int:
     """What the allocator's peak of a second bf16 AdamW step rose over what was allocated at
     its start (the parameters, the optimizer's state, the batch, and anything left before)."""

@@ -55,8 +55,8 @@ def test_a_dataset_put_on_the_gpu_where_one_is_there_is_counted_on_it() -> None:
     assert trace_step(spec, 32).dataset_on_device_bytes == 0  # a CPU trace: as this machine
 
 
-def test_code_reaching_for_a_gpu_only_stream_is_traced_on_its_path_without_a_gpu() -> None:
-    peak = _traced("StreamsWhereAvailable")
+def test_code_reaching_for_a_cuda_only_extension_is_traced_on_its_path_without_a_gpu() -> None:
+    peak = _traced("FusedWhereAvailable")
     assert peak.cuda_asked == (TOLD_UNAVAILABLE,)
     assert replace(peak, cuda_asked=()) == _traced("Attends")
     said = assumed(peak.cuda_asked)
