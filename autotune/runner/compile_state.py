@@ -77,6 +77,22 @@ def reset() -> None:
         torch.compiler.reset()
 
 
+def torchs_own_rules() -> None:
+    """Dynamo's map of torch's functions built, with torch's own, before the memory trace puts
+    stand-ins in their place (``fake_device.cuda_stand_ins``): dynamo builds it once, as it is
+    imported, and builds it again when first used after a process group's start cleared it
+    (``trace_rules.get_torch_obj_rule_map``, private, cached; pinned by
+    tests/runner/test_fake_device.py). Built under the stand-ins it held them, and two stand-ins
+    of one object failed its build ("Duplicate torch object"). Where a release moves it, dynamo's
+    import alone: the stand-ins are each their own object, so a map built under them holds them
+    but builds."""
+    import torch._dynamo  # builds it
+
+    rules = getattr(getattr(torch._dynamo, "trace_rules", None), "get_torch_obj_rule_map", None)
+    if callable(rules):
+        rules()  # cached: built again only where cleared
+
+
 _UNWRAPPED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 

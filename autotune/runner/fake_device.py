@@ -46,6 +46,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autotune.runner.compile_state import torchs_own_rules
 from autotune.runner.idle_gpu import for_cpu_tensors, idle
 from autotune.runner.planned_gpu import answered
 
@@ -190,9 +191,7 @@ def cuda_stand_ins(
     Leaving restores torch's own."""
     from unittest import mock
 
-    # torch.compile's rules for torch's functions, built once a process as it is imported:
-    # built here, under the stand-ins, they held them (and two of one object failed its build)
-    import torch._dynamo
+    torchs_own_rules()  # torch.compile's map of torch's functions: built with torch's own
 
     def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """``Tensor.to``, a CUDA device it names the tensor's own."""

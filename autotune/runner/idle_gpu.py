@@ -91,6 +91,10 @@ class _SameDevice(contextlib.nullcontext):  # type: ignore[type-arg]
         super().__init__()
 
 
+class _SameStream(_SameDevice):
+    """``torch.cuda.stream(s)``."""
+
+
 _GENERATOR = torch.Generator
 
 
@@ -119,9 +123,15 @@ def _rng_states() -> list[torch.Tensor]:
     return [_rng_state()]  # the trace's one device's
 
 
-def _nothing(*args: Any, **kwargs: Any) -> None:
+def _nothing() -> Any:
     """Selecting a device, waiting for it, restoring its random state, resetting its
-    allocator's statistics: nothing to do on the trace's one device."""
+    allocator's statistics: nothing to do on the trace's one device. A function of its own for
+    each name, as dynamo's map of torch's functions needs (``compile_state.torchs_own_rules``)."""
+
+    def nothing(*args: Any, **kwargs: Any) -> None:
+        pass
+
+    return nothing
 
 
 def _first(*args: Any, **kwargs: Any) -> int:
@@ -129,8 +139,14 @@ def _first(*args: Any, **kwargs: Any) -> int:
     return 0
 
 
-def _current(*args: Any, **kwargs: Any) -> _Stream:
-    return _CURRENT
+def _current() -> Any:
+    """``current_stream``, ``default_stream``: the trace's one stream (each its own function,
+    as ``_nothing``'s)."""
+
+    def current(*args: Any, **kwargs: Any) -> _Stream:
+        return _CURRENT
+
+    return current
 
 
 @contextlib.contextmanager
@@ -141,24 +157,24 @@ def idle() -> Iterator[None]:
 
     import torch.cuda.random as random
 
-    states: dict[str, Any] = {"get_rng_state": _rng_state, "set_rng_state": _nothing,
-              "get_rng_state_all": _rng_states, "set_rng_state_all": _nothing}  # fmt: skip
+    states: dict[str, Any] = {"get_rng_state": _rng_state, "set_rng_state": _nothing(),
+              "get_rng_state_all": _rng_states, "set_rng_state_all": _nothing()}  # fmt: skip
     with contextlib.ExitStack() as stack:
         stack.enter_context(
             mock.patch.multiple(
                 torch.cuda,
                 current_device=_first,
-                set_device=_nothing,
-                synchronize=_nothing,
+                set_device=_nothing(),
+                synchronize=_nothing(),
                 device=_SameDevice,
                 Stream=_Stream,
                 Event=_Event,
-                current_stream=_current,
-                default_stream=_current,
-                stream=_SameDevice,
-                reset_peak_memory_stats=_nothing,
-                reset_max_memory_allocated=_nothing,
-                reset_accumulated_memory_stats=_nothing,
+                current_stream=_current(),
+                default_stream=_current(),
+                stream=_SameStream,
+                reset_peak_memory_stats=_nothing(),
+                reset_max_memory_allocated=_nothing(),
+                reset_accumulated_memory_stats=_nothing(),
                 **states,
             )
         )
@@ -173,7 +189,7 @@ def for_cpu_tensors() -> Iterator[None]:
     from unittest import mock
 
     with (
-        mock.patch.object(torch.Tensor, "record_stream", _nothing),
+        mock.patch.object(torch.Tensor, "record_stream", _nothing()),
         mock.patch.object(torch, "Generator", _Generator),
     ):
         yield

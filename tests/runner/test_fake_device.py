@@ -147,6 +147,20 @@ def test_torch_compiles_rules_for_torchs_functions_are_built_with_torchs_own() -
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def test_torch_compiles_rules_are_built_again_with_torchs_own_after_a_group_cleared_them() -> None:
+    # a process group's start clears dynamo's map (torch's init_process_group); the next compile
+    # under the stand-ins built it with them: "Duplicate torch object <function _nothing>", a
+    # model compiling its blocks could not be traced after any test that started a group
+    from torch._dynamo.trace_rules import clear_lru_cache, get_torch_obj_rule_map
+
+    own = (torch.cuda.set_device, torch.cuda.synchronize, torch.cuda.current_device)
+    own += (torch.cuda.current_stream, torch.cuda.get_rng_state)
+    clear_lru_cache()  # as init_process_group does
+    with cuda_stand_ins():
+        rules = get_torch_obj_rule_map()
+    assert all(f in rules for f in own)
+
+
 def test_code_overlapping_timing_and_recomputing_on_its_gpu_traces_as_its_twin() -> None:
     # before: "Tried to instantiate dummy base class Stream", "Cannot get CUDA generator without
     # ATen_cuda library", "Torch not compiled with CUDA enabled" (get_rng_state)
