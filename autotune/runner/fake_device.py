@@ -21,22 +21,23 @@ wrapper that keeps a tensor where it stands where they name CUDA, in backward to
 asks a GPU to do (``torch.cuda.current_device()``, which Megatron-style layers pass as a device,
 selecting and waiting for it, its streams, events and random state) is done by nothing where
 this machine has no CUDA device (``idle_gpu``), a device given as an index (``device=0``) is the
-trace's device too, in forward, ``torch.set_default_device("cuda")`` keeps the trace's default,
-and pinned host memory (``.pin_memory()``, ``pin_memory=True``), which needs a GPU, is plain.
-NVTX's profiling ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA
-refuses ("NVTX functions not installed"), mark nothing (torch's private
-``torch.cuda.nvtx._nvtx`` replaced; a CUDA build's left as it is). Where this machine has no
-CUDA device, what the code asks of the device (``torch.cuda.get_device_capability()``,
-``is_available()``) answers as the GPU a plan is for (``planned_gpu``); ``x.is_cuda`` answers as
-this machine does. A dataset GPU code keeps on the GPU is built under the same stand-ins, and
-``CudaMade`` records what it made there (by name, and computed from that; not what it copied
-back to the host): what a GPU holds beside every step. ``tests/runner/test_fake_device.py`` and
-``test_fake_device_data.py`` pin it.
+trace's device too, in backward as in forward (torch's factories wrapped: ``indexed_devices``),
+``torch.set_default_device("cuda")`` keeps the trace's default, and pinned host memory
+(``.pin_memory()``, ``pin_memory=True``), which needs a GPU, is plain. NVTX's profiling ranges
+(``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX functions
+not installed"), mark nothing (torch's private ``torch.cuda.nvtx._nvtx`` replaced; a CUDA
+build's left as it is). Where this machine has no CUDA device, what the code asks of the device
+(``torch.cuda.get_device_capability()``, ``is_available()``) answers as the GPU a plan is for
+(``planned_gpu``); ``x.is_cuda`` answers as this machine does. A dataset GPU code keeps on the
+GPU is built under the same stand-ins, and ``CudaMade`` records what it made there (by name, and
+computed from that; not what it copied back to the host): what a GPU holds beside every step.
+``tests/runner/test_fake_device.py`` and ``test_fake_device_data.py`` pin it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import weakref
 from collections.abc import Iterator
@@ -178,6 +179,47 @@ class _Unmarked:
 
 _TO = torch.Tensor.to  # torch's own, as this module found it
 
+_FACTORIES = (
+    "empty", "zeros", "ones", "full", "arange", "range", "linspace", "logspace", "eye", "rand",
+    "randn", "randint", "randperm", "tensor", "as_tensor", "empty_strided", "scalar_tensor",
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+    "randint_like",
+)  # fmt: skip
+"""torch's factories taking ``device=``, wrapped by ``indexed_devices``."""
+
+_NEW = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor")
+"""The same, ``Tensor``'s."""
+
+
+def _keeping_cuda_out(own: Any, made: CudaMade | None) -> Any:
+    @functools.wraps(own)
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        named = _moved_keyword(kwargs, None)  # the default device (a factory's), or new_*'s own
+        result = own(*args, **kwargs)
+        if made is not None and named:
+            made.add(result)
+        return result
+
+    return factory
+
+
+@contextlib.contextmanager
+def indexed_devices(made: CudaMade | None = None) -> Iterator[None]:
+    """While entered, torch's factories make the default device of a CUDA device they are
+    given, a device index too, in backward as in forward. A checkpointed block that makes a
+    tensor on ``torch.cuda.current_device()`` runs again in backward, where no function mode
+    is active and the dispatch mode (``CudaOpsOnCpu``) comes too late for an index: the Python
+    binding turns it into a device first, and raised ("Cannot access accelerator device when
+    none is available"). What they make on CUDA so goes in ``made``, where given."""
+    from unittest import mock
+
+    with contextlib.ExitStack() as stack:
+        for module, names in ((torch, _FACTORIES), (torch.Tensor, _NEW)):
+            owned = {name: getattr(module, name) for name in names if hasattr(module, name)}
+            wrapped = {name: _keeping_cuda_out(own, made) for name, own in owned.items()}
+            stack.enter_context(mock.patch.multiple(module, **wrapped))
+        yield
+
 
 @contextlib.contextmanager
 def cuda_stand_ins(
@@ -227,6 +269,7 @@ def cuda_stand_ins(
         )
         stack.enter_context(mock.patch.object(torch, "set_default_device", set_default_device))
         stack.enter_context(for_cpu_tensors())  # streams, generators: the trace's are the CPU's
+        stack.enter_context(indexed_devices(made))  # device=0 in a checkpoint's recomputation
         if not torch.cuda.is_available():  # what a GPU does, and what it is: nothing, an H100
             stack.enter_context(idle())
             stack.enter_context(answered(set() if asked is None else asked, available))

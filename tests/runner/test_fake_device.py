@@ -42,11 +42,12 @@ def test_a_model_naming_cuda_traces_for_cuda_as_one_using_its_inputs_device(amp:
     assert named == trace_step(ITS_OWN, 8, amp, device_type="cuda")
 
 
-@pytest.mark.parametrize("model", ["BlocksNamingCuda", "BlocksMovingToCuda"])
+@pytest.mark.parametrize("model", ["BlocksNamingCuda", "BlocksMovingToCuda", "BlocksIndexingCuda"])
 def test_checkpointed_blocks_naming_cuda_run_again_on_the_cpu_in_backward(model: str) -> None:
     # a function mode is not active in backward: the recomputation made its tensor on CUDA
     # ("Recomputed values ... have different metadata than during the forward pass"), or, by
-    # .cuda() or .to("cuda"), raised "not linked with support for cuda devices"
+    # .cuda() or .to("cuda"), raised "not linked with support for cuda devices", or, by a
+    # device index, "Cannot access accelerator device when none is available"
     def traced(model: str) -> object:
         spec = WorkloadSpec(model=f"tests.fixtures.named_cuda:{model}")
         return trace_step(spec, 8, "off", 2, device_type="cuda")
@@ -78,6 +79,7 @@ def test_megatron_style_code_naming_the_current_device_traces_as_its_inputs_devi
 def test_the_stand_ins_leave_torch_as_it_was() -> None:
     to, cuda, current = torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device
     pin, chosen = torch.Tensor.pin_memory, (torch.cuda.set_device, torch.cuda.device)
+    factories = (torch.zeros, torch.Tensor.new_zeros)
     x = torch.ones(2)
     with cuda_stand_ins():
         torch.set_default_device("cuda")
@@ -92,6 +94,7 @@ def test_the_stand_ins_leave_torch_as_it_was() -> None:
                 assert torch.cuda.current_device() == 0  # one device: nothing to select
     assert (torch.Tensor.to, torch.Tensor.cuda, torch.cuda.current_device) == (to, cuda, current)
     assert torch.Tensor.pin_memory is pin
+    assert (torch.zeros, torch.Tensor.new_zeros) == factories
     assert (torch.cuda.set_device, torch.cuda.device) == chosen
     assert torch.get_default_device() == torch.device("cpu")  # a factory's CUDA default: kept out
     if not torch.cuda.is_available():
