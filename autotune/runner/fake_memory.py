@@ -767,8 +767,10 @@ def _trace(
             calls = loop_calls(model, batch) if segments else None
         wrapped, _, _, _ = prepare_model(model, config, device, calls)
         params = wrapped.parameters()
-        # a LightningModule's own, on the fake model, where the user gave none
-        optimizer = chosen_optimizer(factory, model, learning_rate)(params)
+        # a LightningModule's own, on the fake model, where the user gave none; the user's
+        # factory asks after the GPU as the model does (nanoGPT's fused=True on CUDA)
+        with cuda_stand_ins(None, asked, available) if cuda else contextlib.nullcontext():
+            optimizer = chosen_optimizer(factory, model, learning_rate)(params)
         if implementation == "default":  # what the device would run: foreach on CUDA
             implementation = device_default(optimizer, device_type)
         optimizer = with_implementation(optimizer, implementation)

@@ -55,6 +55,19 @@ def test_a_dataset_put_on_the_gpu_where_one_is_there_is_counted_on_it() -> None:
     assert trace_step(spec, 32).dataset_on_device_bytes == 0  # a CPU trace: as this machine
 
 
+def test_an_optimizer_factory_asking_for_a_gpu_is_traced_as_it_builds_on_one() -> None:
+    # before: its factory ran outside the stand-ins, told False: foreach's temporaries counted
+    # (at micro-batch 1, where the optimizer's step is the peak)
+    optimizer = "tests.fixtures.asks_gpu:fused_where_available"
+    factory = WorkloadSpec(model="tests.fixtures.asks_gpu:Attends", optimizer=optimizer)
+    peak = trace_step(factory, 1, device_type="cuda")
+    assert peak.cuda_asked == (AVAILABLE,)
+    spec = WorkloadSpec(model="tests.fixtures.asks_gpu:Attends")
+    fused = trace_step(spec, 1, optimizer_impl="fused", device_type="cuda")
+    assert replace(peak, cuda_asked=()) == fused
+    assert fused.total_bytes < trace_step(spec, 1, device_type="cuda").total_bytes  # foreach
+
+
 def test_code_reaching_for_a_cuda_only_extension_is_traced_on_its_path_without_a_gpu() -> None:
     peak = _traced("FusedWhereAvailable")
     assert peak.cuda_asked == (TOLD_UNAVAILABLE,)
