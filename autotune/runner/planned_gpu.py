@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +106,32 @@ def answered(asked: set[str], available: bool = True) -> Iterator[None]:
         yield
 
 
-def assumed(asked: tuple[str, ...] | set[str]) -> str | None:
+_ASKED_AS_IMPORTED: dict[Hashable, set[str]] = {}
+"""What each workload's modules asked as a plan for CUDA first imported them (``importing``)."""
+
+
+@contextlib.contextmanager
+def importing(workload: Hashable) -> Iterator[None]:
+    """While entered (a plan for CUDA's first look at ``workload``, where its modules are
+    imported), the questions answer as in a trace, on a machine without a CUDA device: a module
+    choosing ``DEVICE = "cuda" if torch.cuda.is_available() else "cpu"`` as it is imported
+    keeps that answer for the rest of the process, its traces included. What it asked is kept
+    as long (``asked_as_imported``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    with answered(_ASKED_AS_IMPORTED.setdefault(workload, set())):
+        yield
+
+
+def asked_as_imported(workload: Hashable) -> frozenset[str]:
+    """What ``workload``'s modules asked as a plan for CUDA imported them (``importing``)."""
+    return frozenset(_ASKED_AS_IMPORTED.get(workload, ()))
+
+
+def assumed(asked: tuple[str, ...] | set[str] | frozenset[str]) -> str | None:
     """What a plan assumed of the GPU where the model's code asked after it (``asked``, as
     ``answered`` records it), or None where it asked nothing."""
     questions = sorted(f"torch.cuda.{name}()" for name in asked if name != TOLD_UNAVAILABLE)

@@ -48,7 +48,7 @@ from autotune.runner.fake_memory import (
     UNIFORM_ROUTING,
     TensorPeak,
 )
-from autotune.runner.planned_gpu import assumed
+from autotune.runner.planned_gpu import asked_as_imported, assumed
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.calibration import Calibration, Point, fit
 from autotune.search.step_traces import Job, Kind, StepTraces, key_of, kind_of
@@ -277,7 +277,9 @@ class MemoryModel:
         said += [FLEX_FUSED] if any(t.flex_fused_calls for t in traces) else []
         offloaded = max((t.offloaded_bytes for t in traces), default=0)  # CUDA's only
         said += [HOST_OFFLOAD.format(size=format_bytes(offloaded))] if offloaded else []
-        gpu = assumed({name for t in traces for name in t.cuda_asked})  # CUDA's only
+        asked = {name for t in traces for name in t.cuda_asked}  # CUDA's only
+        asked |= asked_as_imported(self.workload) if self.device_type == "cuda" else set()
+        gpu = assumed(asked)
         said += [gpu] if gpu else []
         return "; ".join(said) or None
 

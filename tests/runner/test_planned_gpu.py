@@ -121,3 +121,24 @@ def test_a_cuda_plan_says_which_gpu_the_code_was_told(
     plan = json.loads(capsys.readouterr().out)
     assert PLANNED.name in plan["assumption"]
     assert plan["predicted_peak_bytes"] > 0
+
+
+def test_a_device_chosen_as_the_module_is_imported_is_the_planned_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: the plan's checks imported the module told False, DEVICE stayed the CPU for the
+    # process: its dataset planned in host memory, its workers not refused
+    import sys
+
+    sys.modules.pop("tests.fixtures.device_at_import", None)  # this plan imports it first
+    config = tmp_path / "one.yaml"
+    config.write_text(json.dumps({"global_batch_size": 32, "device": "cuda"}))
+    model = "tests.fixtures.device_at_import:Model"
+    common = ["--model", model, "--devices", "1", "--device-memory", "80GiB", "--quiet"]
+    assert main(["plan", *common, "--config", str(config), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["predicted_parts_bytes"]["dataset"] == ON_GPU_BYTES
+    assert "torch.cuda.is_available()" in plan["assumption"]
+    config.write_text(json.dumps({"global_batch_size": 32, "device": "cuda", "num_workers": 2}))
+    assert main(["plan", *common, "--config", str(config)]) != 0
+    assert "num_workers=2: the dataset keeps" in capsys.readouterr().err
