@@ -16,6 +16,7 @@ from autotune.recommendation import Recommendation
 from autotune.result import TrialResult
 from autotune.runner.launch import run_trial as launch
 from autotune.runner.pickled import pickled_reference, release
+from autotune.runner.planned_gpu import importing
 from autotune.runner.platform import resolve_device
 from autotune.runner.references import running_user_code
 from autotune.runner.request import TrialOptions
@@ -377,7 +378,6 @@ def plan(
     if say is not None:
         say(f"reading {workload.model} and its data: imports, a build on the meta device")
     from autotune.runner.fake_memory import warnings_once  # imports torch
-    from autotune.runner.planned_gpu import importing
 
     with warnings_once():  # the model's own warnings, said once: not again by each trace
         # the model's modules imported here: for CUDA, told the planned GPU's answers

@@ -21,17 +21,18 @@ wrapper that keeps a tensor where it stands where they name CUDA, in backward to
 asks a GPU to do (``torch.cuda.current_device()``, which Megatron-style layers pass as a device,
 selecting and waiting for it, its streams, events and random state) is done by nothing where
 this machine has no CUDA device (``idle_gpu``), a device given as an index (``device=0``) is the
-trace's device too, in backward as in forward (torch's factories wrapped: ``indexed_devices``),
-``torch.set_default_device("cuda")`` keeps the trace's default, and pinned host memory
-(``.pin_memory()``, ``pin_memory=True``), which needs a GPU, is plain. NVTX's profiling ranges
-(``torch.cuda.nvtx.range``, ``range_push``), which a build without CUDA refuses ("NVTX functions
-not installed"), mark nothing (torch's private ``torch.cuda.nvtx._nvtx`` replaced; a CUDA
-build's left as it is). Where this machine has no CUDA device, what the code asks of the device
-(``torch.cuda.get_device_capability()``, ``is_available()``) answers as the GPU a plan is for
-(``planned_gpu``); ``x.is_cuda`` answers as this machine does. A dataset GPU code keeps on the
-GPU is built under the same stand-ins, and ``CudaMade`` records what it made there (by name, and
-computed from that; not what it copied back to the host): what a GPU holds beside every step.
-``tests/runner/test_fake_device.py`` and ``test_fake_device_data.py`` pin it.
+trace's device too, in backward as in forward (torch's factories wrapped while a trace's
+backward runs: ``indexed_devices``), ``torch.set_default_device("cuda")`` keeps the trace's
+default, and pinned host memory (``.pin_memory()``, ``pin_memory=True``), which needs a GPU, is
+plain. NVTX's profiling ranges (``torch.cuda.nvtx.range``, ``range_push``), which a build
+without CUDA refuses ("NVTX functions not installed"), mark nothing (torch's private
+``torch.cuda.nvtx._nvtx`` replaced; a CUDA build's left as it is). Where this machine has no
+CUDA device, what the code asks of the device (``torch.cuda.get_device_capability()``,
+``is_available()``) answers as the GPU a plan is for (``planned_gpu``); ``x.is_cuda`` answers as
+this machine does. A dataset GPU code keeps on the GPU is built under the same stand-ins, and
+``CudaMade`` records what it made there (by name, and computed from that; not what it copied
+back to the host): what a GPU holds beside every step. ``tests/runner/test_fake_device.py`` and
+``test_fake_device_data.py`` pin it.
 """
 
 from __future__ import annotations
@@ -191,32 +192,44 @@ _NEW = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor")
 """The same, ``Tensor``'s."""
 
 
-def _keeping_cuda_out(own: Any, made: CudaMade | None) -> Any:
+def _keeping_cuda_out(own: Any) -> Any:
     @functools.wraps(own)
     def factory(*args: Any, **kwargs: Any) -> Any:
-        named = _moved_keyword(kwargs, None)  # the default device (a factory's), or new_*'s own
-        result = own(*args, **kwargs)
-        if made is not None and named:
-            made.add(result)
-        return result
+        _moved_keyword(kwargs, None)  # the default device (a factory's), or new_*'s own
+        return own(*args, **kwargs)
 
     return factory
 
 
+def _device_contexts_built() -> None:
+    """``with torch.device(...)`` knows the factories it gives its device by a set built once
+    a process (``torch.utils._device._device_constructors``, private, cached; pinned by
+    tests/runner/test_fake_device.py): built while they are wrapped (``indexed_devices``), it
+    held the wrappers, and every later ``with torch.device("meta")`` made its tensors on the
+    CPU. Built here first; where a release moves it, nothing is done (the wrappers stand only
+    while a trace's backward runs, where no such context is entered)."""
+    built = getattr(getattr(torch.utils, "_device", None), "_device_constructors", None)
+    if callable(built):
+        built()
+
+
 @contextlib.contextmanager
-def indexed_devices(made: CudaMade | None = None) -> Iterator[None]:
-    """While entered, torch's factories make the default device of a CUDA device they are
-    given, a device index too, in backward as in forward. A checkpointed block that makes a
-    tensor on ``torch.cuda.current_device()`` runs again in backward, where no function mode
-    is active and the dispatch mode (``CudaOpsOnCpu``) comes too late for an index: the Python
+def indexed_devices() -> Iterator[None]:
+    """While entered (a trace for CUDA's backward), torch's factories make the default device
+    of a CUDA device they are given, a device index too. A checkpointed block that makes a
+    tensor on ``torch.cuda.current_device()`` runs again in backward, where no function mode is
+    active and the dispatch mode (``CudaOpsOnCpu``) comes too late for an index: the Python
     binding turns it into a device first, and raised ("Cannot access accelerator device when
-    none is available"). What they make on CUDA so goes in ``made``, where given."""
+    none is available")."""
     from unittest import mock
 
+    import torch.utils._device  # what _device_contexts_built reads
+
+    _device_contexts_built()
     with contextlib.ExitStack() as stack:
         for module, names in ((torch, _FACTORIES), (torch.Tensor, _NEW)):
             owned = {name: getattr(module, name) for name in names if hasattr(module, name)}
-            wrapped = {name: _keeping_cuda_out(own, made) for name, own in owned.items()}
+            wrapped = {name: _keeping_cuda_out(own) for name, own in owned.items()}
             stack.enter_context(mock.patch.multiple(module, **wrapped))
         yield
 
@@ -269,7 +282,6 @@ def cuda_stand_ins(
         )
         stack.enter_context(mock.patch.object(torch, "set_default_device", set_default_device))
         stack.enter_context(for_cpu_tensors())  # streams, generators: the trace's are the CPU's
-        stack.enter_context(indexed_devices(made))  # device=0 in a checkpoint's recomputation
         if not torch.cuda.is_available():  # what a GPU does, and what it is: nothing, an H100
             stack.enter_context(idle())
             stack.enter_context(answered(set() if asked is None else asked, available))

@@ -712,6 +712,7 @@ def _trace(
         CudaOnCpu,
         CudaOpsOnCpu,
         cuda_stand_ins,
+        indexed_devices,
     )
     from autotune.runner.fake_flex import CudaFlexAttention  # imports torch
     from autotune.runner.fake_offload import host_offload  # imports torch
@@ -815,8 +816,10 @@ def _trace(
                 loss = call_loss(loss_fn, output, target, kwargs)
             # The output (a language model's logits and key/value cache) is held through
             # backward and the optimizer's step, as the trials' step holds it: it goes when
-            # the next step's output replaces it.
-            loss.backward()
+            # the next step's output replaces it. A device index in a checkpoint's
+            # recomputation: the trace's device (``fake_device.indexed_devices``).
+            with indexed_devices() if cuda else contextlib.nullcontext():
+                loss.backward()
             if flex:
                 flex.give_gradients()
             backward = _by_kind(tracker.get_tracker_snapshot("peak"))

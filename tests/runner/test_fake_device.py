@@ -195,3 +195,23 @@ def test_what_a_gpu_would_do_is_done_by_nothing_and_then_torchs_own_again() -> N
     assert (*after, torch.Tensor.record_stream) == own
     with pytest.raises((RuntimeError, AssertionError)):
         torch.cuda.get_rng_state()
+
+
+def test_the_wrapped_factories_leave_torchs_device_contexts_their_own() -> None:
+    # torch.device's context knows its factories by a set built once (torch.utils._device,
+    # private): built while they were wrapped, every later `with torch.device("meta")` made
+    # its tensors on the CPU (the meta builds of eight tests failed)
+    import torch.utils._device as device_context
+
+    from autotune.runner.fake_device import indexed_devices
+
+    device_context._device_constructors.cache_clear()  # as in a fresh process
+    x = torch.ones(2)
+    with indexed_devices():
+        assert torch.zeros(2, device=0).device.type == "cpu"  # an index: the trace's device
+        assert x.new_ones(2, device="cuda").device.type == "cpu"
+        with torch.device("meta"):
+            assert torch.zeros(2).device.type == "meta"
+    with torch.device("meta"):
+        assert torch.zeros(2).device.type == "meta"
+    assert torch.zeros in device_context._device_constructors()
