@@ -1,7 +1,8 @@
 """The GPU a plan for CUDA is made for, as the model's own code asks after it.
 
-GPU code asks which device it runs on: ``torch.cuda.get_device_capability()`` to pick its
-attention (flash from capability 8.0), ``torch.cuda.is_bf16_supported()`` for its precision,
+GPU code asks which device it runs on: ``torch.cuda.get_device_capability()`` or
+``torch.backends.cuda.is_flash_attention_available()`` to pick its attention (flash from
+capability 8.0), ``torch.cuda.is_bf16_supported()`` for its precision,
 ``torch.cuda.get_device_properties(0).total_memory`` or ``mem_get_info()`` to size a cache,
 ``device_count()`` to split its work, ``torch.cuda.is_available()`` to choose "cuda" over "cpu"
 for a buffer or a dataset. On a machine without a CUDA device most of them raise ("Torch not
@@ -93,15 +94,19 @@ def answered(asked: set[str], available: bool = True) -> Iterator[None]:
         return question
 
     capability = (PLANNED.major, PLANNED.minor)
-    with mock.patch.multiple(
-        torch.cuda,
-        is_available=is_available,
-        get_device_capability=told("get_device_capability", capability),
-        get_device_properties=told("get_device_properties", PLANNED),
-        get_device_name=told("get_device_name", PLANNED.name),
-        is_bf16_supported=told("is_bf16_supported", True),
-        device_count=told("device_count", 1),
-        mem_get_info=told("mem_get_info", (PLANNED.total_memory, PLANNED.total_memory)),
+    flash = "torch.backends.cuda.is_flash_attention_available"
+    with (
+        mock.patch.object(torch.backends.cuda, "is_flash_attention_available", told(flash, True)),
+        mock.patch.multiple(
+            torch.cuda,
+            is_available=is_available,
+            get_device_capability=told("get_device_capability", capability),
+            get_device_properties=told("get_device_properties", PLANNED),
+            get_device_name=told("get_device_name", PLANNED.name),
+            is_bf16_supported=told("is_bf16_supported", True),
+            device_count=told("device_count", 1),
+            mem_get_info=told("mem_get_info", (PLANNED.total_memory, PLANNED.total_memory)),
+        ),
     ):
         yield
 
@@ -134,7 +139,11 @@ def asked_as_imported(workload: Hashable) -> frozenset[str]:
 def assumed(asked: tuple[str, ...] | set[str] | frozenset[str]) -> str | None:
     """What a plan assumed of the GPU where the model's code asked after it (``asked``, as
     ``answered`` records it), or None where it asked nothing."""
-    questions = sorted(f"torch.cuda.{name}()" for name in asked if name != TOLD_UNAVAILABLE)
+    questions = sorted(
+        f"{name if name.startswith('torch.') else 'torch.cuda.' + name}()"
+        for name in asked
+        if name != TOLD_UNAVAILABLE
+    )
     counted = " (one device a process)" if "device_count" in asked else ""
     said = []
     if questions:

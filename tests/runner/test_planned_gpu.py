@@ -29,6 +29,7 @@ def _traced(model: str, **options: object) -> TensorPeak:
     ("model", "asked"),
     [
         ("AsksCapability", ("get_device_capability",)),
+        ("AsksForFlash", ("torch.backends.cuda.is_flash_attention_available",)),
         ("AsksProperties", ("get_device_name", "get_device_properties", "is_bf16_supported")),
     ],
 )
