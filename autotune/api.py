@@ -379,17 +379,17 @@ def plan(
         say(f"reading {workload.model} and its data: imports, a build on the meta device")
     from autotune.runner.fake_memory import warnings_once  # imports torch
 
-    with warnings_once():  # the model's own warnings, said once: not again by each trace
-        # the model's modules imported here: for CUDA, told the planned GPU's answers
-        with importing(workload) if device == "cuda" else contextlib.nullcontext():
-            check_workload(workload)
-            check_batches(workload)
-            check_optimizer(workload)
-            if chosen is not None:
-                gbs = chosen.global_batch_size
-            else:
-                settings = make_settings({"global_batch_size": global_batch_size})
-                gbs = resolve_global_batch(workload, settings)[0].global_batch_size or 0
+    # the model's modules imported and built here: for CUDA, told the planned GPU's answers
+    gpu = importing(workload) if device == "cuda" else contextlib.nullcontext()
+    with warnings_once(), gpu:  # the model's own warnings, said once: not again by each trace
+        check_workload(workload)
+        check_batches(workload)
+        check_optimizer(workload)
+        if chosen is not None:
+            gbs = chosen.global_batch_size
+        else:
+            settings = make_settings({"global_batch_size": global_batch_size})
+            gbs = resolve_global_batch(workload, settings)[0].global_batch_size or 0
         measure = None
         if calibrate:
             if resolve_device("auto") != device:

@@ -241,8 +241,10 @@ def cuda_stand_ins(
     """While entered, ``Tensor.to``/``Tensor.cuda`` keep a tensor where it stands where they
     name CUDA (recording it in ``made``, where given), ``torch.cuda.current_device()`` answers
     0 on a build without a CUDA device, where the device's questions answer as the planned
-    GPU's (``planned_gpu.answered``: recorded in ``asked``, ``is_available()`` answering
-    ``available`` to the model's code), and NVTX's ranges mark nothing (see the module).
+    GPU's where ``asked`` is given (``planned_gpu.answered``: recorded there,
+    ``is_available()`` answering ``available`` to the model's code; a meta build's questions
+    are answered so only within a plan for CUDA, ``planned_gpu.importing``: the same build
+    serves a CPU search's questions), and NVTX's ranges mark nothing (see the module).
     Leaving restores torch's own."""
     from unittest import mock
 
@@ -284,7 +286,8 @@ def cuda_stand_ins(
         stack.enter_context(for_cpu_tensors())  # streams, generators: the trace's are the CPU's
         if not torch.cuda.is_available():  # what a GPU does, and what it is: nothing, an H100
             stack.enter_context(idle())
-            stack.enter_context(answered(set() if asked is None else asked, available))
+            if asked is not None:  # a trace's: a meta build answers in a CUDA plan's only
+                stack.enter_context(answered(asked, available))
         stack.enter_context(unmarked_ranges())
         yield
 

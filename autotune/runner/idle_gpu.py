@@ -84,15 +84,15 @@ _CURRENT = _Stream()
 
 
 class _SameDevice(contextlib.nullcontext):  # type: ignore[type-arg]
-    """``torch.cuda.device(i)``, ``torch.cuda.stream(s)``: the trace's one device and stream
-    stay selected."""
+    """``torch.cuda.device(i)``: the trace's one device stays selected."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
 
 
 class _SameStream(_SameDevice):
-    """``torch.cuda.stream(s)``."""
+    """``torch.cuda.stream(s)``: the trace's one stream stays selected (a class of its own, as
+    ``_nothing``'s functions are)."""
 
 
 _GENERATOR = torch.Generator

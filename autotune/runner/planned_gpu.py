@@ -117,11 +117,11 @@ _ASKED_AS_IMPORTED: dict[Hashable, set[str]] = {}
 
 @contextlib.contextmanager
 def importing(workload: Hashable) -> Iterator[None]:
-    """While entered (a plan for CUDA's first look at ``workload``, where its modules are
-    imported), the questions answer as in a trace, on a machine without a CUDA device: a module
-    choosing ``DEVICE = "cuda" if torch.cuda.is_available() else "cpu"`` as it is imported
-    keeps that answer for the rest of the process, its traces included. What it asked is kept
-    as long (``asked_as_imported``)."""
+    """While entered (a plan for CUDA, from its first look at ``workload``, where its modules
+    are imported, to its builds on the meta device), the questions answer as in a trace, on a
+    machine without a CUDA device: a module choosing ``DEVICE = "cuda" if
+    torch.cuda.is_available() else "cpu"`` as it is imported keeps that answer for the rest of
+    the process, its traces included. What it asked is kept as long (``asked_as_imported``)."""
     import torch
 
     if torch.cuda.is_available():

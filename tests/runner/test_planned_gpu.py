@@ -143,3 +143,18 @@ def test_a_device_chosen_as_the_module_is_imported_is_the_planned_gpu(
     config.write_text(json.dumps({"global_batch_size": 32, "device": "cuda", "num_workers": 2}))
     assert main(["plan", *common, "--config", str(config)]) != 0
     assert "num_workers=2: the dataset keeps" in capsys.readouterr().err
+
+
+def test_a_meta_build_answers_as_the_planned_gpu_only_within_a_plan_for_cuda() -> None:
+    # the same build serves a CPU search's questions, whose trials run on this machine
+    from autotune.runner.planned_gpu import importing
+    from autotune.search.meta_build import forget, meta_model
+
+    model = "tests.fixtures.asks_gpu:AsksCapability"
+    forget()
+    assert meta_model(model) is None  # as its CPU trial: "Torch not compiled with CUDA enabled"
+    forget()
+    with importing(WorkloadSpec(model=model)):
+        built = meta_model(model)
+    assert built is not None and built[1].fused  # flash, as on the planned GPU
+    forget()
