@@ -20,9 +20,8 @@ from tests.fixtures.gpu_data import ON_GPU_BYTES
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a CUDA device")
 
 
-def _traced(model: str, **options: object) -> TensorPeak:
-    spec = WorkloadSpec(model=f"tests.fixtures.asks_gpu:{model}", **options)  # type: ignore[arg-type]
-    return trace_step(spec, 8, device_type="cuda")
+def _traced(model: str) -> TensorPeak:
+    return trace_step(WorkloadSpec(model=f"tests.fixtures.asks_gpu:{model}"), 8, device_type="cuda")
 
 
 @pytest.mark.parametrize(
