@@ -51,15 +51,18 @@ class Properties:
 
 
 PLANNED = Properties(
-    name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=80 * 2**30,
+    name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=85_017_493_504,
     multi_processor_count=132,
 )  # fmt: skip
+"""The lent H100's name and memory as torch reported them (``results/gpu/
+h100_gpt2_124m_search.json``, its platform), its capability and multiprocessors as NVIDIA
+gives them."""
 
 
 def planned_words() -> str:
     """``PLANNED`` in words, for a plan's assumptions."""
     gib = PLANNED.total_memory / 2**30
-    return f"an {PLANNED.name} (capability {PLANNED.major}.{PLANNED.minor}, {gib:.0f} GiB)"
+    return f"an {PLANNED.name} (capability {PLANNED.major}.{PLANNED.minor}, {gib:.1f} GiB)"
 
 
 def _callers_own(depth: int = 2) -> bool:
