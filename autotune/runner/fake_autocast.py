@@ -33,7 +33,12 @@ in bf16 (its activations half what a GPU holds), a model's own bf16 traced in fp
 ``cuda_regions()`` is entered (a trace for CUDA) such a region acts on the CPU autocast instead,
 with CUDA's default dtype (float16) where it names none. A decorator made at import with
 ``enabled=True`` was already disabled by torch on this machine and stays so (its region runs in
-the trainer's precision).
+the trainer's precision). So does a function the model decorates with
+``torch.amp.custom_fwd(device_type="cuda", cast_inputs=...)`` (or ``torch.cuda.amp``'s): it
+asks ``torch.is_autocast_enabled("cuda")``, which answers the trace's CPU autocast while
+``cuda_regions()`` is entered (``get_autocast_dtype("cuda")`` too), and its inputs are cast
+where they stand, the trace's CPU (``_cast_as_cuda``): a function kept in float32 so saves
+float32 tensors in a 16-bit trial, as on a GPU, not the 16-bit ones it came with.
 """
 
 from __future__ import annotations
@@ -194,6 +199,13 @@ def cuda_regions() -> Iterator[None]:
     from torch.amp.autocast_mode import autocast
 
     made, entered, left = autocast.__init__, autocast.__enter__, autocast.__exit__
+    own_enabled, own_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+
+    def enabled(device_type: str = "cuda") -> bool:  # no device: CUDA's, as torch's own
+        return bool(own_enabled("cpu" if device_type == "cuda" else device_type))
+
+    def autocast_dtype(device_type: str) -> torch.dtype:
+        return own_dtype("cpu" if device_type == "cuda" else device_type)
 
     def init(
         self: Any,
@@ -203,7 +215,7 @@ def cuda_regions() -> Iterator[None]:
         cache_enabled: bool | None = None,
     ) -> None:
         if device_type == "cuda":  # CUDA's default dtype, float16, where none is named
-            device_type, dtype = "cpu", dtype or torch.get_autocast_dtype("cuda")
+            device_type, dtype = "cpu", dtype or own_dtype("cuda")
         made(self, device_type, dtype, enabled, cache_enabled)
 
     def enter(self: Any) -> Any:
@@ -222,7 +234,39 @@ def cuda_regions() -> Iterator[None]:
                 if depth == 1:
                     self.device = "cuda"  # as it was made, for any use after the trace
 
-    with mock.patch.multiple(autocast, __init__=init, __enter__=enter, __exit__=leave):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(
+            mock.patch.multiple(autocast, __init__=init, __enter__=enter, __exit__=leave)
+        )
+        stack.enter_context(
+            mock.patch.multiple(
+                torch, is_autocast_enabled=enabled, get_autocast_dtype=autocast_dtype
+            )
+        )
+        stack.enter_context(_cast_as_cuda())
+        yield
+
+
+@contextlib.contextmanager
+def _cast_as_cuda() -> Iterator[None]:
+    """``custom_fwd(device_type="cuda", cast_inputs=...)`` casts the tensors its ``_cast``
+    finds on CUDA (private: ``torch.amp.autocast_mode._cast``, pinned by
+    tests/runner/test_fake_autocast.py): the trace's CPU tensors too, while entered. Where a
+    release moves it, nothing is done: such a function's inputs stay as they come (said in
+    the module)."""
+    from unittest import mock
+
+    import torch.amp.autocast_mode as mode
+
+    own = getattr(mode, "_cast", None)
+    if own is None:
+        yield
+        return
+
+    def cast(value: Any, device_type: str, dtype: torch.dtype) -> Any:
+        return own(value, "cpu" if device_type == "cuda" else device_type, dtype)
+
+    with mock.patch.object(mode, "_cast", cast):
         yield
 
 

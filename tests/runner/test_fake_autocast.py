@@ -140,6 +140,17 @@ def test_a_region_the_model_keeps_in_float32_on_cuda_is_traced_in_float32(model:
     assert _traced(model, "bf16", "cpu") == _traced("Stack", "bf16", "cpu")
 
 
+def test_a_function_custom_fwd_keeps_in_float32_on_cuda_is_traced_in_float32() -> None:
+    # custom_fwd(device_type="cuda", cast_inputs=float32) asked is_autocast_enabled("cuda"),
+    # False on the trace's CPU autocast, and cast only tensors on CUDA: traced with the bf16
+    # input it came with, half what a GPU saves
+    assert callable(getattr(torch.amp.autocast_mode, "_cast", None))  # private, relied on
+    decorated = _traced("SwishesDecoratedFp32", "bf16")
+    assert decorated == _traced("SwishesInFp32Region", "bf16") > _traced("Swishes", "bf16")
+    # on a CPU the decorator does nothing, as in the CPU trial
+    assert _traced("SwishesDecoratedFp32", "bf16", "cpu") == _traced("Swishes", "bf16", "cpu")
+
+
 def test_the_models_own_cuda_autocast_is_traced_in_its_precision() -> None:
     assert _traced("OwnCudaBf16", "off") == _traced("Stack", "bf16") < _traced("Stack", "off")
 
@@ -153,6 +164,8 @@ def test_autocast_is_torchs_own_again_after_the_regions() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16) as region:
             assert region.device == "cpu" and torch.is_autocast_enabled("cpu")
             assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+            assert torch.is_autocast_enabled("cuda") and torch.is_autocast_enabled()  # the CPU's
+            assert torch.get_autocast_dtype("cuda") == torch.bfloat16
             with before:
                 assert before.device == "cpu" and not torch.is_autocast_enabled("cpu")
             assert torch.is_autocast_enabled("cpu")
@@ -160,3 +173,6 @@ def test_autocast_is_torchs_own_again_after_the_regions() -> None:
     assert before.device == "cuda"
     assert (autocast.__init__, autocast.__enter__, autocast.__exit__) == own
     assert torch.autocast("cpu").device == "cpu"
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # CUDA's own answers again
+        assert not torch.is_autocast_enabled("cuda")
+        assert torch.get_autocast_dtype("cuda") == torch.float16
