@@ -28,8 +28,9 @@ plain. NVTX's profiling ranges (``torch.cuda.nvtx.range``, ``range_push``), whic
 without CUDA refuses ("NVTX functions not installed"), mark nothing (torch's private
 ``torch.cuda.nvtx._nvtx`` replaced; a CUDA build's left as it is). Where this machine has no
 CUDA device, what the code asks of the device (``torch.cuda.get_device_capability()``,
-``is_available()``) answers as the GPU a plan is for (``planned_gpu``); ``x.is_cuda`` answers as
-this machine does. A dataset GPU code keeps on the GPU is built under the same stand-ins, and
+``is_available()``) answers as the GPU a plan is for in a trace's step and throughout a plan for
+CUDA, not in a meta build that may serve a CPU search (``planned_gpu``); ``x.is_cuda`` answers
+as this machine does. A dataset GPU code keeps on the GPU is built under the same stand-ins, and
 ``CudaMade`` records what it made there (by name, and computed from that; not what it copied
 back to the host): what a GPU holds beside every step. ``tests/runner/test_fake_device.py`` and
 ``test_fake_device_data.py`` pin it.
