@@ -153,8 +153,7 @@ def assumed(asked: tuple[str, ...] | set[str] | frozenset[str]) -> str | None:
         said.append(
             f"the model's code asked which GPU it runs on ({', '.join(questions)}): answered as "
             f"{planned_words()}{counted}, the step traced for that GPU (on another the code may "
-            "choose "
-            "otherwise)"
+            "choose otherwise)"
         )
     if TOLD_UNAVAILABLE in asked:
         said.append(
