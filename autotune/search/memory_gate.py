@@ -17,7 +17,7 @@ from autotune.config import TrainConfig
 from autotune.records import PREDICTED_NOT_TO_FIT
 from autotune.runner.fake_memory import MODEL_AT_FAULT, UNUSED_PARAMETERS
 from autotune.search.log import StudyLog
-from autotune.search.memory_model import MemoryModel, Prediction, traced_amp
+from autotune.search.memory_model import MemoryModel, Prediction, config_kind
 from autotune.search.precheck import measured_estimate
 from autotune.search.proposer import Proposer
 from autotune.search.step_traces import Kind, kind_of, kind_words
@@ -65,7 +65,7 @@ class MemoryGate:
     def predict(self, config: TrainConfig) -> Prediction | None:
         """``config``'s peak as the model predicts it now (None: the model defeats the fake
         tensors, said once)."""
-        if self.model is None or self._kind(config) in self.failing:
+        if self.model is None or config_kind(config) in self.failing:
             return None
         failed_before = self.model.trace_error is not None
         assumed_before = self.model.assumption is not None
@@ -73,7 +73,7 @@ class MemoryGate:
         error = self.model.trace_error
         if error is not None and not failed_before:
             if self._fails_alone(config, error):
-                kind = self._kind(config)
+                kind = config_kind(config)
                 self.failing[kind] = error
                 self.say(
                     f"memory: {kind_words(kind)} could not be traced under fake tensors: "
@@ -92,10 +92,6 @@ class MemoryGate:
                 self.say(f"{UNUSED_PARAMETERS}: DDP trials run with find_unused_parameters=True")
         return prediction
 
-    @staticmethod
-    def _kind(config: TrainConfig) -> Kind:
-        return kind_of(traced_amp(config), config.checkpoint_segments)
-
     def _fails_alone(self, config: TrainConfig, error: str) -> bool:
         """Whether ``config``'s step failing with ``error`` fails for its kind alone: an error
         of the model's own (not of fake tensors' limits), where the step of another kind (the
@@ -105,7 +101,7 @@ class MemoryGate:
         assert self.model is not None  # only a model's error is asked of
         if MODEL_AT_FAULT not in error:
             return False
-        kind = self._kind(config)
+        kind = config_kind(config)
         others = [a for a in ("off", "bf16") if kind_of(a, 0) not in (kind, *self.failing)]
         if not others:  # every kind without checkpointing failed: the model's failure
             return False
@@ -133,7 +129,7 @@ class MemoryGate:
         (``precheck.measured_estimate``), so that its error is shown too."""
         prediction = self.predict(config)
         untraced = self.model is not None and (
-            self.model.trace_error is not None or self._kind(config) in self.failing
+            self.model.trace_error is not None or config_kind(config) in self.failing
         )
         if prediction is None and untraced:
             found = measured_estimate(config, self.log.observations())

@@ -106,6 +106,12 @@ def traced_amp(config: TrainConfig) -> str:
     return "bf16" if config.fsdp_mixed_precision != "off" else config.amp
 
 
+def config_kind(config: TrainConfig) -> Kind:
+    """The kind of step ``config`` traces (``step_traces.Kind``): its traced precision, and
+    whether it checkpoints."""
+    return kind_of(traced_amp(config), config.checkpoint_segments)
+
+
 def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
     """The tensors one device holds at its peak under ``config``'s parallel mode, by part."""
     parts = {
@@ -364,7 +370,7 @@ class MemoryModel:
         return None if eager is None else _as_run(eager, config)
 
     def _eager_peak(self, config: TrainConfig) -> TensorPeak | None:
-        if kind_of(traced_amp(config), config.checkpoint_segments) in self.untraced:
+        if config_kind(config) in self.untraced:
             return None
         if config.processes > 1 and self._world_dependent is None:
             self._world_dependent = self._depends_on_world(config)

@@ -22,7 +22,12 @@ from autotune.errors import ConfigError
 from autotune.runner.fake_memory import MODEL_AT_FAULT
 from autotune.runner.workload import WorkloadSpec, describe_optimizer
 from autotune.search.calibration import Point, fit, prior_for
-from autotune.search.memory_model import MEMORY_FIELDS, MemoryModel, Prediction, traced_amp
+from autotune.search.memory_model import (
+    MEMORY_FIELDS,
+    MemoryModel,
+    Prediction,
+    config_kind,
+)
 from autotune.search.meta_build import configures_optimizer
 from autotune.search.model_facts import (
     check_segments,
@@ -39,7 +44,7 @@ from autotune.search.refusals import (
 )
 from autotune.search.side_by_side import processes_here
 from autotune.search.space import Param, SearchSpace, enumerate_configs
-from autotune.search.step_traces import kind_of
+from autotune.search.step_traces import Kind
 
 NOT_ENUMERATED = ("device", "compile", "optimizer_impl", "bucket_cap_mb", "expandable_segments")
 MEMORY_KNOBS = tuple(k for k in MEMORY_FIELDS if k not in NOT_ENUMERATED)
@@ -314,14 +319,14 @@ def _kinds_apart(
     enables CUDA's flash kernel alone, in float32; checkpointing a model whose blocks the meta
     build could not see) is left out with a line saying why, not the whole plan. The rows, the
     models that traced, the lines; None where no kind traces (the model's own failure)."""
-    kinds: dict[tuple[str, bool], list[TrainConfig]] = {}
+    kinds: dict[Kind, list[TrainConfig]] = {}
     for c in configs:
-        kinds.setdefault(kind_of(traced_amp(c), c.checkpoint_segments), []).append(c)
+        kinds.setdefault(config_kind(c), []).append(c)
     if len(kinds) < 2:
         return None
     rows: list[PlanRow] = []
     models: list[MemoryModel] = []
-    failing: dict[str, list[tuple[str, bool]]] = {}
+    failing: dict[str, list[Kind]] = {}
     for kind, members in kinds.items():
         alone = MemoryModel(model.workload, model.device_type, model.prior, model.calibration)
         if len(members) > 1:
@@ -342,7 +347,7 @@ def _kinds_apart(
     return rows, models, lines
 
 
-def _kinds_phrase(failing: list[tuple[str, bool]], present: set[tuple[str, bool]]) -> str:
+def _kinds_phrase(failing: list[Kind], present: set[Kind]) -> str:
     """The configurations of the ``failing`` kinds of step (precision, checkpointing), of the
     ``present`` ones, in the words of their knobs."""
     amp = {"fp32": "amp off", "16-bit": "amp fp16, bf16 (and FSDP's bf16 parameters)"}
