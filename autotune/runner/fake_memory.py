@@ -29,7 +29,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import WorkloadError, error_line
-from autotune.runner.compile_state import eager_compiles
+from autotune.runner.compile_state import eager_compiles, torchs_own_rules
 from autotune.runner.fake_batch import fake_batch, varying
 from autotune.runner.fake_group import fake_group, in_group
 from autotune.runner.fake_transformers import values_read_where_known
@@ -631,9 +631,9 @@ def trace_step(
             # torch's note on building a sparse gradient (an EmbeddingBag(sparse=True)'s, in
             # Adagrad's step), said from inside the trace as if the tool's own
             warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
-            # torch.compile's map of torch's functions, built as it is imported: before any
-            # stand-in below is entered (``fake_device.cuda_stand_ins`` says why)
-            import torch._dynamo  # noqa: F401
+            # torch.compile's map of torch's functions, built with torch's own before any
+            # stand-in below is entered, and again where a process group cleared it
+            torchs_own_rules()
 
             from autotune.runner.fake_bias import causal_biases  # imports torch
             from autotune.runner.fake_routing import unchecked_distributions  # imports torch
@@ -735,13 +735,15 @@ def _trace(
     cuda = device_type == "cuda"  # the trace's CPU tensors stand for a CUDA device's
     named = CudaOnCpu() if cuda else contextlib.nullcontext()  # "cuda" in the model's code
     asked = set() if asked is None else asked  # what the model's code asked of the GPU
-    with cuda_stand_ins(None, asked, available) if cuda else contextlib.nullcontext(), named:
+
+    def stand_ins(made: CudaMade | None = None) -> Any:
+        """``cuda_stand_ins`` for a trace for CUDA, answering and recording into ``asked``."""
+        return cuda_stand_ins(made, asked, available) if cuda else contextlib.nullcontext()
+
+    with stand_ins(), named:
         module, model = _fake_model(spec, mode, routing)
     made = CudaMade() if cuda else None  # a dataset kept on the GPU: real tensors, here
-    with (
-        cuda_stand_ins(made, asked, available) if cuda else contextlib.nullcontext(),
-        CudaOnCpu(made) if cuda else contextlib.nullcontext(),
-    ):
+    with stand_ins(made), CudaOnCpu(made) if cuda else contextlib.nullcontext():
         dataset, _ = load_dataset(spec, module, model)
         loss_fn, _ = load_loss(spec, module)
         factory, _ = load_optimizer(spec, module)
@@ -770,7 +772,7 @@ def _trace(
         params = wrapped.parameters()
         # a LightningModule's own, on the fake model, where the user gave none; the user's
         # factory asks after the GPU as the model does (nanoGPT's fused=True on CUDA)
-        with cuda_stand_ins(None, asked, available) if cuda else contextlib.nullcontext():
+        with stand_ins():
             optimizer = chosen_optimizer(factory, model, learning_rate)(params)
         if implementation == "default":  # what the device would run: foreach on CUDA
             implementation = device_default(optimizer, device_type)
@@ -784,7 +786,7 @@ def _trace(
         flex = CudaFlexAttention(flex_fused) if cuda else None  # a CPU refuses to run it
         offload = host_offload() if cuda else contextlib.nullcontext()
         # Tensor.to("cuda"), current_device(), NVTX: in backward too, and on a CPU build
-        stand_ins = cuda_stand_ins(None, asked, available) if cuda else contextlib.nullcontext()
+        step_stand_ins = stand_ins()
         workspace = fake_recurrent.RecurrentWorkspace()  # type: ignore[no-untyped-call]
         packing = fake_recurrent.PackedSequences(routing, cpu=device_type == "cpu")
         scalars = FormattedScalars()
@@ -799,7 +801,7 @@ def _trace(
             named,
             ops_named,  # and in backward, where a function mode is not active
             SameDtypes(),  # type: ignore[no-untyped-call]  # what a real matmul checks
-            stand_ins,
+            step_stand_ins,
             attention,
             flex or contextlib.nullcontext(),  # above the tracker: it sees the scores
             packing,
