@@ -202,10 +202,10 @@ def cuda_regions() -> Iterator[None]:
     own_enabled, own_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
 
     def enabled(device_type: str = "cuda") -> bool:  # no device: CUDA's, as torch's own
-        return bool(own_enabled("cpu" if device_type == "cuda" else device_type))
+        return bool(own_enabled(_on_cpu(device_type)))
 
     def autocast_dtype(device_type: str) -> torch.dtype:
-        return own_dtype("cpu" if device_type == "cuda" else device_type)
+        return own_dtype(_on_cpu(device_type))
 
     def init(
         self: Any,
@@ -247,6 +247,11 @@ def cuda_regions() -> Iterator[None]:
         yield
 
 
+def _on_cpu(device_type: str) -> str:
+    """The trace's CPU where ``device_type`` is CUDA: the autocast that stands for CUDA's."""
+    return "cpu" if device_type == "cuda" else device_type
+
+
 @contextlib.contextmanager
 def _cast_as_cuda() -> Iterator[None]:
     """``custom_fwd(device_type="cuda", cast_inputs=...)`` casts the tensors its ``_cast``
@@ -264,7 +269,7 @@ def _cast_as_cuda() -> Iterator[None]:
         return
 
     def cast(value: Any, device_type: str, dtype: torch.dtype) -> Any:
-        return own(value, "cpu" if device_type == "cuda" else device_type, dtype)
+        return own(value, _on_cpu(device_type), dtype)
 
     with mock.patch.object(mode, "_cast", cast):
         yield
