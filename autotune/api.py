@@ -16,7 +16,15 @@ from autotune.recommendation import Recommendation
 from autotune.result import TrialResult
 from autotune.runner.launch import run_trial as launch
 from autotune.runner.pickled import pickled_reference, release
-from autotune.runner.planned_gpu import importing
+from autotune.runner.planned_gpu import (
+    GPUS,
+    PLANNED,
+    Properties,
+    gpu_words,
+    importing,
+    planning,
+    this_machines,
+)
 from autotune.runner.platform import resolve_device
 from autotune.runner.references import running_user_code
 from autotune.runner.request import TrialOptions
@@ -338,8 +346,9 @@ def plan(
     model: Reference,
     *,
     devices: int,
-    device_memory: str | int,
+    device_memory: str | int | None = None,
     device: str | None = None,
+    gpu: str | None = None,
     space: str | None = "default",
     config: TrainConfig | dict[str, Any] | str | Path | None = None,
     global_batch_size: int | None = None,
@@ -355,7 +364,9 @@ def plan(
 ) -> Plan:
     """The predicted peak per device of every configuration of ``space`` (or of ``config``)
     on ``devices`` devices of ``device_memory`` each, without running a step: the model traced
-    under fake tensors on this machine. ``calibrate=True`` first runs one short real trial here
+    under fake tensors on this machine. ``gpu``: which GPU a plan for CUDA is for, one of
+    ``planned_gpu.GPUS`` (an H100 80GB unless given; ``device_memory`` defaults to its memory),
+    where this machine has none. ``calibrate=True`` first runs one short real trial here
     to measure what the process adds to its tensors (only for this machine's kind of device).
     Every number in the result is a prediction. ``device``: the kind planned for; by default
     ``config``'s own device (where it names one), else cuda. Bad input raises
@@ -369,8 +380,20 @@ def plan(
         raise ConfigError(f"--devices {devices}: must be at least 1")
     if not 0 <= safety_margin < 1:
         raise ConfigError(f"--safety-margin {safety_margin}: must be in [0, 1)")
+    planned_for = _planned_gpu(gpu, device)
+    if device_memory is None and gpu is None:
+        raise ConfigError(
+            "--device-memory: give one device's memory (80GiB), or --gpu NAME for a listed "
+            f"GPU's ({', '.join(GPUS)})"
+        )
     try:
-        memory = parse_bytes(device_memory) if isinstance(device_memory, str) else device_memory
+        memory = (
+            planned_for.total_memory
+            if device_memory is None
+            else parse_bytes(device_memory)
+            if isinstance(device_memory, str)
+            else device_memory
+        )
     except ValueError as error:
         raise ConfigError(f"--device-memory: {error}") from None
     parts = (model, data, loss, input_shape, input_dtype, optimizer, collate)
@@ -380,8 +403,9 @@ def plan(
     from autotune.runner.fake_memory import warnings_once  # imports torch
 
     # the model's modules imported and built here: for CUDA, told the planned GPU's answers
-    gpu = importing(workload) if device == "cuda" else contextlib.nullcontext()
-    with warnings_once(), gpu:  # the model's own warnings, said once: not again by each trace
+    asking = importing(workload) if device == "cuda" else contextlib.nullcontext()
+    # the model's own warnings, said once: not again by each trace
+    with warnings_once(), planning(planned_for), asking:
         check_workload(workload)
         check_batches(workload)
         check_optimizer(workload)
@@ -408,7 +432,30 @@ def plan(
             config=chosen,
             measure=measure,
             progress=say,
+            gpu=planned_for if device == "cuda" else None,
+            gpu_said=gpu_words(planned_for, gpu, device_memory is None) if device == "cuda" else "",
         )
+
+
+def _planned_gpu(gpu: str | None, device: str) -> Properties:
+    """The GPU a plan for ``device`` is made for: this machine's where it has one, else ``gpu``
+    named, else ``PLANNED``. Refused where the plan is not for CUDA, where ``gpu`` is not
+    listed, or where this machine has a GPU, whose own answers and kernels a trace for CUDA
+    takes."""
+    import torch
+
+    if gpu is not None and device != "cuda":
+        raise ConfigError(f"--gpu {gpu}: names a CUDA GPU, and the plan is for {device}")
+    if gpu is not None and gpu not in GPUS:
+        raise ConfigError(f"--gpu {gpu!r}: use one of {', '.join(GPUS)}")
+    if not torch.cuda.is_available():
+        return PLANNED if gpu is None else GPUS[gpu]
+    if gpu is None:
+        return this_machines()
+    raise ConfigError(
+        f"--gpu {gpu}: this machine has a GPU ({torch.cuda.get_device_name()}), whose "
+        "kernels and answers the plan takes; drop --gpu, or hide it (CUDA_VISIBLE_DEVICES=)"
+    )
 
 
 def _planned_device(

@@ -494,6 +494,7 @@ def format_plan(plan: Plan, model: str) -> str:
             if plan.device_type == "cuda"
             else ""
         ),
+        *([f"planned for: {plan.gpu}"] if plan.gpu else []),
         f"beyond the tensors: {plan.calibration}",
         *([f"optimizer whose state is counted: {plan.optimizer}"] if plan.optimizer else []),
         *([f"assumed: {plan.assumption}"] if plan.assumption else []),

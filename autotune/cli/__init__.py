@@ -44,6 +44,7 @@ from autotune.report import (
     format_trial,
     study_json,
 )
+from autotune.runner.planned_gpu import GPUS
 from autotune.runner.request import TrialOptions
 from autotune.search.driver import load_recommendation
 from autotune.search.plan import prediction_json
@@ -152,7 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     workload_flags(planner)
     where = planner.add_argument_group("devices")
     where.add_argument("--devices", type=int, required=True, help="Devices to plan for.")
-    where.add_argument("--device-memory", required=True, help="Memory of one device, e.g. 80GiB.")
+    where.add_argument(
+        "--device-memory",
+        help="Memory of one device, e.g. 80GiB (default: the --gpu's; one of them is needed).",
+    )
+    where.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help=f"The GPU a plan for CUDA is for, on a machine without one: {', '.join(GPUS)} "
+        "(h100 unless given): what the model's code is told of it, the attention kernels it "
+        "has, and its memory.",
+    )
     where.add_argument(
         "--device",
         choices=("cuda", "cpu"),
@@ -353,6 +364,7 @@ def _plan(args: argparse.Namespace) -> int:
         devices=args.devices,
         device_memory=args.device_memory,
         device=args.device,
+        gpu=args.gpu,
         space=args.space,
         config=config,
         global_batch_size=args.global_batch_size,
@@ -377,6 +389,7 @@ def _plan(args: argparse.Namespace) -> int:
                     "fits": fits,
                     "calibration": result.calibration,
                     "optimizer": result.optimizer,
+                    "gpu": result.gpu_json(),
                     "assumption": result.assumption,  # what the prediction rests on
                     "needs_find_unused_parameters": result.needs_find_unused_parameters,
                 },

@@ -16,7 +16,10 @@ never the CPU's flash kernel, which holds what a fused one does): grouped-query 
 float32 or beside a mask, float64, inputs not of four dimensions. The code's own pick counts as
 on CUDA: ``sdpa_kernel(SDPBackend.MATH)`` holds the scores, a fused backend alone (flash,
 memory-efficient, cuDNN) holds a fused kernel's tensors, and a step none of the enabled kernels
-takes (flash alone in float32) fails as CUDA's does. Nested tensors keep the op's own kernel.
+takes (flash alone in float32) fails as CUDA's does. The kernels are those of the GPU traced for
+(``planned_gpu.capability``): before capability 8.0 (a V100, a T4) there is no flash or cuDNN
+kernel, and the memory-efficient one takes no bf16, so bf16 attention takes the math path there.
+Nested tensors keep the op's own kernel.
 It is a kernel for the op's ``AutogradCPU`` key, so that a checkpointed block's recomputation in
 backward, where a function mode is not active, holds the same; registered through the public
 ``torch.library`` and removed with the private ``Library._destroy``, as ``fake_autocast``'s
@@ -32,6 +35,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from autotune.runner.planned_gpu import capability
 
 
 def _fused(
@@ -86,13 +91,17 @@ def _enabled(backend: str) -> bool:
 
 def _fusable(query: Any, key: Any, attn_mask: Any, enable_gqa: bool) -> bool:
     """Whether a fused kernel the code leaves enabled (``sdpa_kernel``, ``torch.backends.cuda``'s
-    flags) takes these inputs on CUDA: flash in 16 bits without a mask, the memory-efficient
-    kernel, cuDNN's in 16 bits. Each saves the output and a log-sum-exp per query."""
+    flags) takes these inputs on the GPU traced for (``planned_gpu.capability``): flash in 16
+    bits without a mask and cuDNN's in 16 bits, each from capability 8.0, the memory-efficient
+    kernel in float16 and float32, and in bf16 from 8.0 (torch's ``sdp_utils``). Each saves the
+    output and a log-sum-exp per query."""
     half = query.dtype in (torch.float16, torch.bfloat16)
-    flash = _enabled("flash") and half and attn_mask is None
+    ampere = capability() >= (8, 0)
+    flash = ampere and _enabled("flash") and half and attn_mask is None
     if enable_gqa and key.shape[1] != query.shape[1]:
         return flash  # CUDA's flash kernel alone takes grouped keys: else the math path
-    return flash or _enabled("mem_efficient") or (_enabled("cudnn") and half)
+    efficient = _enabled("mem_efficient") and (ampere or query.dtype is not torch.bfloat16)
+    return flash or efficient or (ampere and _enabled("cudnn") and half)
 
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
@@ -107,7 +116,8 @@ def _math(*args: Any, **kwargs: Any) -> Any:
     if not _enabled("math"):
         raise RuntimeError(
             "scaled_dot_product_attention: no kernel CUDA has enabled takes these inputs "
-            "(the math path is disabled; flash takes 16-bit inputs without a mask)"
+            "(the math path is disabled; flash takes 16-bit inputs without a mask, from capability "
+            "8.0)"
         )
     with sdpa_kernel(SDPBackend.MATH):
         return _SDPA.decompose(*args, **kwargs)

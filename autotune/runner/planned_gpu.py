@@ -11,9 +11,11 @@ compiled with CUDA enabled", "Found no NVIDIA driver"), ``device_count()`` answe
 the path it takes on a CPU.
 
 While ``answered(asked)`` is entered (a CUDA trace's ``fake_device.cuda_stand_ins`` where this
-machine has no CUDA device) they answer as ``PLANNED``, an H100 80GB: the GPU whose measurements
-this project's CUDA numbers are, with the kernels the trace's attention assumes (flash and
-memory-efficient, capability 8.0 and later), all of its memory free, one device a process (as a
+machine has no CUDA device) they answer as the planned GPU (``planned()``): ``PLANNED``, an H100
+80GB, the GPU whose measurements this project's CUDA numbers are, unless the plan names another
+of ``GPUS`` (``planning``, ``autotune plan --gpu``); its capability also decides the kernels the
+trace's attention takes (``capability``, ``fake_attention``: flash and cuDNN's from 8.0, the
+memory-efficient kernel in bf16 from 8.0); all of its memory free, one device a process (as a
 launcher that gives each rank its own device shows it). ``is_available()`` answers True to the
 model's code only: its callers in torch and in autotune are told what this machine has, so that
 torch's own checks (a checkpoint's random state, a DataLoader's pinning) do not turn to a device
@@ -54,15 +56,75 @@ PLANNED = Properties(
     name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=85_017_493_504,
     multi_processor_count=132,
 )  # fmt: skip
-"""The lent H100's name and memory as torch reported them (``results/gpu/
-h100_gpt2_124m_search.json``, its platform), its capability and multiprocessors as NVIDIA
+"""The GPU a plan for CUDA is made for unless it names another (``GPUS``): the lent H100's name
+and memory as torch reported them (``results/gpu/h100_gpt2_124m_search.json``, its platform),
+its capability and multiprocessors as NVIDIA gives them."""
+
+_GIB = 2**30
+
+GPUS: dict[str, Properties] = {
+    "h100": PLANNED,
+    "h200": Properties("NVIDIA H200", 9, 0, int(139.8 * _GIB), 132),
+    "a100-80gb": Properties("NVIDIA A100-SXM4-80GB", 8, 0, 80 * _GIB, 108),
+    "a100-40gb": Properties("NVIDIA A100-SXM4-40GB", 8, 0, 40 * _GIB, 108),
+    "l4": Properties("NVIDIA L4", 8, 9, 24 * _GIB, 58),
+    "a10g": Properties("NVIDIA A10G", 8, 6, 24 * _GIB, 80),
+    "t4": Properties("Tesla T4", 7, 5, 16 * _GIB, 40),
+    "v100": Properties("Tesla V100-SXM2-16GB", 7, 0, 16 * _GIB, 80),
+}
+"""The GPUs a plan can be made for (``autotune plan --gpu``), by the name given there. The
+H100's memory is what torch reported on the lent one, the H200's what the lent one's budget
+line implies (125.82 GiB, 90% of it); the others' as NVIDIA lists them, of which a process
+gets a little less (the H100: 79.2 GiB of its 80). Capabilities and multiprocessors as NVIDIA
 gives them."""
 
+MEASURED = frozenset({"h100", "h200"})
+"""Those of ``GPUS`` whose memory was seen on a lent one, not taken from a list."""
 
-def planned_words() -> str:
-    """``PLANNED`` in words, for a plan's assumptions."""
-    gib = PLANNED.total_memory / 2**30
-    return f"an {PLANNED.name} (capability {PLANNED.major}.{PLANNED.minor}, {gib:.1f} GiB)"
+_planned = [PLANNED]
+"""The GPUs ``planning`` entered, the one planned for now last."""
+
+
+def planned() -> Properties:
+    """The GPU a plan for CUDA is made for: ``PLANNED`` unless ``planning`` names another."""
+    return _planned[-1]
+
+
+@contextlib.contextmanager
+def planning(gpu: Properties) -> Iterator[None]:
+    """While entered, traces for CUDA on a machine without a CUDA device are made for ``gpu``:
+    the model's code asking after its GPU is told ``gpu``'s answers, and attention takes the
+    kernels ``gpu`` has (``capability``). A forked trace (``side_by_side``) inherits it."""
+    _planned.append(gpu)
+    try:
+        yield
+    finally:
+        _planned.pop()
+
+
+def capability() -> tuple[int, int]:
+    """The compute capability a trace for CUDA assumes: this machine's GPU's where it has one,
+    else the planned GPU's. Asked here, it is not recorded as asked by the model's code."""
+    import torch
+
+    if torch.cuda.is_available():  # the stand-in answers torch's and autotune's callers truly
+        major, minor = torch.cuda.get_device_capability()
+        return major, minor
+    gpu = planned()
+    return gpu.major, gpu.minor
+
+
+def native_bf16(gpu: Properties) -> bool:
+    """Whether ``gpu`` computes bf16 natively (capability 8.0 on); before that torch emulates
+    it, and ``torch.cuda.is_bf16_supported()`` answers True all the same."""
+    return gpu.major >= 8
+
+
+def planned_words(gpu: Properties | None = None) -> str:
+    """``gpu`` (the planned one unless given) in words, for a plan's lines."""
+    gpu = gpu or planned()
+    gib = gpu.total_memory / _GIB
+    return f"{gpu.name} (capability {gpu.major}.{gpu.minor}, {gib:.1f} GiB)"
 
 
 def _callers_own(depth: int = 2) -> bool:
@@ -73,7 +135,7 @@ def _callers_own(depth: int = 2) -> bool:
 
 @contextlib.contextmanager
 def answered(asked: set[str], available: bool = True) -> Iterator[None]:
-    """While entered, ``torch.cuda``'s questions about the device answer as ``PLANNED`` (and
+    """While entered, ``torch.cuda``'s questions about the device answer as ``planned()`` (and
     ``is_available()`` as ``available``, to the model's code), each one asked recorded by its
     name in ``asked``. Leaving restores torch's own."""
     from unittest import mock
@@ -96,19 +158,24 @@ def answered(asked: set[str], available: bool = True) -> Iterator[None]:
         question.__name__ = name
         return question
 
-    capability = (PLANNED.major, PLANNED.minor)
+    gpu = planned()
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        asked.add("is_bf16_supported")
+        return including_emulation or native_bf16(gpu)  # torch emulates it before 8.0
+
     flash = "torch.backends.cuda.is_flash_attention_available"
     with (
         mock.patch.object(torch.backends.cuda, "is_flash_attention_available", told(flash, True)),
         mock.patch.multiple(
             torch.cuda,
             is_available=is_available,
-            get_device_capability=told("get_device_capability", capability),
-            get_device_properties=told("get_device_properties", PLANNED),
-            get_device_name=told("get_device_name", PLANNED.name),
-            is_bf16_supported=told("is_bf16_supported", True),
+            get_device_capability=told("get_device_capability", (gpu.major, gpu.minor)),
+            get_device_properties=told("get_device_properties", gpu),
+            get_device_name=told("get_device_name", gpu.name),
+            is_bf16_supported=is_bf16_supported,
             device_count=told("device_count", 1),
-            mem_get_info=told("mem_get_info", (PLANNED.total_memory, PLANNED.total_memory)),
+            mem_get_info=told("mem_get_info", (gpu.total_memory, gpu.total_memory)),
         ),
     ):
         yield
@@ -161,3 +228,41 @@ def assumed(asked: tuple[str, ...] | set[str] | frozenset[str]) -> str | None:
             "has here: its step traced told False, on the path it takes without a GPU"
         )
     return "; ".join(said) or None
+
+
+def gpu_words(gpu: Properties, named: str | None, memory_from_it: bool) -> str:
+    """A plan for CUDA's line on the GPU it is for: ``gpu``, named ``named`` (None: the
+    default), whose memory is the plan's device memory where ``memory_from_it``."""
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return (
+            f"this machine's {torch.cuda.get_device_name()} (capability {major}.{minor}): its "
+            "answers to the model's code, its attention kernels"
+        )
+    said = [planned_words(gpu)]
+    if named is None:
+        said.append(f"the default; --gpu names another ({', '.join(GPUS)})")
+    if memory_from_it:
+        source = (
+            "as seen on a lent one"
+            if named is None or named in MEASURED
+            else "as NVIDIA lists it, not measured: a process there gets a little less; "
+            "--device-memory gives what it gets"
+        )
+        said.append(f"the device memory is its {gpu.total_memory / _GIB:.1f} GiB, {source}")
+    if not native_bf16(gpu):
+        said.append(
+            "no native bf16 before capability 8.0: bf16 rows hold for memory (torch emulates "
+            "its arithmetic), and bf16 attention takes the math path there, no fused kernel"
+        )
+    return "; ".join(said)
+
+
+def this_machines() -> Properties:
+    """This machine's GPU (the first), as ``Properties``."""
+    import torch
+
+    own = torch.cuda.get_device_properties(0)
+    return Properties(own.name, own.major, own.minor, own.total_memory, own.multi_processor_count)

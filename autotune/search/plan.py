@@ -20,6 +20,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.runner.fake_memory import MODEL_AT_FAULT
+from autotune.runner.planned_gpu import Properties
 from autotune.runner.workload import WorkloadSpec, describe_optimizer
 from autotune.search.calibration import Point, fit, prior_for
 from autotune.search.memory_model import (
@@ -95,6 +96,10 @@ class Plan:
     (``_beyond_space``); None otherwise."""
     optimizer: str = ""
     """Whose optimizer's state the traces counted, in words (the default says how to give one)."""
+    gpu: str = ""
+    """The GPU a plan for CUDA is for, in words (``planned_gpu.gpu_words``); "" for CPU."""
+    gpu_properties: Properties | None = None
+    """Its name, capability and memory, as ``torch.cuda.get_device_properties`` gives them."""
 
     def fitting(self) -> list[PlanRow]:
         return [r for r in self.rows if r.fits(self.limit_bytes)]
@@ -120,6 +125,18 @@ class Plan:
     def least_memory(self) -> PlanRow | None:
         return min(self.rows, key=lambda r: r.prediction.peak_bytes, default=None)
 
+    def gpu_json(self) -> dict[str, Any] | None:
+        """The GPU a plan for CUDA is for: name, capability, memory, and the plan's words."""
+        gpu = self.gpu_properties
+        if gpu is None:
+            return None
+        return {
+            "name": gpu.name,
+            "capability": f"{gpu.major}.{gpu.minor}",
+            "total_memory_bytes": gpu.total_memory,
+            "said": self.gpu,
+        }
+
     def to_json(self) -> str:
         least = self.least_memory()
         return json.dumps(
@@ -130,6 +147,7 @@ class Plan:
                 "predicted": True,
                 "calibration": self.calibration,
                 "optimizer": self.optimizer,
+                "gpu": self.gpu_json(),
                 "trace_error": self.trace_error,
                 "assumption": self.assumption,
                 "left_out": self.left_out,
@@ -208,8 +226,11 @@ def make_plan(
     config: TrainConfig | None = None,
     measure: Callable[[TrainConfig], int | None] | None = None,
     progress: Callable[[str], None] | None = None,
+    gpu: Properties | None = None,
+    gpu_said: str = "",
 ) -> Plan:
-    """The plan of ``space`` (or of ``config`` alone) on ``devices`` devices. ``measure`` (a
+    """The plan of ``space`` (or of ``config`` alone) on ``devices`` devices (``gpu``: the GPU
+    a plan for CUDA is for, ``gpu_said`` in words). ``measure`` (a
     short real trial on this machine, returning the peak one device measured) calibrates the
     process's share first, on the plan's least micro-batch on one device. ``progress`` is told
     what takes time, in words (each traced step: seconds each). A table's steps are traced one
@@ -283,6 +304,8 @@ def make_plan(
         needs_find_unused_parameters=any(m.needs_unused_parameters for m in models),
         beyond=beyond,
         optimizer=describe_optimizer(workload, configures_optimizer(workload.model)),
+        gpu=gpu_said,
+        gpu_properties=gpu,
         calibration=calibrated.describe()
         if calibrated.trials
         else (

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step, warnings_once
+from autotune.runner.planned_gpu import planned
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.side_by_side import forked_autograd_runs, run_side_by_side
 
@@ -136,7 +137,8 @@ class StepTraces:
                 self.get(jobs[index])
 
     def _shared(self, key: Key) -> tuple[Any, ...]:
-        return (self.workload.model_dump_json(), self.device_type, *key)
+        gpu = planned().name if self.device_type == "cuda" else None  # its kernels, its answers
+        return (self.workload.model_dump_json(), self.device_type, gpu, *key)
 
     def _run(self, job: Job) -> TensorPeak:
         micro_batch, amp, segments, impl, world = job

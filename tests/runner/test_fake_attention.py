@@ -128,3 +128,20 @@ def test_the_private_efficient_attention_op_runs_and_differentiates_on_fake_tens
         assert output.shape == q.shape and logsumexp.shape[:2] == (2, 4)
         output.sum().backward()
         assert q.grad is not None and q.grad.shape == q.shape
+
+
+def test_a_gpu_before_capability_8_runs_bf16_attention_on_the_math_path() -> None:
+    # A V100 or a T4 has no flash or cuDNN kernel, and its memory-efficient kernel takes no
+    # bf16 (torch's sdp_utils): bf16 attention holds the math path's scores there; fp16 and
+    # float32 stay fused.
+    from autotune.runner.fake_memory import TraceError
+    from autotune.runner.planned_gpu import GPUS, planning
+
+    with planning(GPUS["t4"]):
+        t4 = {amp: _activations("AttendsWithoutDropout", "cuda", amp) for amp in ("bf16", "fp16")}
+        with pytest.raises(TraceError, match="no kernel CUDA has enabled"):  # none: flash alone
+            trace_step(WorkloadSpec(model="tests.fixtures.traced:AttendsFlashOnly"), 8, "fp16",
+                       device_type="cuda")  # fmt: skip
+    fused = _activations("AttendsWithoutDropout", "cuda", "bf16")  # an H100's, as planned
+    assert t4["fp16"] == _activations("AttendsWithoutDropout", "cuda", "fp16") == fused
+    assert t4["bf16"] > fused + SCORES

@@ -13,7 +13,14 @@ import torch
 from autotune.cli import main
 from autotune.runner.fake_device import cuda_stand_ins
 from autotune.runner.fake_memory import TensorPeak, TraceError, trace_step
-from autotune.runner.planned_gpu import AVAILABLE, PLANNED, TOLD_UNAVAILABLE, assumed
+from autotune.runner.planned_gpu import (
+    AVAILABLE,
+    GPUS,
+    PLANNED,
+    TOLD_UNAVAILABLE,
+    assumed,
+    planning,
+)
 from autotune.runner.workload import WorkloadSpec
 from tests.fixtures.gpu_data import ON_GPU_BYTES
 
@@ -157,3 +164,45 @@ def test_a_meta_build_answers_as_the_planned_gpu_only_within_a_plan_for_cuda() -
         built = meta_model(model)
     assert built is not None and built[1].fused  # flash, as on the planned GPU
     forget()
+
+
+def _planned_json(capsys: pytest.CaptureFixture[str], config: Path, *flags: str) -> dict:
+    model = "tests.fixtures.asks_gpu:AsksCapability"
+    plan_flags = ["--devices", "1", "--config", str(config), "--json", "--quiet"]
+    assert main(["plan", "--model", model, *plan_flags, *flags]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_plan_for_a_gpu_it_names_is_traced_as_that_gpu_answers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "one.yaml"
+    config.write_text(json.dumps({"global_batch_size": 8, "device": "cuda"}))
+    h100 = _planned_json(capsys, config, "--device-memory", "80GiB")
+    v100 = _planned_json(capsys, config, "--gpu", "v100")  # capability 7.0: no flash
+    assert v100["gpu"]["name"] == GPUS["v100"].name and v100["gpu"]["capability"] == "7.0"
+    assert h100["gpu"]["name"] == PLANNED.name
+    assert GPUS["v100"].name in v100["assumption"]
+    assert v100["limit_bytes"] == int(16 * 2**30 * 0.9)  # its memory, the margin kept
+    assert "as NVIDIA lists it" in v100["gpu"]["said"]
+    # the branch the code takes on a V100: its scores written out, more than flash holds
+    assert v100["predicted_peak_bytes"] > h100["predicted_peak_bytes"]
+    with planning(GPUS["v100"]):
+        assert _traced("AsksCapability").total_bytes == _traced("written_out").total_bytes
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--gpu", "b200"], "--gpu 'b200': use one of h100, h200"),
+        (["--gpu", "t4", "--device", "cpu"], "--gpu t4: names a CUDA GPU, and the plan is for cpu"),
+        ([], "--device-memory: give one device's memory (80GiB), or --gpu NAME"),
+    ],
+)
+def test_a_gpu_the_plan_cannot_take_is_one_line(
+    flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = "tests.fixtures.asks_gpu:Attends"
+    assert main(["plan", "--model", model, "--devices", "1", "--quiet", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
