@@ -283,8 +283,7 @@ def run_trial(
         config = {**config, "global_batch_size": declared_global_batch_size(workload.model)}
     chosen = as_config(config)
     refusals = model_refusals(workload.model)
-    if chosen.device != "cpu" and (chosen.num_workers or chosen.pin_memory):
-        refusals += dataset_refusals(workload, [chosen.num_workers])
+    refusals += dataset_refusals(workload, chosen.device, [chosen.num_workers], chosen.pin_memory)
     check_refusals(chosen, workload.model, refusals)
     if chosen.checkpoint_segments:  # more than the model has: one line, before any launch
         check_segments(workload, chosen.checkpoint_segments)

@@ -320,9 +320,12 @@ def _run_search(
     refusals = model_refusals(workload.model) + (
         fsdp_bf16_refusals(workload) if _asks_fsdp_bf16(space, devices) else ()
     )
-    if device == "cuda":  # a dataset kept on the GPU's: workers, and pinning its samples
-        asked = space.params["num_workers"].choices if "num_workers" in space.params else ()
-        refusals += dataset_refusals(workload, [w for w in asked if isinstance(w, int)])
+    # a dataset kept on the GPU's: workers, and pinning its samples
+    workers = space.params["num_workers"].choices if "num_workers" in space.params else ()
+    pinned = "pin_memory" in space.params and True in space.params["pin_memory"].choices
+    refusals += dataset_refusals(
+        workload, device, [w for w in workers if isinstance(w, int)], pinned
+    )
     space, exclusions = restrict_space(
         space,
         platform,

@@ -465,8 +465,9 @@ def _refused(
     refusals = model_refusals(workload.model)
     if any(c.parallel == "fsdp" and c.fsdp_mixed_precision != "off" for c in configs):
         refusals += fsdp_bf16_refusals(workload)
-    if any(c.device != "cpu" and (c.num_workers or c.pin_memory) for c in configs):
-        refusals += dataset_refusals(workload, {c.num_workers for c in configs})
+    on_gpu = [c for c in configs if c.device != "cpu"]
+    workers, pinned = {c.num_workers for c in on_gpu}, any(c.pin_memory for c in on_gpu)
+    refusals += dataset_refusals(workload, "cuda" if on_gpu else "cpu", workers, pinned)
     if one:
         check_refusals(configs[0], workload.model, refusals)
     dropped: dict[tuple[str, str], list[str]] = {}

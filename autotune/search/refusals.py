@@ -427,11 +427,17 @@ def model_refusals(model_reference: str) -> tuple[Refusal, ...]:
     return tuple(refusals)
 
 
-def dataset_refusals(workload: WorkloadSpec, workers: Iterable[int]) -> tuple[Refusal, ...]:
+def dataset_refusals(
+    workload: WorkloadSpec, device: str, workers: Iterable[int], pinned: bool
+) -> tuple[Refusal, ...]:
     """What a dataset GPU code keeps on the GPU, or whose samples it makes there, rules out on
     CUDA (``meta_build.on_gpu``): DataLoader workers (of ``workers``, the counts asked for),
-    forked processes, which cannot use CUDA; and pinned memory where its samples are CUDA's,
-    since only host tensors pin. None where it uses no GPU."""
+    forked processes, which cannot use CUDA; and pinned memory (where ``pinned`` asks for it)
+    where its samples are CUDA's, since only host tensors pin. None on ``device`` cpu, where
+    neither is asked for (the dataset is not built), or where it uses no GPU."""
+    workers = sorted({count for count in workers if count > 0})
+    if device == "cpu" or not (workers or pinned):
+        return ()
     kept, samples = on_gpu(workload)
     if not kept and not samples:
         return ()
@@ -446,12 +452,11 @@ def dataset_refusals(workload: WorkloadSpec, workers: Iterable[int]) -> tuple[Re
     )
     refusals = [
         Refusal("num_workers", count, forked, "use num_workers=0", device="cuda")
-        for count in sorted(set(workers))
-        if count > 0
+        for count in workers
     ]
-    if samples:
-        pinned = f"{held}, and its samples are CUDA's: only host tensors can be pinned"
-        refusals.append(Refusal("pin_memory", True, pinned, "use pin_memory=false", "cuda"))
+    if samples and pinned:
+        host_only = f"{held}, and its samples are CUDA's: only host tensors can be pinned"
+        refusals.append(Refusal("pin_memory", True, host_only, "use pin_memory=false", "cuda"))
     return tuple(refusals)
 
 

@@ -68,7 +68,7 @@ def test_on_cuda_a_dataset_kept_on_the_gpu_rules_out_workers_and_pinning_its_sam
     from autotune.search.refusals import dataset_refusals
     from autotune.search.space import load_space
 
-    refusals = dataset_refusals(_spec("on_gpu"), [0, 1, 2, 4, 8])
+    refusals = dataset_refusals(_spec("on_gpu"), "cuda", [0, 1, 2, 4, 8], True)
     assert [(r.knob, r.value, r.device) for r in refusals] == [
         *(("num_workers", count, "cuda") for count in (1, 2, 4, 8)),
         ("pin_memory", True, "cuda"),
@@ -79,14 +79,20 @@ def test_on_cuda_a_dataset_kept_on_the_gpu_rules_out_workers_and_pinning_its_sam
     assert space.params["num_workers"].choices == (0,)
     assert True not in space.params["pin_memory"].choices
     # read to the host sample by sample: pinned, but still no worker; kept nothing: no refusal
-    read = dataset_refusals(_spec("on_gpu_read_to_host"), [0, 2])
+    read = dataset_refusals(_spec("on_gpu_read_to_host"), "cuda", [0, 2], True)
     assert [(r.knob, r.value) for r in read] == [("num_workers", 2)]
-    made = dataset_refusals(_spec("made_on_read"), [0, 2])  # nothing kept, samples CUDA's
+    made = dataset_refusals(
+        _spec("made_on_read"), "cuda", [0, 2], True
+    )  # nothing kept, samples CUDA's
     assert [(r.knob, r.value) for r in made] == [("num_workers", 2), ("pin_memory", True)]
     assert made[0].reason.startswith("the dataset makes its samples on the GPU, and a")
     assert trace_step(_spec("made_on_read"), 32, device_type="cuda").dataset_on_device_bytes == 0
-    assert dataset_refusals(_spec("staged_on_gpu"), [0, 2]) == ()
-    assert dataset_refusals(_spec("on_host"), [0, 2]) == ()
+    assert dataset_refusals(_spec("staged_on_gpu"), "cuda", [0, 2], True) == ()
+    assert dataset_refusals(_spec("on_host"), "cuda", [0, 2], True) == ()
+    # neither asked for, or on a CPU: nothing to rule out, and the dataset is not built
+    assert dataset_refusals(_spec("on_gpu"), "cuda", [0], False) == ()
+    assert dataset_refusals(_spec("on_gpu"), "cpu", [0, 2], True) == ()
+    assert dataset_refusals(_spec("made_on_read"), "cuda", [0], True)[0].knob == "pin_memory"
 
 
 def test_a_cuda_configuration_with_workers_for_it_is_refused_in_one_line(
