@@ -90,16 +90,24 @@ AUTOCASTS = ("bf16", "fp16")
 def native_autocast(device: Literal["cpu", "cuda"]) -> tuple[tuple[str, ...], str]:
     """(the autocast precisions this machine's ``device`` computes natively, how that was told).
 
-    A GPU computes both where it has them: on CUDA the search's probe already drops bf16 where
-    the GPU lacks it, so both are returned. A CPU computes 16-bit matmuls and convolutions
+    A GPU computes fp16 natively, and bf16 from capability 8.0 (Ampere) on: before it (a V100,
+    a T4) torch emulates bf16 and ``torch.cuda.is_bf16_supported()`` answers True all the same,
+    so the probe keeps it in the space, and the recipe takes fp16 there. Without a CUDA device
+    here both are returned (nothing to ask). A CPU computes 16-bit matmuls and convolutions
     natively only with the instructions for them (AVX512-BF16, AMX, AVX512-FP16); elsewhere
     oneDNN emulates them, 10-100 times slower than fp32 on the AMD EPYC of docs/benchmarks.md.
     Told by oneDNN's own checks, ``torch.ops.mkldnn._is_mkldnn_bf16_supported`` and
     ``_is_mkldnn_fp16_supported`` (private ops: pinned by tests/runner/test_platform.py); where
     they are missing, the fallback takes neither as native and says so."""
-    if device == "cuda":
-        return AUTOCASTS, "CUDA: the probe keeps what the GPU has"
     import torch
+
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return AUTOCASTS, "no CUDA device here to ask: both taken as native"
+        major, minor = torch.cuda.get_device_capability()
+        if major >= 8:
+            return AUTOCASTS, f"CUDA capability {major}.{minor}: bf16 and fp16 native"
+        return ("fp16",), f"CUDA capability {major}.{minor}: bf16 native from 8.0 on"
 
     checks = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}
     try:

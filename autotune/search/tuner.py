@@ -382,10 +382,12 @@ class Tuner:
         native, told = self.native_amp
         values = recipe_values(choices, self.platform.device_type, self.devices, cores, native)
         emulated = [a for a in AUTOCASTS if a in choices.get("amp", ()) and a not in native]
-        if emulated and values["amp"] == "off":
+        if emulated:
             self.reporter.phase(
-                f"standard recipe: autocast off, {' and '.join(emulated)} would be emulated on "
-                f"this {self.platform.device_type.upper()}, not computed natively ({told})"
+                f"standard recipe: autocast {values['amp']}, {' and '.join(emulated)} would be "
+                f"emulated on this {'GPU' if self.platform.device_type == 'cuda' else 'CPU'}, "
+                "not computed natively "
+                f"({told})"
             )
         found, failed = self._recipe_at(values)
         while (

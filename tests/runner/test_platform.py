@@ -23,7 +23,25 @@ def test_a_cpu_is_native_in_what_onednn_says_and_a_gpu_in_both() -> None:
     answers = [getattr(torch.ops.mkldnn, check)() for check in checks]
     expected = tuple(a for a, native in zip(AUTOCASTS, answers, strict=True) if native)
     assert native == expected and told == "oneDNN's check of this CPU's instructions"
-    assert native_autocast("cuda")[0] == ("bf16", "fp16")
+    if not torch.cuda.is_available():
+        assert native_autocast("cuda")[0] == ("bf16", "fp16")  # nothing to ask
+
+
+@pytest.mark.parametrize(
+    ("capability", "native"), [((7, 0), ("fp16",)), ((7, 5), ("fp16",)), ((8, 0), AUTOCASTS)]
+)
+def test_a_gpu_before_capability_8_computes_bf16_by_emulation_only(
+    capability: tuple[int, int], native: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A V100 or a T4: torch.cuda.is_bf16_supported() answers True (emulated), so the space
+    # keeps bf16; the recipe, as an engineer there, takes fp16.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    assert native_autocast("cuda") == (
+        native,
+        f"CUDA capability {capability[0]}.{capability[1]}: "
+        + ("bf16 and fp16 native" if "bf16" in native else "bf16 native from 8.0 on"),
+    )
 
 
 def test_without_the_checks_the_fallback_takes_neither_and_says_so(

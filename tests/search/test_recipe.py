@@ -223,6 +223,21 @@ def test_a_search_on_a_device_that_emulates_bf16_measures_the_recipe_without_it(
     ) in phases.lines
 
 
+def test_a_search_on_a_gpu_emulating_bf16_measures_the_recipe_in_fp16() -> None:
+    # A V100 or a T4 (platform.native_autocast): bf16 stays in the space, the recipe takes fp16.
+    space = {**SPACE, "amp": ["off", "bf16", "fp16"]}
+    tuner = make_tuner(FakeExecutor(_speeds(900.0, 0.005)), space, trials=4, race_rounds=2)
+    tuner.platform = tuner.platform.model_copy(update={"device_type": "cuda"})
+    tuner.native_amp = (("fp16",), "CUDA capability 7.0: bf16 native from 8.0 on")
+    tuner.reporter = phases = Said()
+    recommendation = tuner.run([], "s.db", "s")
+    assert recommendation.recipe is not None and recommendation.recipe.amp == "fp16"
+    assert (
+        "standard recipe: autocast fp16, bf16 would be emulated on this GPU, not computed "
+        "natively (CUDA capability 7.0: bf16 native from 8.0 on)"
+    ) in phases.lines
+
+
 def test_the_recipe_gives_up_compile_then_autocast_and_nothing_else() -> None:
     values = {"amp": "bf16", "compile": "default", "num_workers": 4}
     assert recipe_fallback(values) == (
