@@ -379,6 +379,7 @@ def plan(
         raise ConfigError(f"--devices {devices}: must be at least 1")
     if not 0 <= safety_margin < 1:
         raise ConfigError(f"--safety-margin {safety_margin}: must be in [0, 1)")
+    gpu = gpu.lower() if gpu is not None else None  # H100 as h100
     planned_for = _planned_gpu(gpu, device)
     if device_memory is None and gpu is None:
         raise ConfigError(

@@ -12,8 +12,14 @@ samples and its tensors' peak taken as MemTracker counts it
 (``autotune.bench.traced_step.real_step_peak``). The error is (traced - real) / real; a family
 the trace cannot follow prints the one line a search would say. "for CUDA" is the same step
 traced for a CUDA device, also fp32: what CUDA's fused attention does not hold (no real step
-checks it here). Needs the ``trainers`` extra
-(transformers); about a minute on 2 CPU cores for both zoos.
+checks it here). With ``--gpus h100 t4 [--gpu-amp bf16]`` each family is also traced for CUDA
+as each named GPU runs it (``autotune plan --gpu``: before capability 8.0 bf16 attention takes
+the math path), one column a GPU, and the table ends with how many each holds more or less than
+the first. Needs the ``trainers`` extra (transformers); about a minute on 2 CPU cores for both
+zoos, and about a minute more for each two GPUs named.
+
+    python scripts/bench_trace_families.py --gpus h100 t4 --gpu-amp bf16 \
+        --out results/trace_families_gpus.json
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import warnings
 
 from autotune.bench.memory_prediction import machine
 from autotune.bench.output import write_json
-from autotune.bench.traced_step import as_row, check
+from autotune.bench.traced_step import as_row, check, traced_for_gpus
+from autotune.runner.planned_gpu import GPUS
 from autotune.runner.references import resolve_reference
 from autotune.runner.workload import WorkloadSpec, put_on_path
 
@@ -38,6 +45,8 @@ def main() -> None:
     parser.add_argument("--families", nargs="*", help="only these (default: every one)")
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--out", default="results/trace_families.json")
+    parser.add_argument("--gpus", nargs="*", default=[], choices=list(GPUS), metavar="GPU")
+    parser.add_argument("--gpu-amp", default="off", choices=["off", "fp16", "bf16"])
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # transformers' notes on each tiny config
     logging.disable(logging.WARNING)
@@ -53,19 +62,31 @@ def main() -> None:
 
     rows = []
     report = {"machine": machine(), "micro_batch": args.micro_batch, "families": rows}
-    print(f"{'model':40} {'traced':>10} {'real step':>10} {'error':>7} {'s':>5} {'for CUDA':>10}")
+    report.update(gpus=args.gpus, gpu_amp=args.gpu_amp)
+    gpu_heads = "".join(f" {gpu + ' ' + args.gpu_amp:>12}" for gpu in args.gpus)
+    print(
+        f"{'model':40} {'traced':>10} {'real step':>10} {'error':>7} {'s':>5} {'for CUDA':>10}"
+        + gpu_heads
+    )
     for spec in specs:
         checked = check(spec, args.micro_batch)
         rows.append(as_row(checked))
         if checked.error is None:
             print(f"{spec.model:40} stops: {checked.stop}")
-        else:
-            traced, real = (checked.traced_bytes or 0) / 2**20, (checked.real_bytes or 0) / 2**20
-            cuda = (checked.cuda or 0) / 2**20
-            print(
-                f"{spec.model:40} {traced:8.3f}Mi {real:8.3f}Mi {checked.error:+7.1%} "
-                f"{checked.seconds:5.1f} {cuda:8.3f}Mi"
+            write_json(args.out, report, indent=2)
+            continue
+        peaks = traced_for_gpus(spec, args.micro_batch, args.gpu_amp, args.gpus)
+        rows[-1]["traced_for_gpus_bytes"] = peaks
+        traced, real = (checked.traced_bytes or 0) / 2**20, (checked.real_bytes or 0) / 2**20
+        cuda = (checked.cuda or 0) / 2**20
+        print(
+            f"{spec.model:40} {traced:8.3f}Mi {real:8.3f}Mi {checked.error:+7.1%} "
+            f"{checked.seconds:5.1f} {cuda:8.3f}Mi"
+            + "".join(
+                f" {p / 2**20:10.3f}Mi" if isinstance(p, int) else f" {'stops':>12}"
+                for p in peaks.values()
             )
+        )
         write_json(args.out, report, indent=2)
     traced = [r for r in rows if r["error"] is not None]
     within = sum(abs(r["error"]) <= 0.01 for r in traced)
@@ -76,6 +97,17 @@ def main() -> None:
         f"{fused} hold more than 1% less traced for CUDA (its fused attention), {scores} more "
         f"(CUDA's math path where the CPU's flash kernel runs); wrote {args.out}"
     )
+    for gpu in args.gpus[1:]:
+        first, other = args.gpus[0], [r["traced_for_gpus_bytes"] for r in traced]
+        both = [(p[first], p[gpu]) for p in other if all(isinstance(v, int) for v in p.values())]
+        more = sum(b > 1.01 * a for a, b in both)
+        less = sum(b < 0.99 * a for a, b in both)
+        stops = len(other) - len(both)
+        print(
+            f"{gpu} against {first}, {args.gpu_amp}: {more} of {len(both)} hold more than 1% "
+            f"more, {less} more than 1% less, {len(both) - more - less} within 1%"
+            + (f"; {stops} stopped on one of them" if stops else "")
+        )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +108,25 @@ def check(spec: WorkloadSpec, micro_batch: int = 4) -> Checked:
     real = real_batch_peak(spec, micro_batch)
     cuda = trace_step(spec, micro_batch, device_type="cuda").total_bytes
     return Checked(spec.model, traced.total_bytes, real, time.perf_counter() - started, cuda=cuda)
+
+
+def traced_for_gpus(
+    spec: WorkloadSpec, micro_batch: int, amp: str, gpus: Sequence[str]
+) -> dict[str, int | str]:
+    """``spec``'s step traced for CUDA in ``amp`` as each of ``gpus`` (``planned_gpu.GPUS``'s
+    names) would run it, its attention kernels and its answers to the model's code: the peak in
+    bytes, or the one line a trace that stopped says."""
+    from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
+    from autotune.runner.planned_gpu import GPUS, planning
+
+    peaks: dict[str, int | str] = {}
+    for gpu in gpus:
+        with planning(GPUS[gpu]):
+            try:
+                peaks[gpu] = trace_step(spec, micro_batch, amp, device_type="cuda").total_bytes
+            except TraceError as error:
+                peaks[gpu] = str(error)
+    return peaks
 
 
 def as_row(checked: Checked) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def test_a_plan_for_a_gpu_it_names_is_traced_as_that_gpu_answers(
     config = tmp_path / "one.yaml"
     config.write_text(json.dumps({"global_batch_size": 8, "device": "cuda"}))
     h100 = _planned_json(capsys, config, "--device-memory", "80GiB")
-    v100 = _planned_json(capsys, config, "--gpu", "v100")  # capability 7.0: no flash
+    v100 = _planned_json(capsys, config, "--gpu", "V100")  # capability 7.0: no flash
     assert v100["gpu"]["name"] == GPUS["v100"].name and v100["gpu"]["capability"] == "7.0"
     assert h100["gpu"]["name"] == PLANNED.name
     assert GPUS["v100"].name in v100["assumption"]
