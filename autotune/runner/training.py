@@ -402,6 +402,8 @@ def split_batch(
     or (input,) alone, and ``target_into`` (``target_parameter`` where the loss is the
     default, else ``required_parameter``) passes the target to the forward's parameter for it
     too, as a training loop calls ``model(x, y)``, where the inputs leave that parameter free.
+    Where the inputs are one dict (``(inputs, target)`` for ``model(**inputs)``, as diffusion
+    and Keras-style loops write it) its keys go as keyword arguments, as a dict's alone do.
     ``accepts``: the keywords the forward takes (``forward_keywords``); a dict's other keys (a
     dataset's ``labels`` beside a forward that takes ``input_ids``) stay out of the call, as
     Hugging Face's Trainer leaves out the columns a model does not take, and in the target.
@@ -420,6 +422,12 @@ def split_batch(
         if len(batch) == 1:
             return (batch[0],), {}, None
         inputs, target = tuple(batch[:-1]), batch[-1]
+        if len(inputs) == 1 and isinstance(inputs[0], Mapping):  # (inputs, target)
+            args, kwargs, _ = split_batch(inputs[0], accepts)
+            if kwargs:  # the forward's parameters by the keys' names; the target where free
+                free = target_into is not None and target_into[0] not in kwargs
+                into = {target_into[0]: target} if free and target_into else {}
+                return args, {**kwargs, **into}, target
         if target_into is not None and len(inputs) <= target_into[1]:
             return inputs, {target_into[0]: target}, target
         return inputs, {}, target

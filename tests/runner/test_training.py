@@ -66,6 +66,33 @@ def test_batches_split_by_structure() -> None:
     assert split_batch(batch) == ((), batch, batch)
 
 
+def test_a_dict_of_inputs_beside_its_target_goes_by_keyword() -> None:
+    # (inputs, target) for model(**inputs), as a diffusion loop writes it: the dict went whole
+    # as the forward's first argument, and the target into its last required parameter.
+    x, t, noise = torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3)
+    inputs = {"x": x, "t": t}
+    assert split_batch((inputs, noise), frozenset({"x", "t"}), ("t", 1)) == ((), inputs, noise)
+    assert split_batch((inputs, noise)) == ((), inputs, noise)  # nothing known of the forward
+    # the target into the parameter the dict leaves free, as model(x, y) takes it
+    into = split_batch(({"x": x}, noise), frozenset({"x", "y"}), ("y", 1))
+    assert into == ((), {"x": x, "y": noise}, noise)
+    # a forward taking none of its keys: the dict whole, as before
+    other = {"a": x}
+    assert split_batch((other, noise), frozenset({"batch"})) == ((other,), {}, noise)
+
+
+def test_a_denoiser_fed_a_dict_of_inputs_and_its_noise_trains_and_traces() -> None:
+    from autotune.api import run_trial
+    from autotune.runner.fake_memory import trace_step
+    from autotune.runner.workload import WorkloadSpec
+
+    model = "tests.fixtures.denoiser:Denoiser"
+    fast = {"warmup_steps": 1, "measured_steps": 2, "target_interval": 0}
+    result = run_trial(model, {"global_batch_size": 8, "device": "cpu"}, **fast)
+    assert result.status == "ok", result.message
+    assert trace_step(WorkloadSpec(model=model), 8).activations_bytes > 0
+
+
 def test_kept_gradients_train_exactly_as_gradients_set_to_none() -> None:
     # The path CUDA graphs with accumulation take (gradients of their own, zeroed in place, each
     # micro-step marked as a new replay), forced on a CPU: the same training, bit for bit.
