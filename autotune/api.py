@@ -446,6 +446,8 @@ def _planned_gpu(gpu: str | None, device: str) -> Properties:
 
     if gpu is not None and device != "cuda":
         raise ConfigError(f"--gpu {gpu}: names a CUDA GPU, and the plan is for {device}")
+    if device != "cuda":
+        return PLANNED  # asked of nothing: a plan for CPU traces no GPU
     if gpu is not None and gpu not in GPUS:
         raise ConfigError(f"--gpu {gpu!r}: use one of {', '.join(GPUS)}")
     if not torch.cuda.is_available():

@@ -383,11 +383,10 @@ class Tuner:
         values = recipe_values(choices, self.platform.device_type, self.devices, cores, native)
         emulated = [a for a in AUTOCASTS if a in choices.get("amp", ()) and a not in native]
         if emulated:
+            device = "GPU" if self.platform.device_type == "cuda" else "CPU"
             self.reporter.phase(
                 f"standard recipe: autocast {values['amp']}, {' and '.join(emulated)} would be "
-                f"emulated on this {'GPU' if self.platform.device_type == 'cuda' else 'CPU'}, "
-                "not computed natively "
-                f"({told})"
+                f"emulated on this {device}, not computed natively ({told})"
             )
         found, failed = self._recipe_at(values)
         while (
