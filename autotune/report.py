@@ -487,8 +487,9 @@ def format_plan(plan: Plan, model: str) -> str:
         "is a prediction",
         "traced under fake tensors on this machine's CPU kernels"
         + (
-            ", under CUDA's autocast op lists, F.scaled_dot_product_attention as CUDA's fused "
-            "kernels hold it (cuBLAS workspaces and the allocator differ; on an H200, GPT-2 "
+            ", under CUDA's autocast op lists, F.scaled_dot_product_attention as the planned "
+            "GPU's kernels hold it (fused where it has one for the call, else the math path; "
+            "cuBLAS workspaces and the allocator differ; on an H200, GPT-2 "
             "small's bf16 tensors lay within 5% of the allocator's peak in 11 of 12 "
             "configurations)"
             if plan.device_type == "cuda"
