@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.runner.planned_gpu import GPUS, planning
 from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, put_on_path
 
 
@@ -117,7 +118,6 @@ def traced_for_gpus(
     names) would run it, its attention kernels and its answers to the model's code: the peak in
     bytes, or the one line a trace that stopped says."""
     from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
-    from autotune.runner.planned_gpu import GPUS, planning
 
     peaks: dict[str, int | str] = {}
     for gpu in gpus:
