@@ -9,6 +9,7 @@ optimizer step are the same code as with more ranks; only the peer traffic is ab
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -371,6 +372,45 @@ def test_the_attention_kernel_cuda_picks_holds_what_its_trace_for_cuda_says(name
     model = getattr(fixtures, name)().cuda().train()
     real = real_step_peak(model, torch.randn(8, 128, fixtures.WIDTH, device="cuda"), amp=amp)
     assert predicted.total_bytes == pytest.approx(real, rel=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_trace_takes_a_fused_kernel_where_this_gpu_has_one(dtype: torch.dtype) -> None:
+    # fake_attention._fusable decides by the capability (planned_gpu.capability, this GPU's
+    # here) what torch's sdp_utils decide by the device: held against torch's own predicates
+    # over masks, grouped keys, dropout and causality, as a training step calls them.
+    from torch.backends.cuda import (
+        SDPAParams,
+        can_use_cudnn_attention,
+        can_use_efficient_attention,
+        can_use_flash_attention,
+    )
+
+    from autotune.runner.fake_attention import _fusable
+
+    batch, heads, positions, head = 2, 4, 128, 64
+    for kv_heads, mask, dropout, causal in itertools.product(
+        (4, 2), (False, True), (0.0, 0.1), (False, True)
+    ):
+        if mask and causal:
+            continue  # an error on any device
+        q = torch.randn(batch, heads, positions, head, device="cuda", dtype=dtype)
+        k, v = (
+            torch.randn(batch, kv_heads, positions, head, device="cuda", dtype=dtype)
+            for _ in range(2)
+        )
+        for t in (q, k, v):
+            t.requires_grad_()
+        attn_mask = None  # a boolean one torch makes additive before it picks: this
+        if mask:
+            attn_mask = torch.zeros(batch, 1, positions, positions, device="cuda", dtype=dtype)
+        gqa = kv_heads != heads
+        params = SDPAParams(q, k, v, attn_mask, dropout, causal, gqa)
+        cuda_fuses = any(
+            can(params) for can in (can_use_flash_attention, can_use_efficient_attention,
+                                    can_use_cudnn_attention)
+        )  # fmt: skip
+        assert _fusable(q, k, attn_mask, gqa) == cuda_fuses, (dtype, kv_heads, mask, dropout)
 
 
 def test_a_dataset_kept_on_the_gpu_fails_forked_workers_and_pinning_as_its_refusals_say() -> None:
