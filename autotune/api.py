@@ -20,6 +20,7 @@ from autotune.runner.planned_gpu import (
     GPUS,
     PLANNED,
     Properties,
+    described,
     gpu_words,
     importing,
     planning,
@@ -380,22 +381,17 @@ def plan(
     if not 0 <= safety_margin < 1:
         raise ConfigError(f"--safety-margin {safety_margin}: must be in [0, 1)")
     gpu = gpu.lower() if gpu is not None else None  # H100 as h100
-    planned_for = _planned_gpu(gpu, device)
     if device_memory is None and gpu is None:
         raise ConfigError(
             "--device-memory: give one device's memory (80GiB), or --gpu NAME for a listed "
             f"GPU's ({', '.join(GPUS)})"
         )
     try:
-        memory = (
-            planned_for.total_memory
-            if device_memory is None
-            else parse_bytes(device_memory)
-            if isinstance(device_memory, str)
-            else device_memory
-        )
+        given = parse_bytes(device_memory) if isinstance(device_memory, str) else device_memory
     except ValueError as error:
         raise ConfigError(f"--device-memory: {error}") from None
+    planned_for = _planned_gpu(gpu, device, given)
+    memory = planned_for.total_memory if given is None else given
     parts = (model, data, loss, input_shape, input_dtype, optimizer, collate)
     workload = _workload(*parts, say=say)
     if say is not None:
@@ -437,21 +433,24 @@ def plan(
         )
 
 
-def _planned_gpu(gpu: str | None, device: str) -> Properties:
+def _planned_gpu(gpu: str | None, device: str, memory: int | None) -> Properties:
     """The GPU a plan for ``device`` is made for: this machine's where it has one, else ``gpu``
-    named, else ``PLANNED``. Refused where the plan is not for CUDA, where ``gpu`` is not
-    listed, or where this machine has a GPU, whose own answers and kernels a trace for CUDA
-    takes."""
+    named (or given by its capability and memory, ``planned_gpu.described``; ``memory``: the
+    device memory given), else ``PLANNED``. Refused where the plan is not for CUDA, where
+    ``gpu`` is neither, or where this machine has a GPU, whose own answers and kernels a trace
+    for CUDA takes."""
     import torch
 
     if gpu is not None and device != "cuda":
         raise ConfigError(f"--gpu {gpu}: names a CUDA GPU, and the plan is for {device}")
     if device != "cuda":
         return PLANNED  # asked of nothing: a plan for CPU traces no GPU
-    if gpu is not None and gpu not in GPUS:
-        raise ConfigError(f"--gpu {gpu!r}: use one of {', '.join(GPUS)}")
+    try:
+        named = None if gpu is None else GPUS.get(gpu) or described(gpu, memory)
+    except ValueError as error:
+        raise ConfigError(f"--gpu {gpu!r}: {error}") from None
     if not torch.cuda.is_available():
-        return PLANNED if gpu is None else GPUS[gpu]
+        return named or PLANNED
     if gpu is None:
         return this_machines()
     raise ConfigError(

@@ -161,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu",
         metavar="NAME",
         help=f"The GPU a plan for CUDA is for, on a machine without one: {', '.join(GPUS)} "
-        "(h100 unless given): what the model's code is told of it, the attention kernels it "
-        "has, and its memory.",
+        "(h100 unless given), or another by its capability and memory (8.9:48GiB): what the "
+        "model's code is told of it, the attention kernels it has, and its memory.",
     )
     where.add_argument(
         "--device",

@@ -29,10 +29,13 @@ and says so. What was asked goes in ``asked``, for the plan to say what it assum
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from autotune.units import parse_bytes
 
 AVAILABLE = "is_available"
 """The name ``asked`` holds where the model's code asked ``torch.cuda.is_available()``."""
@@ -77,6 +80,26 @@ H100's memory is what torch reported on the lent one, the H200's what the lent o
 line implies (125.82 GiB, 90% of it); the others' as NVIDIA lists them, of which a process
 gets a little less (the H100: 79.2 GiB of its 80). Capabilities and multiprocessors as NVIDIA
 gives them."""
+
+CUSTOM_NAME = "CUDA GPU"
+"""What ``get_device_name()`` answers for a GPU given by its capability (``described``)."""
+
+
+def described(spec: str, memory: int | None) -> Properties:
+    """A GPU not in ``GPUS``, given by its capability and memory (``8.9:48GiB``; without the
+    memory, ``memory``: the plan's device memory). Its multiprocessors are answered as the
+    H100's. Raises ``ValueError`` saying what is accepted."""
+    match = re.fullmatch(r"(\d+)\.(\d)(?::(.+))?", spec.strip())
+    if match is None:
+        raise ValueError(
+            f"use one of {', '.join(GPUS)}, or a capability and memory such as 8.9:48GiB"
+        )
+    major, minor, given = int(match.group(1)), int(match.group(2)), match.group(3)
+    total = parse_bytes(given) if given else memory
+    if total is None:
+        raise ValueError(f"give its memory ({spec}:48GiB) or --device-memory")
+    return Properties(CUSTOM_NAME, major, minor, total, PLANNED.multi_processor_count)
+
 
 MEASURED = frozenset({"h100", "h200"})
 """Those of ``GPUS`` whose memory was seen on a lent one, not taken from a list."""
@@ -244,7 +267,12 @@ def gpu_words(gpu: Properties, named: str | None, memory_from_it: bool) -> str:
     said = [planned_words(gpu)]
     if named is None:
         said.append(f"the default; --gpu names another ({', '.join(GPUS)})")
-    if memory_from_it:
+    if gpu.name == CUSTOM_NAME:
+        said.append(
+            f"given by its capability and memory: its name answered as {CUSTOM_NAME!r}, its "
+            f"multiprocessors as an H100's {PLANNED.multi_processor_count}"
+        )
+    elif memory_from_it:
         source = (
             "as seen on a lent one"
             if named is None or named in MEASURED

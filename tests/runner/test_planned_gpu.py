@@ -191,10 +191,25 @@ def test_a_plan_for_a_gpu_it_names_is_traced_as_that_gpu_answers(
         assert _traced("AsksCapability").total_bytes == _traced("written_out").total_bytes
 
 
+def test_a_gpu_not_listed_is_planned_by_its_capability_and_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "one.yaml"
+    config.write_text(json.dumps({"global_batch_size": 8, "device": "cuda"}))
+    given = _planned_json(capsys, config, "--gpu", "7.5:16GiB")  # a T4 by its numbers
+    t4 = _planned_json(capsys, config, "--gpu", "t4")
+    assert given["predicted_peak_bytes"] == t4["predicted_peak_bytes"]  # not flash: written out
+    assert given["gpu"]["name"] == "CUDA GPU" and given["gpu"]["capability"] == "7.5"
+    assert given["limit_bytes"] == t4["limit_bytes"]
+    memory = _planned_json(capsys, config, "--gpu", "8.9", "--device-memory", "48GiB")
+    assert memory["gpu"]["total_memory_bytes"] == 48 * 2**30
+
+
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
         (["--gpu", "b200"], "--gpu 'b200': use one of h100, h200"),
+        (["--gpu", "8.9"], "--gpu '8.9': give its memory (8.9:48GiB) or --device-memory"),
         (["--gpu", "t4", "--device", "cpu"], "--gpu t4: names a CUDA GPU, and the plan is for cpu"),
         ([], "--device-memory: give one device's memory (80GiB), or --gpu NAME"),
     ],
