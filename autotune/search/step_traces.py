@@ -137,7 +137,7 @@ class StepTraces:
                 self.get(jobs[index])
 
     def _shared(self, key: Key) -> tuple[Any, ...]:
-        gpu = planned().name if self.device_type == "cuda" else None  # its kernels, its answers
+        gpu = planned() if self.device_type == "cuda" else None  # its kernels, its answers
         return (self.workload.model_dump_json(), self.device_type, gpu, *key)
 
     def _run(self, job: Job) -> TensorPeak:

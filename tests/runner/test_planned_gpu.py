@@ -203,6 +203,8 @@ def test_a_gpu_not_listed_is_planned_by_its_capability_and_memory(
     assert given["limit_bytes"] == t4["limit_bytes"]
     memory = _planned_json(capsys, config, "--gpu", "8.9", "--device-memory", "48GiB")
     assert memory["gpu"]["total_memory_bytes"] == 48 * 2**30
+    # traces kept per GPU, not per name: this one's flash, as an H100's
+    assert memory["predicted_peak_bytes"] < given["predicted_peak_bytes"]
 
 
 @pytest.mark.parametrize(
