@@ -13,7 +13,8 @@ the path it takes on a CPU.
 While ``answered(asked)`` is entered (a CUDA trace's ``fake_device.cuda_stand_ins`` where this
 machine has no CUDA device) they answer as the planned GPU (``planned()``): ``PLANNED``, an H100
 80GB, the GPU whose measurements this project's CUDA numbers are, unless the plan names another
-of ``GPUS`` (``planning``, ``autotune plan --gpu``); its capability also decides the kernels the
+of ``GPUS`` or gives one by its capability and memory (``described``; ``planning``, ``autotune
+plan --gpu``); its capability also decides the kernels the
 trace's attention takes (``capability``, ``fake_attention``: flash and cuDNN's from 8.0, the
 memory-efficient kernel in bf16 from 8.0); all of its memory free, one device a process (as a
 launcher that gives each rank its own device shows it). ``is_available()`` answers True to the
