@@ -285,7 +285,7 @@ def cuda_stand_ins(
         )
         stack.enter_context(mock.patch.object(torch, "set_default_device", set_default_device))
         stack.enter_context(for_cpu_tensors())  # streams, generators: the trace's are the CPU's
-        if not torch.cuda.is_available():  # what a GPU does, and what it is: nothing, an H100
+        if not torch.cuda.is_available():  # what a GPU does: nothing; what it is: the planned
             stack.enter_context(idle())
             if asked is not None:  # a trace's: a meta build answers in a CUDA plan's only
                 stack.enter_context(answered(asked, available))

@@ -138,10 +138,10 @@ def capability() -> tuple[int, int]:
     return gpu.major, gpu.minor
 
 
-def native_bf16(gpu: Properties) -> bool:
-    """Whether ``gpu`` computes bf16 natively (capability 8.0 on); before that torch emulates
-    it, and ``torch.cuda.is_bf16_supported()`` answers True all the same."""
-    return gpu.major >= 8
+def native_bf16(major: int) -> bool:
+    """Whether a GPU of capability ``major``.x computes bf16 natively (8.0 on); before that
+    torch emulates it, and ``torch.cuda.is_bf16_supported()`` answers True all the same."""
+    return major >= 8
 
 
 def planned_words(gpu: Properties | None = None) -> str:
@@ -186,7 +186,7 @@ def answered(asked: set[str], available: bool = True) -> Iterator[None]:
 
     def is_bf16_supported(including_emulation: bool = True) -> bool:
         asked.add("is_bf16_supported")
-        return including_emulation or native_bf16(gpu)  # torch emulates it before 8.0
+        return including_emulation or native_bf16(gpu.major)  # torch emulates it before 8.0
 
     flash = "torch.backends.cuda.is_flash_attention_available"
     with (
@@ -259,11 +259,10 @@ def gpu_words(gpu: Properties, named: str | None, memory_from_it: bool) -> str:
     default), whose memory is the plan's device memory where ``memory_from_it``."""
     import torch
 
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
+    if torch.cuda.is_available():  # ``gpu`` is this machine's (``this_machines``)
         return (
-            f"this machine's {torch.cuda.get_device_name()} (capability {major}.{minor}): its "
-            "answers to the model's code, its attention kernels"
+            f"this machine's {gpu.name} (capability {gpu.major}.{gpu.minor}): its answers to "
+            "the model's code, its attention kernels"
         )
     said = [planned_words(gpu)]
     if named is None:
@@ -281,7 +280,7 @@ def gpu_words(gpu: Properties, named: str | None, memory_from_it: bool) -> str:
             "--device-memory gives what it gets"
         )
         said.append(f"the device memory is its {gpu.total_memory / _GIB:.1f} GiB, {source}")
-    if not native_bf16(gpu):
+    if not native_bf16(gpu.major):
         said.append(
             "no native bf16 before capability 8.0: bf16 rows hold for memory (torch emulates "
             "its arithmetic), and bf16 attention takes the math path there, no fused kernel"

@@ -8,6 +8,7 @@ import socket
 from typing import Literal
 
 from autotune.result import Platform
+from autotune.runner.planned_gpu import native_bf16
 
 
 def cpu_name() -> str:
@@ -105,7 +106,7 @@ def native_autocast(device: Literal["cpu", "cuda"]) -> tuple[tuple[str, ...], st
         if not torch.cuda.is_available():
             return AUTOCASTS, "no CUDA device here to ask: both taken as native"
         major, minor = torch.cuda.get_device_capability()
-        if major >= 8:
+        if native_bf16(major):
             return AUTOCASTS, f"CUDA capability {major}.{minor}: bf16 and fp16 native"
         return ("fp16",), f"CUDA capability {major}.{minor}: bf16 native from 8.0 on"
 
