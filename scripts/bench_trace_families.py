@@ -97,12 +97,14 @@ def main() -> None:
         f"{fused} hold more than 1% less traced for CUDA (its fused attention), {scores} more "
         f"(CUDA's math path where the CPU's flash kernel runs); wrote {args.out}"
     )
+    peaks = [r["traced_for_gpus_bytes"] for r in traced] if args.gpus else []
+    complete = [p for p in peaks if all(isinstance(v, int) for v in p.values())]
+    stops = len(peaks) - len(complete)
     for gpu in args.gpus[1:]:
-        first, other = args.gpus[0], [r["traced_for_gpus_bytes"] for r in traced]
-        both = [(p[first], p[gpu]) for p in other if all(isinstance(v, int) for v in p.values())]
+        first = args.gpus[0]
+        both = [(p[first], p[gpu]) for p in complete]
         more = sum(b > 1.01 * a for a, b in both)
         less = sum(b < 0.99 * a for a, b in both)
-        stops = len(other) - len(both)
         print(
             f"{gpu} against {first}, {args.gpu_amp}: {more} of {len(both)} hold more than 1% "
             f"more, {less} more than 1% less, {len(both) - more - less} within 1%"
