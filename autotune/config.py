@@ -30,6 +30,7 @@ Amp = Literal["off", "fp16", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
 MatmulPrecision = Literal["default", "highest", "high"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
+CheckpointPolicy = Literal["full", "selective"]
 FsdpMixedPrecision = Literal["off", "bf16", "bf16-reduce-fp32"]
 Compile = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 GRAPH_CAPTURING_MODES = ("reduce-overhead", "max-autotune")
@@ -134,6 +135,14 @@ class TrainConfig(BaseModel):
         "blocks (those with a parameter that trains first, then frozen ones from the last) each "
         "run as one non-reentrant checkpoint segment (recomputed in backward). Must not exceed "
         "the number of repeated blocks.",
+    )
+    checkpoint_policy: CheckpointPolicy = Field(
+        "full",
+        description="What a checkpointed block keeps for backward: full keeps its input alone "
+        "and recomputes its whole forward; selective also keeps the outputs of its matrix "
+        "multiplications, convolutions and fused attention kernels and recomputes only the "
+        "cheap ops (norms, activations, dropout): more memory than full, less recomputation. "
+        "Needs checkpoint_segments >= 1.",
     )
     grad_accum_steps: int = Field(
         1,
@@ -267,6 +276,11 @@ class TrainConfig(BaseModel):
                 )
             if self.persistent_workers:
                 problems.append("persistent_workers=true needs num_workers >= 1, got num_workers=0")
+        if self.checkpoint_policy != "full" and not self.checkpoint_segments:
+            problems.append(
+                f"checkpoint_policy={self.checkpoint_policy} needs checkpoint_segments >= 1, "
+                "got checkpoint_segments=0"
+            )
         per_step = self.world_size * self.grad_accum_steps
         if self.global_batch_size % per_step:
             problems.append(
@@ -322,7 +336,8 @@ class TrainConfig(BaseModel):
         if self.fsdp_mixed_precision != "off":
             parts.append(f"fsdp-mp={self.fsdp_mixed_precision}")
         if self.checkpoint_segments:
-            parts.append(f"ckpt={self.checkpoint_segments}")
+            policy = "" if self.checkpoint_policy == "full" else f":{self.checkpoint_policy}"
+            parts.append(f"ckpt={self.checkpoint_segments}{policy}")
         if self.channels_last:
             parts.append("channels-last")
         if self.expandable_segments:

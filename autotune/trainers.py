@@ -131,6 +131,15 @@ def _checkpoint_note(config: TrainConfig, where: str) -> str | None:
     )
 
 
+def _selective_note(config: TrainConfig, flag: str, looped: bool) -> str:
+    return (
+        "checkpoint_policy=selective (each checkpointed block keeps its matmuls', "
+        f"convolutions' and attention's outputs) is applied in code: {flag} recomputes "
+        f"everything and is off here; call {apply_call(config, looped)} before training, "
+        "which checkpoints as the trials did"
+    )
+
+
 def hugging_face(
     config: TrainConfig, looped: bool = False, refused_by: str | None = None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -202,6 +211,9 @@ def hugging_face(
             f"activation checkpointing'): it is false here; call {apply_call(config, looped)} "
             "before the Trainer, which checkpoints as the trials did"
         )
+    elif config.checkpoint_policy == "selective":
+        kwargs["gradient_checkpointing"] = False
+        notes.append(_selective_note(config, "the Trainer's gradient_checkpointing", looped))
     elif note:
         notes.append(note)
     if looped and config.checkpoint_segments and not refused_by:
@@ -256,9 +268,10 @@ def apply_call(config: TrainConfig, looped: bool = False) -> str:
     """The call that checkpoints as the trials did: a looped layer's calls need a batch to be
     counted (``training.loop_calls``)."""
     calls = ", autotune.runner.training.loop_calls(model, batch)" if looped else ""
+    policy = "" if config.checkpoint_policy == "full" else f', policy="{config.checkpoint_policy}"'
     return (
         "autotune.runner.checkpointing.apply_checkpointing("
-        f"model, {config.checkpoint_segments}{calls})"
+        f"model, {config.checkpoint_segments}{calls}{policy})"
     )
 
 
@@ -341,7 +354,8 @@ def accelerate(
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": config.reshard_after_forward,
             "fsdp_offload_params": config.fsdp_cpu_offload,
-            "fsdp_activation_checkpointing": config.checkpoint_segments > 0,
+            "fsdp_activation_checkpointing": config.checkpoint_segments > 0
+            and config.checkpoint_policy == "full",
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             **({"fsdp_transformer_layer_cls_to_wrap": block_class} if block_class else {}),
         }
@@ -359,7 +373,9 @@ def accelerate(
             f"accelerator.clip_grad_norm_(model.parameters(), {config.max_grad_norm:g}) "
             "before optimizer.step(), when accelerator.sync_gradients"
         )
-    if config.parallel != "fsdp" and config.checkpoint_segments:
+    if config.parallel == "fsdp" and config.checkpoint_policy == "selective":
+        notes.append(_selective_note(config, "fsdp_activation_checkpointing", looped))
+    elif config.parallel != "fsdp" and config.checkpoint_segments:
         notes.append(
             f"checkpoint_segments={config.checkpoint_segments} is applied in code: "
             f"{apply_call(config, looped)}"

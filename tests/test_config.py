@@ -67,6 +67,10 @@ def test_config_is_frozen() -> None:
         ),
         ({"global_batch_size": 8, "world_size": 2}, "parallel=single needs world_size=1"),
         ({"global_batch_size": 8, "prefetch_factor": 2}, "prefetch_factor=2 needs num_workers"),
+        (
+            {"global_batch_size": 8, "checkpoint_policy": "selective"},
+            "checkpoint_policy=selective needs checkpoint_segments >= 1, got checkpoint_segments=0",
+        ),
         ({"global_batch_size": 8, "persistent_workers": True}, "persistent_workers=true needs"),
         ({"global_batch_size": 8, "pin_memory": True, "device": "cpu"}, "pin_memory=true needs"),
         (
@@ -192,6 +196,8 @@ def test_every_knob_a_search_turns_shows_in_the_summary() -> None:
                 values["comm_hook"] = "powersgd"
             if knob in ("reshard_after_forward", "fsdp_mixed_precision", "fsdp_cpu_offload"):
                 values["parallel"] = "fsdp"
+            if knob == "checkpoint_policy":
+                values["checkpoint_segments"] = 2
             if knob == "parallel" and value == "single":
                 values["world_size"] = 1
             if knob == "world_size" or (knob == "static_graph" and value):

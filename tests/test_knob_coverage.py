@@ -33,6 +33,7 @@ VARIANTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "optimizer_impl": ({}, {"optimizer_impl": "fused"}),
     "matmul_precision": ({}, {"matmul_precision": "high"}),
     "checkpoint_segments": ({}, {"checkpoint_segments": 2}),
+    "checkpoint_policy": ({"checkpoint_segments": 2}, {"checkpoint_policy": "selective"}),
     "grad_accum_steps": ({}, {"grad_accum_steps": 2}),
     "max_grad_norm": ({}, {"max_grad_norm": 1.0}),
     "compile": ({}, {"compile": "default"}),

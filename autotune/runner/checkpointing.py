@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -54,6 +54,7 @@ from autotune.runner.blocks import (
     may_loop,
     usable_blocks,
 )
+from autotune.runner.selective_checkpoint import Contexts, selective_contexts
 
 OWN_CHECKPOINTING = ("gradient_checkpointing", "grad_checkpointing")
 """The flags by which a model's modules checkpoint themselves: Hugging Face's (set by
@@ -85,6 +86,10 @@ def refuses_own_checkpointing(model: nn.Module) -> str | None:
         return type(model).__name__
     return None
 
+
+POLICIES = ("full", "selective")
+"""What a checkpointed unit keeps for backward: its input alone (full), or also its costly ops'
+outputs (selective: ``selective_checkpoint``)."""
 
 LOOPED = "looped "
 """What ``Units.names`` puts before the class of a module the forward calls several times."""
@@ -177,7 +182,10 @@ def checkpoint_units(model: nn.Module, calls: Mapping[int, int] | None = None) -
 
 
 def apply_checkpointing(
-    model: nn.Module, segments: int, calls: Mapping[int, int] | None = None
+    model: nn.Module,
+    segments: int,
+    calls: Mapping[int, int] | None = None,
+    policy: str = "full",
 ) -> list[nn.Module]:
     """Checkpoint the first ``segments`` units of ``model`` (``checkpoint_units``; of repeated
     blocks, ``checkpoint_order``'s first: those that train); return the modules checkpointed, a
@@ -188,7 +196,8 @@ def apply_checkpointing(
     the model turned on itself is turned off first, so that ``segments`` is the one control and
     0 is off: a model built
     with Hugging Face's ``gradient_checkpointing_enable()`` measured as "off" recomputed every
-    block, and checkpointed again inside its own."""
+    block, and checkpointed again inside its own. ``policy`` "selective" keeps the outputs of
+    each checkpointed unit's costly ops (``selective_checkpoint``); "full" keeps none."""
     for module, flag in _own_flags(model):
         setattr(module, flag, False)
     if segments == 0:
@@ -202,18 +211,24 @@ def apply_checkpointing(
             "batch of your data)"
         )
     check_segments(model, segments, units)
+    if policy not in POLICIES:
+        raise ConfigError(f"checkpoint_policy={policy!r} is not one of {', '.join(POLICIES)}")
+    selective = policy == "selective"
     if units.loops:
-        chosen = _checkpoint_calls(model, units.loops, segments)
+        chosen = _checkpoint_calls(model, units.loops, segments, selective)
     else:
         chosen = checkpoint_order(list(units.blocks))[:segments]
         for block in chosen:
-            block.forward = _checkpointed(block)
+            block.forward = _checkpointed(block, selective)
     _without_cache(model)
     return chosen
 
 
 def _checkpoint_calls(
-    model: nn.Module, loops: tuple[tuple[nn.Module, int], ...], segments: int
+    model: nn.Module,
+    loops: tuple[tuple[nn.Module, int], ...],
+    segments: int,
+    selective: bool,
 ) -> list[nn.Module]:
     """Checkpoint the first ``segments`` calls the looped modules get in each forward of
     ``model``, in the order the forward makes them: a count that each forward of the model
@@ -233,7 +248,7 @@ def _checkpoint_calls(
 
     model.register_forward_pre_hook(new_forward)
     for module, _ in loops:
-        module.forward = counted(module.forward, _checkpointed(module))
+        module.forward = counted(module.forward, _checkpointed(module, selective))
     chosen: list[nn.Module] = []
     for module, calls in loops:
         chosen += [module] * min(calls, segments - len(chosen))
@@ -290,9 +305,10 @@ def _without_cache(model: nn.Module) -> None:
             config.use_cache = False  # type: ignore[union-attr]
 
 
-def _checkpointed(block: nn.Module) -> Callable[..., Any]:
+def _checkpointed(block: nn.Module, selective: bool = False) -> Callable[..., Any]:
     """``block``'s forward, run as one non-reentrant checkpoint segment that keeps its training
-    state (``_same_buffers``). Set as an instance attribute, ``__call__`` (and with it every
+    state (``_same_buffers``), and, ``selective``, the outputs of its costly ops
+    (``selective_checkpoint``). Set as an instance attribute, ``__call__`` (and with it every
     hook, FSDP's included) still runs."""
     forward = block.forward
     # The block's training state among its buffers: those its state_dict saves (running
@@ -301,14 +317,35 @@ def _checkpointed(block: nn.Module) -> Callable[..., Any]:
     state = [name for name, _ in block.named_buffers() if name in saved]
 
     def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():  # the compiler's own recomputation (module docstring)
+        makers: list[Contexts] = []
+        # the compiler recomputes in its own graphs, which take no copies (module docstring)
+        if state and not torch.compiler.is_compiling():
+            makers.append(partial(_same_buffers, block, state))
+        if selective:  # entered inside the buffers' copies: its recomputation sees no copy
+            makers.append(selective_contexts)
+        if not makers:
             return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-        if not state:
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-        contexts = partial(_same_buffers, block, state)
+        contexts = makers[0] if len(makers) == 1 else partial(_together, makers)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     return checkpointed_forward
+
+
+def _together(
+    makers: list[Contexts],
+) -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
+    """The (forward, recomputation) contexts that ``makers`` make, each pair entered as one, the
+    first outermost."""
+    pairs = [make() for make in makers]
+    return _entered([p[0] for p in pairs]), _entered([p[1] for p in pairs])
+
+
+@contextmanager
+def _entered(contexts: list[AbstractContextManager[None]]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
+        yield
 
 
 def _same_buffers(

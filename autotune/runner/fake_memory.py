@@ -604,6 +604,7 @@ def trace_step(
     optimizer_impl: str = "default",
     device_type: str = "cpu",
     world_size: int = 1,
+    checkpoint_policy: str = "full",
 ) -> TensorPeak:
     """The peak of one training step of ``spec``'s model on one ``device_type`` device, traced
     on the CPU (for ``cuda``, autocast follows CUDA's op lists: ``fake_autocast``), as rank 0 of
@@ -649,6 +650,7 @@ def trace_step(
                     optimizer_impl,
                     device_type,
                     world_size,
+                    checkpoint_policy,
                 )
                 asked: set[str] = set()  # what the model's code asked of the GPU
                 trace = functools.partial(_trace, *step, asked=asked)
@@ -694,6 +696,7 @@ def _trace(
     implementation: str,
     device_type: str,
     world_size: int,
+    checkpoint_policy: str,
     flex_fused: bool = False,
     asked: set[str] | None = None,
     available: bool = True,
@@ -752,7 +755,11 @@ def _trace(
     on_device = made.held_bytes() if made is not None else 0  # what the dataset keeps there
     model = _materialized(model, batch, mode, spec.model)  # lazy modules' shapes, as on a rank
     config = TrainConfig(
-        global_batch_size=micro_batch, amp=amp, checkpoint_segments=segments, device="cpu"
+        global_batch_size=micro_batch,
+        amp=amp,
+        checkpoint_segments=segments,
+        checkpoint_policy=checkpoint_policy,
+        device="cpu",
     )
     device = torch.device("cpu")
     blocks = find_repeated_blocks(model)

@@ -641,7 +641,9 @@ def prepare_model(
     """Checkpoint, move and wrap ``model``; return (wrapped, hook counter, ckpt'd, repeated).
     ``calls`` (``loop_calls``) finds the layers a model without stacks loops over."""
     repeated = checkpoint_units(model, calls).count
-    checkpointed = apply_checkpointing(model, config.checkpoint_segments, calls)
+    checkpointed = apply_checkpointing(
+        model, config.checkpoint_segments, calls, config.checkpoint_policy
+    )
     if config.channels_last:  # before the wrap: DDP and FSDP take the parameters as they are
         model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     hooks = HookCounter()

@@ -108,7 +108,7 @@ class MemoryGate:
         try:
             probe = TrainConfig.model_validate(
                 {**config.model_dump(), "amp": others[0], "fsdp_mixed_precision": "off",
-                 "checkpoint_segments": 0}
+                 "checkpoint_segments": 0, "checkpoint_policy": "full"}
             )  # fmt: skip
         except ValueError:  # no such configuration: the failure stays the model's
             return False

@@ -66,6 +66,7 @@ MEMORY_FIELDS = {
     "comm_hook": "a compressed bucket; PowerSGD's error feedback",
     "amp": "the step traced under its autocast",
     "checkpoint_segments": "the step traced with those blocks checkpointed",
+    "checkpoint_policy": "the step traced with the policy's saved outputs held",
     "grad_accum_steps": "the micro-batch the step is traced at, and the gradients held from "
     "micro-step to micro-step (under FSDP, unsharded)",
     "compile": "predicted as eager: an upper bound",
@@ -109,7 +110,7 @@ def traced_amp(config: TrainConfig) -> str:
 def config_kind(config: TrainConfig) -> Kind:
     """The kind of step ``config`` traces (``step_traces.Kind``): its traced precision, and
     whether it checkpoints."""
-    return kind_of(traced_amp(config), config.checkpoint_segments)
+    return kind_of(traced_amp(config), config.checkpoint_segments, config.checkpoint_policy)
 
 
 def device_parts(peak: TensorPeak, config: TrainConfig) -> dict[str, int]:
@@ -319,8 +320,9 @@ class MemoryModel:
         mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
         if self._corners is not None:
             (mb, _), (k, _) = self._corners
-        impl = config.optimizer_impl
-        return [(mb, amp, k, impl, 1), (mb, amp, k, impl, max(WORLD_PROBE, config.processes))]
+        impl, policy = config.optimizer_impl, config.checkpoint_policy
+        world = max(WORLD_PROBE, config.processes)
+        return [(mb, amp, k, impl, 1, policy), (mb, amp, k, impl, world, policy)]
 
     @property
     def sampled(self) -> bool:
@@ -359,8 +361,8 @@ class MemoryModel:
             world = self._group_world(config)
             if config is spread and self._world_dependent is None:
                 jobs += self._probes(config)
-            amp, impl = traced_amp(config), config.optimizer_impl
-            jobs += [(mb, amp, k, impl, world) for mb, k in self._steps(config, world)]
+            amp, impl, policy = traced_amp(config), config.optimizer_impl, config.checkpoint_policy
+            jobs += [(mb, amp, k, impl, world, policy) for mb, k in self._steps(config, world)]
         return jobs
 
     def tensor_peak(self, config: TrainConfig) -> TensorPeak | None:
@@ -378,13 +380,13 @@ class MemoryModel:
 
     def _tensor_peak(self, config: TrainConfig, world: int) -> TensorPeak | None:
         mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
-        impl = config.optimizer_impl
+        impl, policy = config.optimizer_impl, config.checkpoint_policy
         looked_up = self._steps(config, world)
         if looked_up == [(mb, k)]:
-            return self.steps.get((mb, amp, k, impl, world))
+            return self.steps.get((mb, amp, k, impl, world, policy))
         assert self._corners is not None
         (mb0, mb1), (k0, k1) = self._corners
-        corners = {(b, s): self.steps.get((b, amp, s, impl, world)) for b, s in looked_up}
+        corners = {(b, s): self.steps.get((b, amp, s, impl, world, policy)) for b, s in looked_up}
         if any(c is None for c in corners.values()):
             return None
         u = (mb - mb0) / (mb1 - mb0) if mb1 > mb0 else 0.0
@@ -414,7 +416,8 @@ class MemoryModel:
         """The micro-batches and checkpointed blocks traced for ``config``: its own, or the four
         corners of the table around it (``interpolate_between``)."""
         mb, k = config.micro_batch_size, config.checkpoint_segments
-        key = key_of((mb, traced_amp(config), k, config.optimizer_impl, world))
+        impl, policy = config.optimizer_impl, config.checkpoint_policy
+        key = key_of((mb, traced_amp(config), k, impl, world, policy))
         if self._corners is None or key in self.steps.held:
             return [(mb, k)]
         (mb0, mb1), (k0, k1) = self._corners
@@ -519,6 +522,7 @@ class MemoryModel:
                 config.checkpoint_segments,
                 config.optimizer_impl,
                 self._group_world(config),
+                config.checkpoint_policy,
             )
         )
         source = "fake-tensor trace" + ("" if exact in self.steps.held else ", interpolated")

@@ -192,7 +192,7 @@ EVERY_BLOCK_AT_ONE = "its blocks checkpointed, micro-batch 1"
 
 def every_block_at_one(config: TrainConfig, workload: WorkloadSpec) -> TrainConfig | None:
     """``config`` with the model's own levers on memory pulled as far as they go: every
-    repeated block that keeps something for backward checkpointed, at micro-batch 1 (the
+    repeated block that keeps something for backward checkpointed in full, at micro-batch 1 (the
     accumulation making up the global batch); None where no such configuration can be made,
     or it is ``config`` itself. What a narrow space that fits nowhere is measured against
     (``plan``'s "beyond the space", the search's no-fit line)."""
@@ -203,6 +203,7 @@ def every_block_at_one(config: TrainConfig, workload: WorkloadSpec) -> TrainConf
             **config.model_dump()
             | {
                 "checkpoint_segments": max(config.checkpoint_segments, blocks),
+                "checkpoint_policy": "full" if blocks else config.checkpoint_policy,
                 "grad_accum_steps": config.global_batch_size // config.world_size,
             }
         )

@@ -62,14 +62,15 @@ class PlanRow:
         return self.prediction.peak_bytes <= limit_bytes
 
 
-def _rank(row: PlanRow) -> tuple[int, bool, int, int]:
+def _rank(row: PlanRow) -> tuple[int, bool, int, bool, int]:
     """How a row ranks for the largest micro-batch that fits (higher is better): at the same
     micro-batch, without CPU offload before with less checkpointing (moving every step's shards,
     gradients and optimizer step over the host link costs more than recomputing activations),
-    then the least checkpointing, then the least memory."""
+    then the least checkpointing, selective before full (less recomputed), then the least
+    memory."""
     c = row.config
     return (c.micro_batch_size, not c.fsdp_cpu_offload, -c.checkpoint_segments,
-            -row.prediction.peak_bytes)  # fmt: skip
+            c.checkpoint_policy == "selective", -row.prediction.peak_bytes)  # fmt: skip
 
 
 @dataclass
@@ -374,11 +375,15 @@ def _kinds_phrase(failing: list[Kind], present: set[Kind]) -> str:
     """The configurations of the ``failing`` kinds of step (precision, checkpointing), of the
     ``present`` ones, in the words of their knobs."""
     amp = {"fp32": "amp off", "16-bit": "amp fp16, bf16 (and FSDP's bf16 parameters)"}
-    ckpt = {True: "checkpoint_segments above 0", False: "checkpoint_segments 0"}
+    ckpt = {
+        "full": "checkpoint_segments above 0",
+        "selective": "checkpoint_policy selective",
+        "": "checkpoint_segments 0",
+    }
     for place, words in ((0, amp), (1, ckpt)):
         values = {kind[place] for kind in failing}
         if len(values) == 1 and all(k in failing for k in present if k[place] in values):
-            return words[values.pop()]  # type: ignore[index]
+            return words[values.pop()]
     return "; ".join(f"{amp[p]} with {ckpt[k]}" for p, k in failing)
 
 

@@ -31,7 +31,7 @@ class Observation:
     trial_number: int
 
 
-ORDERED = ("grad_accum_steps", "checkpoint_segments", "num_workers")
+ORDERED = ("grad_accum_steps", "checkpoint_segments", "checkpoint_policy", "num_workers")
 """The knobs the dominance rule compares by direction (the micro-batch through accumulation)."""
 FAMILY = tuple(sorted(set(MEMORY_FIELDS) - set(ORDERED)))
 """Every other knob that moves memory must match: a configuration that offloads FSDP's shards,
@@ -46,10 +46,22 @@ def _at_least_as_hungry(candidate: TrainConfig, known: TrainConfig) -> bool:
     return (
         _family(candidate) == _family(known)
         and candidate.micro_batch_size >= known.micro_batch_size
-        and candidate.checkpoint_segments <= known.checkpoint_segments
+        and _recomputes_no_more(candidate, known)
         and candidate.num_workers >= known.num_workers
         and (candidate.prefetch_factor or 0) >= (known.prefetch_factor or 0)
     )
+
+
+def _recomputes_no_more(candidate: TrainConfig, known: TrainConfig) -> bool:
+    """Whether ``candidate``'s checkpointing keeps at least what ``known``'s keeps: nothing
+    checkpointed keeps everything; else no more blocks checkpointed, and a policy that keeps no
+    less (selective keeps what full recomputes)."""
+    if not candidate.checkpoint_segments:
+        return True
+    keeps = ("full", "selective")
+    return candidate.checkpoint_segments <= known.checkpoint_segments and keeps.index(
+        candidate.checkpoint_policy
+    ) >= keeps.index(known.checkpoint_policy)
 
 
 def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
@@ -73,6 +85,7 @@ def _family_points(candidate: TrainConfig, history: list[Observation]) -> list[t
         if s.peak_bytes is not None
         and _family(s.config) == _family(candidate)
         and s.config.checkpoint_segments == candidate.checkpoint_segments
+        and s.config.checkpoint_policy == candidate.checkpoint_policy
         and s.config.num_workers == candidate.num_workers
     ]
 

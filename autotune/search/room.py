@@ -28,13 +28,20 @@ from autotune.config import TrainConfig
 from autotune.records import TrialRecord
 from autotune.search import race
 
-ROOM_KNOBS = ("persistent_workers", "grad_accum_steps", "checkpoint_segments", "compile")
+ROOM_KNOBS = (
+    "persistent_workers",
+    "grad_accum_steps",
+    "checkpoint_policy",
+    "checkpoint_segments",
+    "compile",
+)
 """The knobs a finalist moves along to make room, in turn: none changes the training's
 semantics or numerics. Persistent DataLoader workers first, where it has workers that are not:
 they cost no speed (an epoch no longer restarts them), and on CPU a worker forked again at
 every epoch keeps old copies of its rank's whole step (``MemoryModel.forked``; on a GPU the
 prediction says the move saves no device memory). Then accumulation (it costs the least when a
-step's micro-batch still fills the device), then checkpointing, then, for a compiled finalist,
+step's micro-batch still fills the device), then selective checkpointing made full (the same
+blocks, every op recomputed), then more blocks checkpointed, then, for a compiled finalist,
 compiling off: on CPU a compiled rank holds Inductor's modules and caches (53-88 MiB a rank
 here), and on a GPU, where compiling can hold less, the prediction says the move saves
 nothing."""
@@ -148,5 +155,12 @@ def _moves(finalist: TrainConfig, choices: dict[str, list[Any]]) -> Iterator[tup
         yield from ((knob, c) for c in sorted(
             c for c in choices.get(knob, ()) if isinstance(c, int) and c > now
         ))  # fmt: skip
+        selective = finalist.checkpoint_policy == "selective"
+        if (
+            knob == "grad_accum_steps"
+            and selective
+            and "full" in choices.get("checkpoint_policy", ())
+        ):
+            yield "checkpoint_policy", "full"  # the same blocks, keeping less
     if finalist.compile != "off" and "off" in choices.get("compile", ()):
         yield "compile", "off"

@@ -19,11 +19,11 @@ from autotune.runner.planned_gpu import planned
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.side_by_side import forked_autograd_runs, run_side_by_side
 
-Job = tuple[int, str, int, str, int]
-"""A step to trace: micro-batch, autocast, checkpointed blocks, optimizer implementation, and
-the world it is traced among."""
+Job = tuple[int, str, int, str, int, str]
+"""A step to trace: micro-batch, autocast, checkpointed blocks, optimizer implementation, the
+world it is traced among, and the checkpointing policy ("full" where nothing is checkpointed)."""
 
-Key = tuple[int, str, int, str, int]
+Key = tuple[int, str, int, str, int, str]
 """What a trace is kept by: a job with its autocast as its ``precision``."""
 
 _TRACED: dict[tuple[Any, ...], TensorPeak] = {}
@@ -35,31 +35,34 @@ def precision(amp: str) -> str:
     return "fp32" if amp == "off" else "16-bit"
 
 
-Kind = tuple[str, bool]
-"""A kind of step: its precision, and whether it checkpoints. A failure of the model's own in
-one kind (attention whose code enables CUDA's flash kernel alone fails in float32) leaves the
-other kinds traced (``memory_gate``, ``plan``)."""
+Kind = tuple[str, str]
+"""A kind of step: its precision, and how it checkpoints ("" not at all, else its policy). A
+failure of the model's own in one kind (attention whose code enables CUDA's flash kernel alone
+fails in float32) leaves the other kinds traced (``memory_gate``, ``plan``)."""
 
 
-def kind_of(amp: str, segments: int) -> Kind:
-    return precision(amp), segments > 0
+def kind_of(amp: str, segments: int, policy: str = "full") -> Kind:
+    return precision(amp), policy if segments > 0 else ""
 
 
 def kind_words(kind: Kind) -> str:
-    """``kind`` in words: "fp32 steps", "16-bit steps with checkpointing"."""
-    return f"{kind[0]} steps" + (" with checkpointing" if kind[1] else "")
+    """``kind`` in words: "fp32 steps", "16-bit steps with checkpointing", "fp32 steps with
+    selective checkpointing"."""
+    how = {"": "", "full": " with checkpointing"}.get(kind[1], f" with {kind[1]} checkpointing")
+    return f"{kind[0]} steps{how}"
 
 
 def key_of(job: Job) -> Key:
-    micro_batch, amp, segments, impl, world = job
-    return (micro_batch, precision(amp), segments, impl, world)
+    micro_batch, amp, segments, impl, world, policy = job
+    return (micro_batch, precision(amp), segments, impl, world, policy if segments else "full")
 
 
 def tracing_line(job: Job) -> str:
-    micro_batch, amp, segments, impl, world = job
+    micro_batch, amp, segments, impl, world, policy = job
     return (
         f"tracing a step under fake tensors: micro-batch {micro_batch}, {precision(amp)}, "
         f"{segments} block(s) checkpointed"
+        + (f" ({policy})" if segments and policy != "full" else "")
         + (f", optimizer {impl}" if impl != "default" else "")
         + (f", as one rank of {world}" if world > 1 else "")
     )
@@ -141,7 +144,7 @@ class StepTraces:
         return (self.workload.model_dump_json(), self.device_type, gpu, *key)
 
     def _run(self, job: Job) -> TensorPeak:
-        micro_batch, amp, segments, impl, world = job
+        micro_batch, amp, segments, impl, world, policy = job
         return trace_step(
             self.workload,
             micro_batch,
@@ -150,4 +153,5 @@ class StepTraces:
             optimizer_impl=impl,
             device_type=self.device_type,
             world_size=world,
+            checkpoint_policy=policy if segments else "full",
         )

@@ -310,10 +310,10 @@ class _Stateful(nn.Module):
         return x + torch.relu(self.norm(self.conv(x))) * self.mask
 
 
-def _trained(checkpointed: int, steps: int = 2) -> nn.Module:
+def _trained(checkpointed: int, steps: int = 2, policy: str = "full") -> nn.Module:
     torch.manual_seed(0)
     model = nn.Sequential(_Stateful(), _Stateful(), _Stateful())
-    apply_checkpointing(model, checkpointed)
+    apply_checkpointing(model, checkpointed, policy=policy)
     for step in range(steps):
         model(
             torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(step))
@@ -321,10 +321,13 @@ def _trained(checkpointed: int, steps: int = 2) -> nn.Module:
     return model
 
 
-def test_recomputing_a_block_changes_no_buffer_and_no_gradient() -> None:
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_recomputing_a_block_changes_no_buffer_and_no_gradient(policy: str) -> None:
     # torch's checkpoint runs the block's forward again in backward: its running statistics
-    # and power iteration would be updated twice a step, the second time from the updated state
-    plain, checkpointed = _trained(0), _trained(3)
+    # and power iteration would be updated twice a step, the second time from the updated state.
+    # Selective: the buffers' copies made inside its recomputation failed it ("aten.clone.default
+    # encountered during backward but not found in storage").
+    plain, checkpointed = _trained(0), _trained(3, policy=policy)
     for (name, expected), (_, got) in zip(
         plain.named_buffers(), checkpointed.named_buffers(), strict=True
     ):
@@ -477,3 +480,60 @@ def test_a_backbone_shared_by_two_inputs_is_checkpointed_call_by_call() -> None:
     # scripted whole, it takes no hook: nothing counted, no loop (the count itself raised)
     scripted = torch.jit.script(SharedBackbone())
     assert count_calls(scripted, lambda: scripted(torch.randn(2, 8))) == {}
+
+
+def _held(policy: str, segments: int) -> tuple[int, list[torch.Tensor]]:
+    """The tensors' peak of a real second step of ``gpt_tiny`` with ``segments`` blocks
+    checkpointed under ``policy``, and its first step's gradients."""
+    from autotune.bench.traced_step import real_step_peak
+    from workloads.gpt import autotune_dataset
+
+    torch.manual_seed(0)
+    model = gpt_tiny()
+    batch = torch.utils.data.default_collate([autotune_dataset(model)[i] for i in range(8)])
+    apply_checkpointing(model, segments, policy=policy)
+    model(**batch).loss.backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return real_step_peak(model, **batch), grads
+
+
+def test_selective_checkpointing_holds_between_none_and_full_and_trains_alike() -> None:
+    """The outputs of its matrix multiplications kept, the rest recomputed: less than nothing
+    checkpointed, more than every op recomputed, and the same gradients to the bit."""
+    blocks = len(find_repeated_blocks(gpt_tiny()))
+    off, full, selective = _held("full", 0), _held("full", blocks), _held("selective", blocks)
+    assert full[0] < selective[0] < off[0]
+    for ours, plain in zip(selective[1], off[1], strict=True):
+        assert torch.equal(ours, plain)
+
+
+def test_selective_keeps_the_costly_ops_and_recomputes_the_rest() -> None:
+    from autotune.runner.selective_checkpoint import SAVED
+
+    aten = torch.ops.aten
+    assert {aten.mm.default, aten.addmm.default, aten.convolution.default} <= SAVED
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default in SAVED
+    assert not {aten.bmm.default, aten.gelu.default, aten.native_layer_norm.default} & SAVED
+    with pytest.raises(ConfigError, match="checkpoint_policy='some' is not one of full, sel"):
+        apply_checkpointing(_Stack(), 1, policy="some")
+
+
+def test_a_selectively_checkpointed_step_is_traced_as_it_runs() -> None:
+    from autotune.bench.traced_step import real_step_peak
+    from autotune.runner.fake_memory import trace_step
+    from autotune.runner.workload import WorkloadSpec
+    from workloads.gpt import autotune_dataset
+
+    spec = WorkloadSpec(model="workloads.gpt:gpt_tiny")
+    blocks = len(find_repeated_blocks(gpt_tiny()))
+    traced = {
+        policy: trace_step(spec, 8, checkpoint_segments=blocks, checkpoint_policy=policy)
+        for policy in ("full", "selective")
+    }
+    assert traced["full"].total_bytes < traced["selective"].total_bytes
+    model = gpt_tiny()
+    batch = torch.utils.data.default_collate([autotune_dataset(model)[i] for i in range(8)])
+    apply_checkpointing(model, blocks, policy="selective")
+    real = real_step_peak(model, **batch)
+    assert traced["selective"].total_bytes == pytest.approx(real, rel=0.01)

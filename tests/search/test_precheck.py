@@ -6,9 +6,10 @@ from autotune.search.precheck import Observation, precheck
 MiB = 1 << 20
 
 
-def _config(accum: int, ckpt: int = 0, workers: int = 0):
+def _config(accum: int, ckpt: int = 0, workers: int = 0, policy: str = "full"):
     return make_config(
         {
+            "checkpoint_policy": policy,
             "global_batch_size": 64,
             "parallel": "ddp",
             "world_size": 2,
@@ -47,3 +48,17 @@ def test_a_knob_that_moves_memory_either_way_is_never_judged_by_dominance() -> N
                  "optimizer_impl": "foreach", "compile": "default"}[knob]  # fmt: skip
         assert precheck(make_config({**fsdp, knob: moved}), history, 1000 * MiB) is None, knob
     assert precheck(make_config(fsdp), history, 1000 * MiB) is not None
+
+
+def test_selective_checkpointing_keeps_at_least_what_full_checkpointing_of_as_many_keeps() -> None:
+    full = [Observation(_config(accum=2, ckpt=2), None, 1)]  # 2 blocks fully checkpointed: out
+    for hungrier in (
+        _config(2, ckpt=2, policy="selective"),
+        _config(2, ckpt=1, policy="selective"),
+    ):
+        verdict = precheck(hungrier, full, 1000 * MiB)
+        assert verdict is not None and "trial 1" in verdict[0]
+    selective = [Observation(_config(accum=2, ckpt=2, policy="selective"), None, 4)]
+    assert precheck(_config(2, ckpt=2), selective, 1000 * MiB) is None  # keeps less: try it
+    assert precheck(_config(2, ckpt=1), selective, 1000 * MiB) is None  # not known either way
+    assert precheck(_config(2, ckpt=0), selective, 1000 * MiB) is not None  # keeps everything

@@ -110,3 +110,27 @@ def test_a_finalist_with_workers_that_are_not_persistent_makes_them_persistent_f
     kept = workers.model_copy(update={"persistent_workers": True})
     moved = make_room(kept, [run(kept, 1100)], choices, predicted({1: 1000, 2: 700}), 1000 * MiB)
     assert moved is not None and moved.config.grad_accum_steps == 2
+
+
+def test_a_selective_finalist_checkpoints_its_blocks_fully_before_more_of_them() -> None:
+    selective = TrainConfig(
+        global_batch_size=32,
+        device="cpu",
+        grad_accum_steps=8,
+        checkpoint_segments=2,
+        checkpoint_policy="selective",
+    )
+    choices = {**CHOICES, "checkpoint_segments": [0, 2, 4]}
+    choices["checkpoint_policy"] = ["full", "selective"]
+
+    def predict(c: TrainConfig) -> int:
+        kept = 150 if c.checkpoint_policy == "selective" else 0
+        return (1000 - 100 * c.checkpoint_segments + kept) * MiB
+
+    room = make_room(selective, [run(selective, 1050)], choices, predict, 1000 * MiB)
+    assert room is not None and room.config.checkpoint_policy == "full"
+    assert room.config.checkpoint_segments == 2 and room.expected_bytes == 900 * MiB
+    assert "checkpoint_policy selective -> full" in room.describe()
+    fixed = {**choices, "checkpoint_policy": ["selective"]}  # the space offers no full
+    room = make_room(selective, [run(selective, 1050)], fixed, predict, 1000 * MiB)
+    assert room is not None and room.config.checkpoint_segments == 4
