@@ -1,0 +1,141 @@
+"""Activation checkpointing's policies side by side on one model: nothing checkpointed, every
+block checkpointed in full, every block checkpointed selectively (``checkpoint_policy``). For
+each, the tensors' peak of a real step, the same step traced under fake tensors (what a plan
+predicts), the step traced for a CUDA GPU in bf16 (a prediction only: no GPU here), and the
+time a real step takes, measured in interleaved rounds so that the machine's drift falls on
+every policy alike."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune.bench.traced_step import real_step_peak
+from autotune.runner.planned_gpu import GPUS, planning
+from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, put_on_path
+
+POLICIES = ("none", "full", "selective")
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """One policy of one model."""
+
+    model: str
+    policy: str
+    segments: int
+    micro_batch: int
+    real_bytes: int
+    traced_bytes: int
+    cuda_bf16_bytes: int | None
+    """The step traced for ``gpu`` in bf16 autocast: a prediction."""
+    gpu: str
+    step_s: float
+    """The median over rounds of a round's mean step (forward, backward, AdamW's step)."""
+    rounds_s: tuple[float, ...]
+
+    @property
+    def trace_error(self) -> float:
+        return (self.traced_bytes - self.real_bytes) / self.real_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "trace_error": self.trace_error}
+
+
+def _segments_and_policy(policy: str, blocks: int) -> tuple[int, str]:
+    return (0, "full") if policy == "none" else (blocks, policy)
+
+
+def _built(spec: WorkloadSpec, micro_batch: int, policy: str) -> tuple[Any, dict[str, Any], int]:
+    """``spec``'s model checkpointed as ``policy`` says (every block, or none), seeded alike, its
+    batch of the dataset's first ``micro_batch`` samples as keyword arguments, and its blocks."""
+    import torch
+    from torch.utils.data import default_collate
+
+    from autotune.runner.checkpointing import apply_checkpointing, checkpoint_units  # imports torch
+
+    put_on_path(spec)
+    torch.manual_seed(0)
+    module, model = load_model(spec.model)
+    dataset = load_dataset(spec, module, model)[0]
+    batch = default_collate([dataset[i] for i in range(micro_batch)])
+    if not isinstance(batch, dict):
+        raise ValueError(f"{spec.model}: this benchmark takes models fed dict batches")
+    blocks = checkpoint_units(model).count
+    segments, how = _segments_and_policy(policy, blocks)
+    apply_checkpointing(model, segments, policy=how)
+    model.train()
+    return model, batch, blocks
+
+
+def _loss(output: Any) -> Any:
+    if isinstance(output, dict):
+        return output["loss"]
+    return output.loss if hasattr(output, "loss") else output.float().square().mean()
+
+
+def measure(
+    spec: WorkloadSpec, micro_batch: int, rounds: int = 5, steps: int = 3, gpu: str = "h100"
+) -> list[PolicyRow]:
+    """Every policy of ``POLICIES`` on ``spec``'s model at ``micro_batch``: its peaks, and its
+    step's time over ``rounds`` interleaved rounds of ``steps`` steps (after one warm step)."""
+    import torch
+
+    from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
+
+    built = {policy: _built(spec, micro_batch, policy) for policy in POLICIES}
+    optimizers = {p: torch.optim.AdamW(m.parameters(), lr=1e-4) for p, (m, _, _) in built.items()}
+
+    def step(policy: str) -> None:
+        model, batch, _ = built[policy]
+        _loss(model(**batch)).backward()
+        optimizers[policy].step()
+        optimizers[policy].zero_grad(set_to_none=True)
+
+    for policy in POLICIES:
+        step(policy)  # the optimizer's state, the allocator's pools
+    times: dict[str, list[float]] = {p: [] for p in POLICIES}
+    for _ in range(rounds):
+        for policy in POLICIES:
+            started = time.perf_counter()
+            for _ in range(steps):
+                step(policy)
+            times[policy].append((time.perf_counter() - started) / steps)
+    rows = []
+    for policy in POLICIES:
+        model, batch, blocks = built[policy]
+        segments, how = _segments_and_policy(policy, blocks)
+        real = real_step_peak(model, **batch)
+        traced = trace_step(spec, micro_batch, checkpoint_segments=segments, checkpoint_policy=how)
+        with planning(GPUS[gpu]):
+            try:
+                cuda: int | None = trace_step(
+                    spec, micro_batch, "bf16", segments, device_type="cuda", checkpoint_policy=how
+                ).total_bytes
+            except TraceError:
+                cuda = None
+        rows.append(
+            PolicyRow(
+                spec.model,
+                policy,
+                segments,
+                micro_batch,
+                real,
+                traced.total_bytes,
+                cuda,
+                gpu,
+                statistics.median(times[policy]),
+                tuple(round(t, 4) for t in times[policy]),
+            )
+        )
+    return rows
+
+
+def paired_ratio(rows: list[PolicyRow], policy: str, against: str) -> tuple[float, float, float]:
+    """(median, least, most) over rounds of ``policy``'s step time over ``against``'s, each
+    round's against the same round's: the ratio the drift between rounds does not move."""
+    by = {r.policy: r.rounds_s for r in rows}
+    ratios = [a / b for a, b in zip(by[policy], by[against], strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
