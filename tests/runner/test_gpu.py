@@ -555,3 +555,27 @@ def test_a_model_the_caller_moved_to_the_gpu_is_pickled_in_host_memory(
 def test_a_one_device_trial_gathering_from_every_rank_joins_an_nccl_group_of_one() -> None:
     # its all_gather and all_reduce run on NCCL, whose communicator the first one makes
     _ok(_trial("tests.fixtures.contrastive:GatheredTowers", global_batch_size=8))
+
+
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_a_checkpointed_cuda_step_holds_what_its_trace_for_cuda_says(policy: str) -> None:
+    # Selective checkpointing keeps its blocks' matmul and fused-attention outputs: on CUDA
+    # those are the flash or memory-efficient kernels' (traced on the CPU by fake_attention).
+    pytest.importorskip("transformers")
+    from torch.utils.data import default_collate
+
+    from autotune.bench.traced_step import real_step_peak
+    from autotune.runner.checkpointing import apply_checkpointing, checkpoint_units
+    from autotune.runner.fake_memory import trace_step
+    from autotune.runner.workload import load_dataset, load_model
+
+    spec = WorkloadSpec(model="examples.hf_models:llama_tiny")
+    torch.manual_seed(0)
+    module, model = load_model(spec.model)
+    dataset = load_dataset(spec, module, model)[0]
+    batch = {k: v.cuda() for k, v in default_collate([dataset[i] for i in range(8)]).items()}
+    blocks = checkpoint_units(model).count
+    apply_checkpointing(model, blocks, policy=policy)
+    real = real_step_peak(model.cuda().train(), **batch, amp="bf16")
+    traced = trace_step(spec, 8, "bf16", blocks, device_type="cuda", checkpoint_policy=policy)
+    assert traced.total_bytes == pytest.approx(real, rel=0.05)
