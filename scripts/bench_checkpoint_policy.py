@@ -10,8 +10,10 @@ a real step on this CPU (MemTracker's count), the same step traced under fake te
 plan predicts; its error against the real one), the step traced for an H100 in bf16 (a
 prediction: no GPU here), and the step's time (forward, backward, AdamW), the three policies
 measured in turn in each of ``--rounds`` rounds, with selective's time over full's paired round
-by round. On a CPU the time is the CPU's: recomputation costs what the CPU's kernels cost, and
-the noise of a 2-core machine (10-33% run to run) lies on every column alike. About 15
+by round. With ``--device cuda`` (a lent GPU; ``--amp bf16``) the steps run there, the trace
+is for that GPU and no H100 is predicted. On a CPU the time is the CPU's: recomputation costs
+what the CPU's kernels cost, and the noise of a 2-core machine (10-33% run to run) lies on
+every column alike. About 15
 minutes on 2 cores for the default models (Llama's steps take 11 s each); Hugging Face's tiny
 GPT-2 and Llama take a minute and a half:
 
@@ -44,23 +46,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", default="results/checkpoint_policy.json")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--amp", default="off", choices=["off", "bf16"])
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # transformers' notes on its configs
     logging.disable(logging.WARNING)
 
     rows: list[dict[str, object]] = []
     report = {"machine": machine(), "micro_batch": args.micro_batch, "rounds": args.rounds}
-    report.update(steps=args.steps, rows=rows, paired=[])
+    report.update(steps=args.steps, device=args.device, amp=args.amp, rows=rows, paired=[])
+    if args.device == "cuda":
+        import torch
+
+        report["gpu"] = torch.cuda.get_device_name()
     print(
         f"{'model':32} {'policy':9} {'blocks':>6} {'real MiB':>9} {'traced':>9} {'error':>7} "
         f"{'H100 bf16':>10} {'step s':>7}"
     )
     for model in args.models:
         spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
-        measured = measure(spec, args.micro_batch, args.rounds, args.steps)
+        measured = measure(
+            spec, args.micro_batch, args.rounds, args.steps, device=args.device, amp=args.amp
+        )
         for row in measured:
             rows.append(row.as_dict())
-            cuda = f"{row.cuda_bf16_bytes / 2**20:10.1f}" if row.cuda_bf16_bytes else "     stops"
+            cuda = f"{row.cuda_bf16_bytes / 2**20:10.1f}" if row.cuda_bf16_bytes else "         -"
             print(
                 f"{model:32} {row.policy:9} {row.segments:6} {row.real_bytes / 2**20:9.1f} "
                 f"{row.traced_bytes / 2**20:9.1f} {row.trace_error:+7.2%} {cuda} "

@@ -14,6 +14,8 @@
 #   fresh machine's search goes on from) | landscape (step 4:
 #   records as much of a landscape as fits and stops; its state comes back in $OUT: copy it to
 #   results/gpu/ and commit it, and the next lease, on the same kind of GPU, goes on from it)
+#   | policies (after the four, time allowing: none, full and selective checkpointing of
+#   GPT-2 small on that GPU, each step's time and peak against its trace; a few minutes)
 #
 # What the leases measured (results/gpu/): the machine started in about 30-50 s. The gpu
 # tests not seen before took 121 s for ten (H100, the FSDP, TF32 and optimizer ones about 20 s
@@ -49,7 +51,9 @@ SHORT_SEARCH="--time-budget 150 --top-k 2 --race-rounds 3 --verify-factor 2"
 # one-block move (64 MiB, not under 48: one cause, a reference cycle, mended since; the test
 # prints where memory grows) and fused attention in bf16 (the real step's loss ran outside
 # autocast, the trials' inside).
-NOT_YET_SEEN="gathered or one_block or fused_attention or group_of_one"
+# Not run on a GPU yet: the fused-kernel choice against torch's predicates, a checkpointed step
+# (full and selective) against its trace.
+NOT_YET_SEEN="gathered or one_block or fused_attention or group_of_one or fused_kernel or checkpointed_cuda_step"
 
 setup() {
   if [ ! -d /tmp/site/optuna ]; then  # beside the image's packages, not over them
@@ -99,6 +103,12 @@ search() {  # 3. a search of GPT-2 small (1,024 tokens): recipe, baseline, speed
     echo "done ($status)"; touch results/tmp/gpu_search.done; fi
 }
 
+policies() {  # after the issue's steps: checkpoint_policy's none, full and selective on this
+              # GPU, GPT-2 small at 1,024 tokens in bf16 (one call of its own: its own $OUT)
+  timeout "${POLICIES_S:-400}" "$PY" scripts/bench_checkpoint_policy.py --device cuda --amp bf16 \
+    --models ${POLICY_MODELS:-examples.hf_models:gpt2_small_1k} --micro-batch "${POLICY_MB:-8}" \
+    --out "$OUT/checkpoint_policy_cuda.json" 2>&1 | tee -a "$OUT/session.log" | tail -12 || true
+}
 landscape() {  # 4. one device's knobs for that model (search_spaces/gpu_single.yaml), over leases
   local tag state status=0
   tag=$(gpu_tag)
@@ -143,8 +153,9 @@ case "${1:-}" in
   memory) setup; memory ;;
   search) setup; search ;;
   landscape) setup; landscape ;;
+  policies) setup; policies ;;
   *)
-    echo "usage: bash scripts/gpu_session.sh wheels|lease|tests|memory|search|landscape" >&2
+    echo "usage: bash scripts/gpu_session.sh wheels|lease|tests|memory|search|landscape|policies" >&2
     exit 2
     ;;
 esac

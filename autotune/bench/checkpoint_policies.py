@@ -3,7 +3,8 @@ block checkpointed in full, every block checkpointed selectively (``checkpoint_p
 each, the tensors' peak of a real step, the same step traced under fake tensors (what a plan
 predicts), the step traced for a CUDA GPU in bf16 (a prediction only: no GPU here), and the
 time a real step takes, measured in interleaved rounds so that the machine's drift falls on
-every policy alike."""
+every policy alike. On a CUDA machine (``device="cuda"``) the steps run there, under
+``amp``'s autocast, timed between synchronisations, and the trace is for this GPU."""
 
 from __future__ import annotations
 
@@ -30,8 +31,11 @@ class PolicyRow:
     real_bytes: int
     traced_bytes: int
     cuda_bf16_bytes: int | None
-    """The step traced for ``gpu`` in bf16 autocast: a prediction."""
+    """On a CPU, the step traced for ``gpu`` in bf16 autocast: a prediction (None on CUDA,
+    where ``traced_bytes`` is this GPU's)."""
     gpu: str
+    device: str
+    amp: str
     step_s: float
     """The median over rounds of a round's mean step (forward, backward, AdamW's step)."""
     rounds_s: tuple[float, ...]
@@ -48,9 +52,12 @@ def _segments_and_policy(policy: str, blocks: int) -> tuple[int, str]:
     return (0, "full") if policy == "none" else (blocks, policy)
 
 
-def _built(spec: WorkloadSpec, micro_batch: int, policy: str) -> tuple[Any, dict[str, Any], int]:
-    """``spec``'s model checkpointed as ``policy`` says (every block, or none), seeded alike, its
-    batch of the dataset's first ``micro_batch`` samples as keyword arguments, and its blocks."""
+def _built(
+    spec: WorkloadSpec, micro_batch: int, policy: str, device: str
+) -> tuple[Any, dict[str, Any], int]:
+    """``spec``'s model checkpointed as ``policy`` says (every block, or none), seeded alike, on
+    ``device``, its batch of the dataset's first ``micro_batch`` samples as keyword arguments
+    there, and its blocks."""
     import torch
     from torch.utils.data import default_collate
 
@@ -61,12 +68,14 @@ def _built(spec: WorkloadSpec, micro_batch: int, policy: str) -> tuple[Any, dict
     module, model = load_model(spec.model)
     dataset = load_dataset(spec, module, model)[0]
     batch = default_collate([dataset[i] for i in range(micro_batch)])
-    if not isinstance(batch, dict):
+    if isinstance(batch, dict):
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    else:
         raise ValueError(f"{spec.model}: this benchmark takes models fed dict batches")
     blocks = checkpoint_units(model).count
     segments, how = _segments_and_policy(policy, blocks)
     apply_checkpointing(model, segments, policy=how)
-    model.train()
+    model.to(device).train()
     return model, batch, blocks
 
 
@@ -77,20 +86,30 @@ def _loss(output: Any) -> Any:
 
 
 def measure(
-    spec: WorkloadSpec, micro_batch: int, rounds: int = 5, steps: int = 3, gpu: str = "h100"
+    spec: WorkloadSpec,
+    micro_batch: int,
+    rounds: int = 5,
+    steps: int = 3,
+    gpu: str = "h100",
+    device: str = "cpu",
+    amp: str = "off",
 ) -> list[PolicyRow]:
-    """Every policy of ``POLICIES`` on ``spec``'s model at ``micro_batch``: its peaks, and its
-    step's time over ``rounds`` interleaved rounds of ``steps`` steps (after one warm step)."""
+    """Every policy of ``POLICIES`` on ``spec``'s model at ``micro_batch`` on ``device`` under
+    ``amp`` ("off" or "bf16"): its peaks, and its step's time over ``rounds`` interleaved rounds
+    of ``steps`` steps (after one warm step)."""
     import torch
 
     from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
 
-    built = {policy: _built(spec, micro_batch, policy) for policy in POLICIES}
+    built = {policy: _built(spec, micro_batch, policy, device) for policy in POLICIES}
+    cuda = device == "cuda"
     optimizers = {p: torch.optim.AdamW(m.parameters(), lr=1e-4) for p, (m, _, _) in built.items()}
 
     def step(policy: str) -> None:
         model, batch, _ = built[policy]
-        _loss(model(**batch)).backward()
+        with torch.autocast(device, torch.bfloat16, enabled=amp == "bf16"):
+            loss = _loss(model(**batch))
+        loss.backward()
         optimizers[policy].step()
         optimizers[policy].zero_grad(set_to_none=True)
 
@@ -99,23 +118,36 @@ def measure(
     times: dict[str, list[float]] = {p: [] for p in POLICIES}
     for _ in range(rounds):
         for policy in POLICIES:
+            if cuda:
+                torch.cuda.synchronize()
             started = time.perf_counter()
             for _ in range(steps):
                 step(policy)
+            if cuda:
+                torch.cuda.synchronize()
             times[policy].append((time.perf_counter() - started) / steps)
     rows = []
     for policy in POLICIES:
         model, batch, blocks = built[policy]
         segments, how = _segments_and_policy(policy, blocks)
-        real = real_step_peak(model, **batch)
-        traced = trace_step(spec, micro_batch, checkpoint_segments=segments, checkpoint_policy=how)
-        with planning(GPUS[gpu]):
-            try:
-                cuda: int | None = trace_step(
-                    spec, micro_batch, "bf16", segments, device_type="cuda", checkpoint_policy=how
-                ).total_bytes
-            except TraceError:
-                cuda = None
+        real = real_step_peak(model, **batch, amp=amp)
+        traced = trace_step(
+            spec, micro_batch, amp, segments, device_type=device, checkpoint_policy=how
+        )
+        planned: int | None = None
+        if not cuda:  # a prediction for a GPU this machine lacks
+            with planning(GPUS[gpu]):
+                try:
+                    planned = trace_step(
+                        spec,
+                        micro_batch,
+                        "bf16",
+                        segments,
+                        device_type="cuda",
+                        checkpoint_policy=how,
+                    ).total_bytes
+                except TraceError:
+                    planned = None
         rows.append(
             PolicyRow(
                 spec.model,
@@ -124,8 +156,10 @@ def measure(
                 micro_batch,
                 real,
                 traced.total_bytes,
-                cuda,
+                planned,
                 gpu,
+                device,
+                amp,
                 statistics.median(times[policy]),
                 tuple(round(t, 4) for t in times[policy]),
             )

@@ -9,7 +9,9 @@ from autotune.runner.workload import WorkloadSpec
 
 
 def _row(policy: str, rounds: tuple[float, ...]) -> PolicyRow:
-    return PolicyRow("m", policy, 2, 4, 100, 110, None, "h100", sorted(rounds)[1], rounds)
+    return PolicyRow(
+        "m", policy, 2, 4, 100, 110, None, "h100", "cpu", "off", sorted(rounds)[1], rounds
+    )
 
 
 def test_the_ratio_is_paired_round_by_round() -> None:
