@@ -20,6 +20,13 @@ zoos, and about a minute more for each two GPUs named.
 
     python scripts/bench_trace_families.py --gpus h100 t4 --gpu-amp bf16 \
         --out results/trace_families_gpus.json
+
+With ``--checkpoint full`` or ``selective`` every block of each model (or each call of the layer
+it loops over) is checkpointed under that ``checkpoint_policy``, in the real step and the
+trace alike (not with ``--gpus``):
+
+    python scripts/bench_trace_families.py --checkpoint selective \
+        --out results/trace_families_selective.json
 """
 
 from __future__ import annotations
@@ -47,7 +54,14 @@ def main() -> None:
     parser.add_argument("--out", default="results/trace_families.json")
     parser.add_argument("--gpus", nargs="*", default=[], choices=list(GPUS), metavar="GPU")
     parser.add_argument("--gpu-amp", default="off", choices=["off", "fp16", "bf16"])
+    parser.add_argument(
+        "--checkpoint",
+        choices=["full", "selective"],
+        help="every block (or looped layer's call) checkpointed under this checkpoint_policy",
+    )
     args = parser.parse_args()
+    if args.checkpoint and args.gpus:
+        parser.error("--checkpoint traces no GPU's column: leave out --gpus")
     warnings.filterwarnings("ignore")  # transformers' notes on each tiny config
     logging.disable(logging.WARNING)
 
@@ -62,14 +76,14 @@ def main() -> None:
 
     rows = []
     report = {"machine": machine(), "micro_batch": args.micro_batch, "families": rows}
-    report.update(gpus=args.gpus, gpu_amp=args.gpu_amp)
+    report.update(gpus=args.gpus, gpu_amp=args.gpu_amp, checkpoint=args.checkpoint)
     gpu_heads = "".join(f" {gpu + ' ' + args.gpu_amp:>12}" for gpu in args.gpus)
     print(
         f"{'model':40} {'traced':>10} {'real step':>10} {'error':>7} {'s':>5} {'for CUDA':>10}"
         + gpu_heads
     )
     for spec in specs:
-        checked = check(spec, args.micro_batch)
+        checked = check(spec, args.micro_batch, args.checkpoint)
         rows.append(as_row(checked))
         if checked.error is None:
             print(f"{spec.model:40} stops: {checked.stop}")

@@ -59,12 +59,18 @@ def real_step_peak(
     return int(max(p["Total"] for d, p in peaks.items() if d.type == device.type))
 
 
-def real_batch_peak(spec: WorkloadSpec, micro_batch: int, optimizer: str = "AdamW") -> int:
+def real_batch_peak(
+    spec: WorkloadSpec, micro_batch: int, optimizer: str = "AdamW", checkpoint: str | None = None
+) -> int:
     """``real_step_peak`` of ``spec``'s model (built again, in training mode, every layer run:
     LayerDrop off, as the trace takes it) with ``optimizer`` on the batch of its dataset's first
     ``micro_batch`` samples, collated by torch's default, passed as keyword arguments (a dict
-    batch) or in order."""
+    batch) or in order; ``checkpoint`` ("full", "selective"): every checkpointing unit
+    (``checkpointed_units``) checkpointed under that policy first."""
     from torch.utils.data import default_collate
+
+    from autotune.runner.checkpointing import apply_checkpointing  # imports torch
+    from autotune.runner.training import loop_calls  # imports torch
 
     put_on_path(spec)
     module, model = load_model(spec.model)
@@ -73,10 +79,33 @@ def real_batch_peak(spec: WorkloadSpec, micro_batch: int, optimizer: str = "Adam
         config.layerdrop = 0.0  # type: ignore[union-attr]
     dataset = load_dataset(spec, module, model)[0]  # --data, else the module's
     batch = default_collate([dataset[i] for i in range(micro_batch)])
+    if checkpoint is not None:
+        calls = loop_calls(model, batch)
+        apply_checkpointing(model, _units(model, calls), calls, checkpoint)
     model.train()
     if isinstance(batch, dict):
         return real_step_peak(model, **batch, optimizer=optimizer)
     return real_step_peak(model, *batch, optimizer=optimizer)
+
+
+def _units(model: Any, calls: Any) -> int:
+    from autotune.runner.checkpointing import checkpoint_units  # imports torch
+
+    return checkpoint_units(model, calls).count
+
+
+def checkpointed_units(spec: WorkloadSpec, micro_batch: int) -> int:
+    """How many checkpointing units ``spec``'s model has, its loops counted on its batch of
+    ``micro_batch`` samples, as a rank counts them."""
+    from torch.utils.data import default_collate
+
+    from autotune.runner.training import loop_calls  # imports torch
+
+    put_on_path(spec)
+    module, model = load_model(spec.model)
+    dataset = load_dataset(spec, module, model)[0]
+    batch = default_collate([dataset[i] for i in range(micro_batch)])
+    return _units(model, loop_calls(model, batch))
 
 
 @dataclass(frozen=True)
@@ -97,18 +126,28 @@ class Checked:
         return (self.traced_bytes - self.real_bytes) / self.real_bytes
 
 
-def check(spec: WorkloadSpec, micro_batch: int = 4) -> Checked:
-    """``spec``'s step traced and run for real at ``micro_batch``."""
+def check(spec: WorkloadSpec, micro_batch: int = 4, checkpoint: str | None = None) -> Checked:
+    """``spec``'s step traced and run for real at ``micro_batch``; ``checkpoint`` ("full",
+    "selective"): with every checkpointing unit checkpointed under that policy."""
     from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
 
     started = time.perf_counter()
+    segments = checkpointed_units(spec, micro_batch) if checkpoint else 0
+    if checkpoint and not segments:
+        return Checked(spec.model, None, None, time.perf_counter() - started, NO_UNITS)
+    policy = checkpoint or "full"
     try:
-        traced = trace_step(spec, micro_batch)
+        traced = trace_step(spec, micro_batch, "off", segments, checkpoint_policy=policy)
     except TraceError as error:
         return Checked(spec.model, None, None, time.perf_counter() - started, str(error))
-    real = real_batch_peak(spec, micro_batch)
-    cuda = trace_step(spec, micro_batch, device_type="cuda").total_bytes
+    real = real_batch_peak(spec, micro_batch, checkpoint=checkpoint)
+    cuda = trace_step(
+        spec, micro_batch, "off", segments, device_type="cuda", checkpoint_policy=policy
+    ).total_bytes
     return Checked(spec.model, traced.total_bytes, real, time.perf_counter() - started, cuda=cuda)
+
+
+NO_UNITS = "no block or looped layer to checkpoint"
 
 
 def traced_for_gpus(
