@@ -18,6 +18,10 @@ first would change nothing at all; a frozen block above a trainable one passes g
 and keeps its activations like any other. (The search leaves out the k that would reach the
 blocks that keep nothing: ``model_facts.idle_blocks``.)
 
+``checkpoint_policy`` "selective" keeps, inside each checkpointed unit, the outputs of its
+costly ops (matmuls, convolutions, fused attention: ``selective_checkpoint``) and recomputes
+only the rest; "full" keeps the unit's input alone.
+
 Recomputing a block runs its forward again, and a forward that updates the block's buffers
 (BatchNorm's running statistics, spectral normalisation's power iteration) would update them
 twice a step: running statistics that drift from an unchecked run's (torch's own checkpoint does
@@ -198,6 +202,8 @@ def apply_checkpointing(
     with Hugging Face's ``gradient_checkpointing_enable()`` measured as "off" recomputed every
     block, and checkpointed again inside its own. ``policy`` "selective" keeps the outputs of
     each checkpointed unit's costly ops (``selective_checkpoint``); "full" keeps none."""
+    if policy not in POLICIES:
+        raise ConfigError(f"checkpoint_policy={policy!r} is not one of {', '.join(POLICIES)}")
     for module, flag in _own_flags(model):
         setattr(module, flag, False)
     if segments == 0:
@@ -211,8 +217,6 @@ def apply_checkpointing(
             "batch of your data)"
         )
     check_segments(model, segments, units)
-    if policy not in POLICIES:
-        raise ConfigError(f"checkpoint_policy={policy!r} is not one of {', '.join(POLICIES)}")
     selective = policy == "selective"
     if units.loops:
         chosen = _checkpoint_calls(model, units.loops, segments, selective)

@@ -515,8 +515,9 @@ def test_selective_keeps_the_costly_ops_and_recomputes_the_rest() -> None:
     assert {aten.mm.default, aten.addmm.default, aten.convolution.default} <= SAVED
     assert aten._scaled_dot_product_flash_attention_for_cpu.default in SAVED
     assert not {aten.bmm.default, aten.gelu.default, aten.native_layer_norm.default} & SAVED
-    with pytest.raises(ConfigError, match="checkpoint_policy='some' is not one of full, sel"):
-        apply_checkpointing(_Stack(), 1, policy="some")
+    for segments in (0, 1):  # refused even where nothing is checkpointed
+        with pytest.raises(ConfigError, match="checkpoint_policy='some' is not one of full, sel"):
+            apply_checkpointing(_Stack(), segments, policy="some")
 
 
 def test_a_selectively_checkpointed_step_is_traced_as_it_runs() -> None:
