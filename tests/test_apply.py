@@ -22,11 +22,12 @@ CONFIGS = {
         "comm_hook": "fp16",
         "grad_accum_steps": 2,
     },
-    "fsdp-bf16-ckpt-workers": {
+    "fsdp-bf16-selective-ckpt-workers": {
         "parallel": "fsdp",
         "world_size": 2,
         "amp": "bf16",
         "checkpoint_segments": 2,
+        "checkpoint_policy": "selective",
         "num_workers": 1,
     },
     "single-fp16-scaler": {"amp": "fp16"},
