@@ -58,7 +58,7 @@ from autotune.runner.blocks import (
     may_loop,
     usable_blocks,
 )
-from autotune.runner.selective_checkpoint import Contexts, selective_contexts
+from autotune.runner.selective_checkpoint import Contexts, out_of_place, selective_contexts
 
 OWN_CHECKPOINTING = ("gradient_checkpointing", "grad_checkpointing")
 """The flags by which a model's modules checkpoint themselves: Hugging Face's (set by
@@ -224,6 +224,9 @@ def apply_checkpointing(
         chosen = checkpoint_order(list(units.blocks))[:segments]
         for block in chosen:
             block.forward = _checkpointed(block, selective)
+    if selective:
+        for unit in set(chosen):
+            out_of_place(unit)
     _without_cache(model)
     return chosen
 

@@ -14,16 +14,20 @@ sequence-by-sequence matrix per head, and keeping it held nearly as much as no c
 (``gpt_small``: 313 MiB against 374 off and 210 with ``bmm`` recomputed).
 
 The numerics are unchanged: what is recomputed is computed again from the same inputs, as full
-checkpointing does, with the random state of the forward restored.
+checkpointing does, with the random state of the forward restored. A kept output must not be
+written in place afterwards: activation and dropout modules of a selectively checkpointed block
+run out of place (``out_of_place``), and any other write into a kept output stops the step
+with one line (``MutatedKeptOutput``) naming the op and the policy that works.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
+import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 _aten = torch.ops.aten
@@ -43,16 +47,73 @@ SAVED = frozenset(
 """The ops whose outputs a selectively checkpointed block keeps for backward: the costly ones."""
 
 
-def _policy(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+class MutatedKeptOutput(RuntimeError):
+    """A selectively checkpointed unit changed in place an output it keeps for backward."""
+
+
+class _Kept:
+    """One selectively checkpointed call's policy: keep ``SAVED``'s outputs, recompute the
+    rest; and, in forward, stop the step with one line where an op writes in place into an
+    output kept (``x = conv(x); x.add_(y)``). Torch would raise only in backward, without naming
+    the op ("Tensor cached during selective activation checkpoint has been mutated"), and where
+    backward recomputes nothing of the block, not at all. A write is seen after its op returns
+    (the tensor's version moves above the dispatch mode that calls the policy): at the next
+    op's call, or as the forward ends (``forward``). A torch whose context carries no
+    ``op_output`` (before 2.9) leaves it to torch's own check."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[Any, int, Any]] = []  # tensor, its version when kept, its op
+        self.writer: Any = None  # the last op of the forward that writes in place
+
+    def policy(self, ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> Any:
+        if not ctx.is_recompute:
+            self.check()
+            if op._schema.is_mutable:
+                self.writer = op
+        if op not in SAVED:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        output = getattr(ctx, "op_output", None)
+        if not ctx.is_recompute and isinstance(output, torch.Tensor):
+            self.kept.append((output, output._version, op))
+        return CheckpointPolicy.MUST_SAVE
+
+    def check(self) -> None:
+        if self.writer is None:
+            return
+        for tensor, version, made_by in self.kept:
+            if tensor._version != version:
+                raise MutatedKeptOutput(
+                    f"checkpoint_policy=selective: {self.writer} writes in place into the "
+                    f"output of {made_by}, which a selectively checkpointed block keeps for "
+                    "backward; use checkpoint_policy=full for this model"
+                )
+        self.writer = None
+
+    @contextmanager
+    def forward(self, context: AbstractContextManager[None]) -> Iterator[None]:
+        with context:
+            yield
+        self.check()
 
 
 def selective_contexts() -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
     """(forward, recomputation) contexts of one selectively checkpointed call: a ``context_fn``
     for ``torch.utils.checkpoint.checkpoint``."""
-    made = create_selective_checkpoint_contexts(_policy)  # type: ignore[no-untyped-call]
+    kept = _Kept()
+    made = create_selective_checkpoint_contexts(kept.policy)  # type: ignore[no-untyped-call]
     forward, recomputation = made
-    return forward, recomputation
+    return kept.forward(forward), recomputation
+
+
+def out_of_place(block: nn.Module) -> None:
+    """Turn off the ``inplace`` flag of ``block``'s activation and dropout modules
+    (``nn.ReLU(inplace=True)`` after a convolution or a linear layer, as VGG and AlexNet have
+    them): written in place, the output they take from a kept op is no longer the one kept.
+    The values are the same either way; the activation then holds its own output until the
+    next op has read it."""
+    for module in block.modules():
+        if getattr(module, "inplace", None) is True:
+            setattr(module, "inplace", False)  # noqa: B010 (a flag of several classes)
 
 
 Contexts = Callable[[], tuple[AbstractContextManager[None], AbstractContextManager[None]]]

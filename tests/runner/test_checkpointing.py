@@ -538,3 +538,47 @@ def test_a_selectively_checkpointed_step_is_traced_as_it_runs() -> None:
     apply_checkpointing(model, blocks, policy="selective")
     real = real_step_peak(model, **batch)
     assert traced["selective"].total_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_an_in_place_activation_after_a_kept_convolution_runs_out_of_place() -> None:
+    # nn.ReLU(inplace=True) wrote into the convolution's kept output: "Tensor cached during
+    # selective activation checkpoint has been mutated" in backward (VGG, AlexNet)
+    from tests.fixtures.in_place import ConvReLU
+
+    def trained(segments: int) -> nn.Module:
+        torch.manual_seed(0)
+        model = nn.Sequential(ConvReLU(), ConvReLU(), ConvReLU())
+        apply_checkpointing(model, segments, policy="selective")
+        model(torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(1))).sum().backward()
+        return model
+
+    plain, selective = trained(0), trained(3)
+    assert plain[0].act.inplace and not selective[0].act.inplace
+    for ours, theirs in zip(selective.parameters(), plain.parameters(), strict=True):
+        assert ours.grad is not None and torch.equal(ours.grad, theirs.grad)
+
+
+def test_a_write_into_a_kept_output_stops_the_step_naming_the_op() -> None:
+    from autotune.runner.selective_checkpoint import MutatedKeptOutput
+    from tests.fixtures.in_place import ResidualNet
+
+    model = ResidualNet()
+    apply_checkpointing(model, 3, policy="selective")
+    message = r"aten\.add_\.Tensor writes in place into the output of aten\.addmm\.default.*use "
+    with pytest.raises(MutatedKeptOutput, match=message + "checkpoint_policy=full"):
+        model(torch.randn(4, 8))
+
+    class Last(nn.Module):  # the write is its block's last op: seen as the forward ends
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x).mul_(2)
+
+    last = nn.Sequential(Last(), Last())
+    apply_checkpointing(last, 2, policy="selective")
+    with pytest.raises(MutatedKeptOutput, match=r"aten\.mul_\.Tensor writes in place"):
+        last(torch.randn(4, 8))
+    apply_checkpointing(full := ResidualNet(), 3)  # full checkpointing keeps no such output
+    full(torch.randn(4, 8)).sum().backward()
