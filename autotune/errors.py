@@ -24,6 +24,12 @@ class WorkloadError(AutotuneError):
     """The user's model, data or loss could not be loaded or used."""
 
 
+class MutatedKeptOutput(RuntimeError):
+    """A selectively checkpointed block wrote in place into an output it keeps for backward
+    (``autotune.runner.selective_checkpoint``): the model's code and ``checkpoint_policy =
+    "selective"`` do not go together, whatever else the configuration sets."""
+
+
 class Terminated(KeyboardInterrupt):
     """A SIGTERM (``kill``, ``timeout``, a scheduler stopping the job), raised in the main thread
     as Ctrl-C's ``KeyboardInterrupt`` is, so that a command stops the same way: ranks killed,

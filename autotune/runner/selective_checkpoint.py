@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from autotune.errors import MutatedKeptOutput
+
 _aten = torch.ops.aten
 
 SAVED = frozenset(
@@ -45,10 +47,6 @@ SAVED = frozenset(
     )
 )
 """The ops whose outputs a selectively checkpointed block keeps for backward: the costly ones."""
-
-
-class MutatedKeptOutput(RuntimeError):
-    """A selectively checkpointed unit changed in place an output it keeps for backward."""
 
 
 class _Kept:

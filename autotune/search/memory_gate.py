@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autotune.config import TrainConfig
+from autotune.errors import MutatedKeptOutput
 from autotune.records import PREDICTED_NOT_TO_FIT
 from autotune.runner.fake_memory import MODEL_AT_FAULT, UNUSED_PARAMETERS
 from autotune.search.log import StudyLog
@@ -61,6 +62,15 @@ class MemoryGate:
             self.say(f"memory: {step} (each distinct step once, on this machine's CPU)")
         elif last >= TRACE_SAID_S:
             self.say(f"memory: {step} (the last took {last:.0f} s)")
+
+    def fails(self, config: TrainConfig) -> str | None:
+        """Why a trial of ``config`` would fail, where its kind of step raised under fake tensors
+        an error only such steps raise and every trial of them meets (a selectively checkpointed
+        block writing into an output it keeps: ``MutatedKeptOutput``); else None."""
+        error = self.failing.get(config_kind(config))
+        if error is None or not error.startswith(MutatedKeptOutput.__name__):
+            return None
+        return error.removesuffix(MODEL_AT_FAULT)
 
     def predict(self, config: TrainConfig) -> Prediction | None:
         """``config``'s peak as the model predicts it now (None: the model defeats the fake

@@ -538,6 +538,10 @@ class Tuner:
             message = f"{failing.label} {failing.reason()}"
             return TrialRecord(**base, status="skipped", message=message)
         prediction = self.gate.predict(config)
+        fails = self.gate.fails(config)
+        if fails is not None:
+            message = f"{fails} (its step, traced under fake tensors, raised it)"
+            return TrialRecord(**base, status="skipped", message=message)
         verdict = precheck(
             config, self.log.observations(), self.limit_bytes, trend=prediction is None
         )

@@ -559,7 +559,7 @@ def test_an_in_place_activation_after_a_kept_convolution_runs_out_of_place() -> 
 
 
 def test_a_write_into_a_kept_output_stops_the_step_naming_the_op() -> None:
-    from autotune.runner.selective_checkpoint import MutatedKeptOutput
+    from autotune.errors import MutatedKeptOutput
     from tests.fixtures.in_place import ResidualNet
 
     model = ResidualNet()

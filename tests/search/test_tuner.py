@@ -1002,3 +1002,27 @@ def test_the_baseline_is_one_device_where_the_model_rules_ddp_out_here(
         driver.run_search(spec, make_settings(values), Reporter())
         baseline = executor.runs[0].config
         assert (baseline.parallel, baseline.world_size) == (parallel, 2 if parallel == "ddp" else 1)
+
+
+def test_a_selective_step_the_trace_saw_write_into_a_kept_output_is_not_run() -> None:
+    # the trace raised what every trial of it would: a block writing into its linear layer's
+    # kept output; the selective configuration is skipped with that line, the rest run
+    spec = WorkloadSpec(model="tests.fixtures.in_place:ResidualNet")
+    executor = FakeExecutor(
+        lambda config, before: ok(config, 100 + config.checkpoint_segments, 200)
+    )
+    space = {
+        "checkpoint_segments": [0, 3],
+        "checkpoint_policy": {
+            "choices": ["full", "selective"],
+            "when_not": {"checkpoint_segments": [0]},
+        },
+    }
+    tuner = make_tuner(executor, space, workload=spec, predict_memory=True, trials=4)
+    tuner.run([], "s.db", "s")
+    assert executor.ran(checkpoint_policy="selective") == 0
+    assert executor.ran(checkpoint_segments=3, checkpoint_policy="full") >= 1
+    skipped = [r for r in tuner.log.records if r.status == "skipped"]
+    assert skipped and all(r.config.checkpoint_policy == "selective" for r in skipped)
+    assert "aten.add_.Tensor writes in place into the output of aten.addmm" in skipped[0].message
+    assert skipped[0].message.endswith("(its step, traced under fake tensors, raised it)")
