@@ -57,7 +57,8 @@ class _Kept:
     backward recomputes nothing of the block, not at all. A write is seen after its op returns
     (the tensor's version moves above the dispatch mode that calls the policy): at the next
     op's call, or as the forward ends (``forward``). A torch whose context carries no
-    ``op_output`` (before 2.9) leaves it to torch's own check."""
+    ``op_output`` (an older release; 2.13's has it, pinned by a test) leaves it to torch's own
+    check."""
 
     def __init__(self) -> None:
         self.kept: list[tuple[Any, int, Any]] = []  # tensor, its version when kept, its op

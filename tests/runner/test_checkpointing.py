@@ -582,3 +582,11 @@ def test_a_write_into_a_kept_output_stops_the_step_naming_the_op() -> None:
         last(torch.randn(4, 8))
     apply_checkpointing(full := ResidualNet(), 3)  # full checkpointing keeps no such output
     full(torch.randn(4, 8)).sum().backward()
+
+
+def test_the_policy_is_told_each_ops_output() -> None:
+    # what _Kept watches for writes in place; a torch without it leaves them to its own check
+    from torch.utils.checkpoint import SelectiveCheckpointContext
+
+    seen = torch.ones(1)
+    assert SelectiveCheckpointContext(is_recompute=False, op_output=seen).op_output is seen
