@@ -375,8 +375,9 @@ def _kinds_phrase(failing: list[Kind], present: set[Kind]) -> str:
     """The configurations of the ``failing`` kinds of step (precision, checkpointing), of the
     ``present`` ones, in the words of their knobs."""
     amp = {"fp32": "amp off", "16-bit": "amp fp16, bf16 (and FSDP's bf16 parameters)"}
+    selective = any(kind[1] == "selective" for kind in present)
     ckpt = {
-        "full": "checkpoint_segments above 0",
+        "full": "checkpoint_segments above 0" + (", checkpoint_policy full" if selective else ""),
         "selective": "checkpoint_policy selective",
         "": "checkpoint_segments 0",
     }

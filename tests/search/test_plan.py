@@ -613,3 +613,16 @@ def test_a_model_whose_every_step_fails_is_still_said_not_to_trace(
     plan = json.loads(capsys.readouterr().out)
     assert plan["configurations"] == [] and "must have same reduction dim" in plan["trace_error"]
     assert not any(line.startswith("amp") for line in plan["left_out"])
+
+
+def test_the_kinds_a_failure_leaves_out_are_said_in_the_words_of_their_knobs() -> None:
+    from autotune.search.plan import _kinds_phrase
+
+    plain = {("fp32", "full"), ("fp32", ""), ("16-bit", "full")}
+    assert _kinds_phrase([("fp32", "full")], plain) == "amp off with checkpoint_segments above 0"
+    both = {("fp32", "full"), ("fp32", "selective"), ("fp32", "")}
+    # beside selective configurations, "above 0" alone would take them in too
+    assert _kinds_phrase([("fp32", "full")], both) == (
+        "checkpoint_segments above 0, checkpoint_policy full"
+    )
+    assert _kinds_phrase([("fp32", "selective")], both) == "checkpoint_policy selective"
