@@ -13,9 +13,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autotune.bench.traced_step import real_step_peak
+from autotune.bench.traced_step import built_batch, output_loss, real_step_peak
 from autotune.runner.planned_gpu import GPUS, planning
-from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, put_on_path
+from autotune.runner.workload import WorkloadSpec
 
 POLICIES = ("none", "full", "selective")
 
@@ -59,15 +59,11 @@ def _built(
     ``device``, its batch of the dataset's first ``micro_batch`` samples as keyword arguments
     there, and its blocks."""
     import torch
-    from torch.utils.data import default_collate
 
     from autotune.runner.checkpointing import apply_checkpointing, checkpoint_units  # imports torch
 
-    put_on_path(spec)
     torch.manual_seed(0)
-    module, model = load_model(spec.model)
-    dataset = load_dataset(spec, module, model)[0]
-    batch = default_collate([dataset[i] for i in range(micro_batch)])
+    model, batch = built_batch(spec, micro_batch)
     if isinstance(batch, dict):
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     else:
@@ -77,12 +73,6 @@ def _built(
     apply_checkpointing(model, segments, policy=how)
     model.to(device).train()
     return model, batch, blocks
-
-
-def _loss(output: Any) -> Any:
-    if isinstance(output, dict):
-        return output["loss"]
-    return output.loss if hasattr(output, "loss") else output.float().square().mean()
 
 
 def measure(
@@ -108,7 +98,7 @@ def measure(
     def step(policy: str) -> None:
         model, batch, _ = built[policy]
         with torch.autocast(device, torch.bfloat16, enabled=amp == "bf16"):
-            loss = _loss(model(**batch))
+            loss = output_loss(model(**batch))
         loss.backward()
         optimizers[policy].step()
         optimizers[policy].zero_grad(set_to_none=True)

@@ -15,6 +15,14 @@ from autotune.runner.planned_gpu import GPUS, planning
 from autotune.runner.workload import WorkloadSpec, load_dataset, load_model, put_on_path
 
 
+def output_loss(output: Any) -> Any:
+    """The loss a benchmark's step backpropagates from a model's output: its "loss" (a dict's
+    entry, or an attribute), else the mean square of the output."""
+    if isinstance(output, dict):
+        return output["loss"]
+    return output.loss if hasattr(output, "loss") else output.square().mean()
+
+
 def real_step_peak(
     model: object,
     *args: object,
@@ -41,10 +49,7 @@ def real_step_peak(
         # the loss under autocast too, as a trial computes it (CUDA's runs pow in float32)
         with torch.autocast(device.type, torch.bfloat16, enabled=amp == "bf16"):
             out = model(*args, **kwargs)
-            if isinstance(out, dict):
-                loss = out["loss"]
-            else:
-                loss = out.loss if hasattr(out, "loss") else out.square().mean()
+            loss = output_loss(out)
         loss.backward()  # the output held through it, as a trial's step holds it
         stepper.step()
         stepper.zero_grad(set_to_none=True)
@@ -59,18 +64,10 @@ def real_step_peak(
     return int(max(p["Total"] for d, p in peaks.items() if d.type == device.type))
 
 
-def real_batch_peak(
-    spec: WorkloadSpec, micro_batch: int, optimizer: str = "AdamW", checkpoint: str | None = None
-) -> int:
-    """``real_step_peak`` of ``spec``'s model (built again, in training mode, every layer run:
-    LayerDrop off, as the trace takes it) with ``optimizer`` on the batch of its dataset's first
-    ``micro_batch`` samples, collated by torch's default, passed as keyword arguments (a dict
-    batch) or in order; ``checkpoint`` ("full", "selective"): every checkpointing unit
-    (``checkpointed_units``) checkpointed under that policy first."""
+def built_batch(spec: WorkloadSpec, micro_batch: int) -> tuple[Any, Any]:
+    """``spec``'s model, built again (every layer run: LayerDrop off, as the trace takes it),
+    and the batch of its dataset's first ``micro_batch`` samples, collated by torch's default."""
     from torch.utils.data import default_collate
-
-    from autotune.runner.checkpointing import apply_checkpointing  # imports torch
-    from autotune.runner.training import loop_calls  # imports torch
 
     put_on_path(spec)
     module, model = load_model(spec.model)
@@ -78,34 +75,43 @@ def real_batch_peak(
     if getattr(config, "layerdrop", 0.0):
         config.layerdrop = 0.0  # type: ignore[union-attr]
     dataset = load_dataset(spec, module, model)[0]  # --data, else the module's
-    batch = default_collate([dataset[i] for i in range(micro_batch)])
-    if checkpoint is not None:
-        calls = loop_calls(model, batch)
-        apply_checkpointing(model, _units(model, calls), calls, checkpoint)
+    return model, default_collate([dataset[i] for i in range(micro_batch)])
+
+
+def batch_peak(model: Any, batch: Any, optimizer: str = "AdamW") -> int:
+    """``real_step_peak`` of ``model`` in training mode on ``batch``, passed as keyword
+    arguments (a dict batch) or in order."""
     model.train()
     if isinstance(batch, dict):
         return real_step_peak(model, **batch, optimizer=optimizer)
     return real_step_peak(model, *batch, optimizer=optimizer)
 
 
-def _units(model: Any, calls: Any) -> int:
-    from autotune.runner.checkpointing import checkpoint_units  # imports torch
-
-    return checkpoint_units(model, calls).count
-
-
-def checkpointed_units(spec: WorkloadSpec, micro_batch: int) -> int:
-    """How many checkpointing units ``spec``'s model has, its loops counted on its batch of
-    ``micro_batch`` samples, as a rank counts them."""
-    from torch.utils.data import default_collate
-
+def checkpoint_all(model: Any, batch: Any, policy: str) -> int:
+    """Checkpoint every checkpointing unit of ``model`` under ``policy``, its loops counted on
+    ``batch`` as a rank counts them; return how many there are (0: none to checkpoint)."""
+    from autotune.runner.checkpointing import (  # imports torch
+        apply_checkpointing,
+        checkpoint_units,
+    )
     from autotune.runner.training import loop_calls  # imports torch
 
-    put_on_path(spec)
-    module, model = load_model(spec.model)
-    dataset = load_dataset(spec, module, model)[0]
-    batch = default_collate([dataset[i] for i in range(micro_batch)])
-    return _units(model, loop_calls(model, batch))
+    calls = loop_calls(model, batch)
+    units = checkpoint_units(model, calls).count
+    apply_checkpointing(model, units, calls, policy)
+    return units
+
+
+def real_batch_peak(
+    spec: WorkloadSpec, micro_batch: int, optimizer: str = "AdamW", checkpoint: str | None = None
+) -> int:
+    """``batch_peak`` of ``spec``'s model with ``optimizer`` on its batch (``built_batch``);
+    ``checkpoint`` ("full", "selective"): every checkpointing unit checkpointed under that
+    policy first (``checkpoint_all``)."""
+    model, batch = built_batch(spec, micro_batch)
+    if checkpoint is not None:
+        checkpoint_all(model, batch, checkpoint)
+    return batch_peak(model, batch, optimizer)
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,8 @@ def check(spec: WorkloadSpec, micro_batch: int = 4, checkpoint: str | None = Non
     from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
 
     started = time.perf_counter()
-    segments = checkpointed_units(spec, micro_batch) if checkpoint else 0
+    built = built_batch(spec, micro_batch) if checkpoint else None  # its units, before the trace
+    segments = checkpoint_all(*built, checkpoint) if built and checkpoint else 0
     if checkpoint and not segments:
         return Checked(spec.model, None, None, time.perf_counter() - started, NO_UNITS)
     policy = checkpoint or "full"
@@ -140,7 +147,7 @@ def check(spec: WorkloadSpec, micro_batch: int = 4, checkpoint: str | None = Non
         traced = trace_step(spec, micro_batch, "off", segments, checkpoint_policy=policy)
     except TraceError as error:
         return Checked(spec.model, None, None, time.perf_counter() - started, str(error))
-    real = real_batch_peak(spec, micro_batch, checkpoint=checkpoint)
+    real = batch_peak(*(built or built_batch(spec, micro_batch)))
     cuda = trace_step(
         spec, micro_batch, "off", segments, device_type="cuda", checkpoint_policy=policy
     ).total_bytes
