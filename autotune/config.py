@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -31,6 +31,8 @@ Device = Literal["auto", "cpu", "cuda"]
 MatmulPrecision = Literal["default", "highest", "high"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
 CheckpointPolicy = Literal["full", "selective"]
+CHECKPOINT_POLICIES: tuple[CheckpointPolicy, ...] = get_args(CheckpointPolicy)
+"""The checkpointing policies, from the one that keeps the least for backward to the most."""
 FsdpMixedPrecision = Literal["off", "bf16", "bf16-reduce-fp32"]
 Compile = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 GRAPH_CAPTURING_MODES = ("reduce-overhead", "max-autotune")

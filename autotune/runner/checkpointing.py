@@ -48,6 +48,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from autotune.config import CHECKPOINT_POLICIES
 from autotune.errors import ConfigError
 from autotune.runner.blocks import (
     LISTS,
@@ -90,10 +91,6 @@ def refuses_own_checkpointing(model: nn.Module) -> str | None:
         return type(model).__name__
     return None
 
-
-POLICIES = ("full", "selective")
-"""What a checkpointed unit keeps for backward: its input alone (full), or also its costly ops'
-outputs (selective: ``selective_checkpoint``)."""
 
 LOOPED = "looped "
 """What ``Units.names`` puts before the class of a module the forward calls several times."""
@@ -202,8 +199,9 @@ def apply_checkpointing(
     with Hugging Face's ``gradient_checkpointing_enable()`` measured as "off" recomputed every
     block, and checkpointed again inside its own. ``policy`` "selective" keeps the outputs of
     each checkpointed unit's costly ops (``selective_checkpoint``); "full" keeps none."""
-    if policy not in POLICIES:
-        raise ConfigError(f"checkpoint_policy={policy!r} is not one of {', '.join(POLICIES)}")
+    if policy not in CHECKPOINT_POLICIES:
+        accepted = ", ".join(CHECKPOINT_POLICIES)
+        raise ConfigError(f"checkpoint_policy={policy!r} is not one of {accepted}")
     for module, flag in _own_flags(model):
         setattr(module, flag, False)
     if segments == 0:

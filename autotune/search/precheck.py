@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.config import TrainConfig
+from autotune.config import CHECKPOINT_POLICIES, TrainConfig
 from autotune.search.memory_model import MEMORY_FIELDS
 
 TREND_TOLERANCE = 0.10
@@ -58,10 +58,10 @@ def _recomputes_no_more(candidate: TrainConfig, known: TrainConfig) -> bool:
     less (selective keeps what full recomputes)."""
     if not candidate.checkpoint_segments:
         return True
-    keeps = ("full", "selective")
-    return candidate.checkpoint_segments <= known.checkpoint_segments and keeps.index(
+    keeps = CHECKPOINT_POLICIES.index  # the least kept first
+    return candidate.checkpoint_segments <= known.checkpoint_segments and keeps(
         candidate.checkpoint_policy
-    ) >= keeps.index(known.checkpoint_policy)
+    ) >= keeps(known.checkpoint_policy)
 
 
 def _fit(points: list[tuple[int, int]]) -> tuple[float, float] | None:
