@@ -52,9 +52,15 @@ def kind_words(kind: Kind) -> str:
     return f"{kind[0]} steps{how}"
 
 
+def traced_policy(segments: int, policy: str) -> str:
+    """The policy a step of ``segments`` checkpointed blocks is traced and kept under: none
+    checkpointed is "full" (a configuration's selective policy names no block there)."""
+    return policy if segments else "full"
+
+
 def key_of(job: Job) -> Key:
     micro_batch, amp, segments, impl, world, policy = job
-    return (micro_batch, precision(amp), segments, impl, world, policy if segments else "full")
+    return (micro_batch, precision(amp), segments, impl, world, traced_policy(segments, policy))
 
 
 def tracing_line(job: Job) -> str:
@@ -62,7 +68,7 @@ def tracing_line(job: Job) -> str:
     return (
         f"tracing a step under fake tensors: micro-batch {micro_batch}, {precision(amp)}, "
         f"{segments} block(s) checkpointed"
-        + (f" ({policy})" if segments and policy != "full" else "")
+        + (f" ({policy})" if traced_policy(segments, policy) != "full" else "")
         + (f", optimizer {impl}" if impl != "default" else "")
         + (f", as one rank of {world}" if world > 1 else "")
     )
@@ -153,5 +159,5 @@ class StepTraces:
             optimizer_impl=impl,
             device_type=self.device_type,
             world_size=world,
-            checkpoint_policy=policy if segments else "full",
+            checkpoint_policy=traced_policy(segments, policy),
         )
