@@ -59,7 +59,12 @@ from autotune.runner.blocks import (
     may_loop,
     usable_blocks,
 )
-from autotune.runner.selective_checkpoint import Contexts, out_of_place, selective_contexts
+from autotune.runner.selective_checkpoint import (
+    Contexts,
+    compiled_contexts,
+    out_of_place,
+    selective_contexts,
+)
 
 OWN_CHECKPOINTING = ("gradient_checkpointing", "grad_checkpointing")
 """The flags by which a model's modules checkpoint themselves: Hugging Face's (set by
@@ -327,7 +332,8 @@ def _checkpointed(block: nn.Module, selective: bool = False) -> Callable[..., An
         if state and not torch.compiler.is_compiling():
             makers.append(partial(_same_buffers, block, state))
         if selective:  # entered inside the buffers' copies: its recomputation sees no copy
-            makers.append(selective_contexts)
+            compiling = torch.compiler.is_compiling()
+            makers.append(compiled_contexts if compiling else selective_contexts)
         if not makers:
             return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         contexts = makers[0] if len(makers) == 1 else partial(_together, makers)

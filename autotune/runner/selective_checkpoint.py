@@ -17,7 +17,8 @@ The numerics are unchanged: what is recomputed is computed again from the same i
 checkpointing does, with the random state of the forward restored. A kept output must not be
 written in place afterwards: activation and dropout modules of a selectively checkpointed block
 run out of place (``out_of_place``), and any other write into a kept output stops the step
-with one line (``MutatedKeptOutput``) naming the op and the policy that works.
+with one line (``MutatedKeptOutput``) naming the op and the policy that works. Under
+``torch.compile`` (``compiled_contexts``) the compiler makes such writes functional.
 """
 
 from __future__ import annotations
@@ -95,9 +96,24 @@ class _Kept:
         self.check()
 
 
+def _keep_costly(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> Any:
+    """``SAVED``'s outputs kept, the rest recomputed: the policy alone, without ``_Kept``'s
+    watch for writes."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def compiled_contexts() -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
+    """``selective_contexts`` for a block ``torch.compile`` traces. The compiler takes the two
+    dispatch modes torch makes as they are (torch 2.13 asserts it: "must generate a tuple of two
+    ``TorchDispatchMode``s"; a wrapped one failed every compiled trial) and saves what the policy
+    tags in its own graph, where writes in place are made functional and no version counter
+    moves: ``_Kept``'s watch has nothing to see there."""
+    return create_selective_checkpoint_contexts(_keep_costly)  # type: ignore[no-untyped-call,no-any-return]
+
+
 def selective_contexts() -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
     """(forward, recomputation) contexts of one selectively checkpointed call: a ``context_fn``
-    for ``torch.utils.checkpoint.checkpoint``."""
+    for ``torch.utils.checkpoint.checkpoint`` (``compiled_contexts`` under ``torch.compile``)."""
     kept = _Kept()
     made = create_selective_checkpoint_contexts(kept.policy)  # type: ignore[no-untyped-call]
     forward, recomputation = made

@@ -584,6 +584,43 @@ def test_a_write_into_a_kept_output_stops_the_step_naming_the_op() -> None:
     full(torch.randn(4, 8)).sum().backward()
 
 
+def test_a_compiled_selective_block_keeps_between_none_and_full_and_trains_alike() -> None:
+    # torch.compile takes only torch's own two dispatch modes as a context_fn's pair: wrapped
+    # in _Kept's watch, every compiled trial failed ("must generate a tuple of two
+    # `TorchDispatchMode`s"). Its graph makes the write in place into a kept output functional.
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(8, 32), nn.Linear(32, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.up(x)
+            y.mul_(2)  # into the kept output: stops an eager step (MutatedKeptOutput)
+            return x + self.down(nn.functional.gelu(y))
+
+    def compiled(segments: int, policy: str) -> tuple[int, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(Scaled(), Scaled(), Scaled(), nn.Linear(8, 3))
+        apply_checkpointing(model, segments, policy=policy)
+        held = [0]
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            held[0] += t.numel() * t.element_size()
+            return t
+
+        x = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+        torch._dynamo.reset()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = torch.compile(model, backend="aot_eager")(x).square().sum()
+        loss.backward()
+        return held[0], [p.grad for p in model.parameters() if p.grad is not None]
+
+    off, full, selective = compiled(0, "full"), compiled(3, "full"), compiled(3, "selective")
+    assert full[0] < selective[0] < off[0]
+    for ours, plain in zip(selective[1], off[1], strict=True):
+        assert torch.allclose(ours, plain, rtol=1e-6, atol=1e-7)
+
+
 def test_the_policy_is_told_each_ops_output() -> None:
     # what _Kept watches for writes in place; a torch without it leaves them to its own check
     from torch.utils.checkpoint import SelectiveCheckpointContext
