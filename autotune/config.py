@@ -124,6 +124,13 @@ class TrainConfig(BaseModel):
         description="The optimizer's implementation: foreach (multi-tensor kernels) or fused "
         "(one kernel per step), where its class takes the flag; default leaves it as built.",
     )
+    optimizer_in_backward: bool = Field(
+        False,
+        description="Step the optimizer in backward: each parameter updated by an optimizer of "
+        "its own as soon as its gradient is complete, and its gradient freed then, so that no "
+        "step holds every gradient at once. One device (parallel=single), no accumulation, no "
+        "fp16 scaler and no clipping: each needs every gradient at once.",
+    )
     matmul_precision: MatmulPrecision = Field(
         "default",
         description="torch.set_float32_matmul_precision for fp32 matmuls: high lets CUDA use "
@@ -278,6 +285,30 @@ class TrainConfig(BaseModel):
                 )
             if self.persistent_workers:
                 problems.append("persistent_workers=true needs num_workers >= 1, got num_workers=0")
+        if self.optimizer_in_backward:
+            unmet = [
+                f"{need} (got {got})"
+                for need, met, got in (
+                    ("parallel=single", self.parallel == "single", self.parallel),
+                    ("grad_accum_steps=1", self.grad_accum_steps == 1, self.grad_accum_steps),
+                    (
+                        "amp other than fp16, whose scaler checks every gradient",
+                        self.amp != "fp16",
+                        self.amp,
+                    ),
+                    (
+                        "no max_grad_norm, whose clipping takes every gradient's norm",
+                        self.max_grad_norm is None,
+                        self.max_grad_norm,
+                    ),
+                )
+                if not met
+            ]
+            if unmet:
+                problems.append(
+                    "optimizer_in_backward=true steps each parameter as soon as its gradient is "
+                    f"complete: it needs {'; '.join(unmet)}"
+                )
         if self.checkpoint_policy != "full" and not self.checkpoint_segments:
             problems.append(
                 f"checkpoint_policy={self.checkpoint_policy} needs checkpoint_segments >= 1, "
@@ -321,6 +352,8 @@ class TrainConfig(BaseModel):
             parts.append(f"matmul={self.matmul_precision}")
         if self.optimizer_impl != "default":
             parts.append(f"optim={self.optimizer_impl}")
+        if self.optimizer_in_backward:
+            parts.append("optim-in-backward")
         if self.comm_hook != "none":
             parts.append(f"hook={self.comm_hook}")
         if self.find_unused_parameters:

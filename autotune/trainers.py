@@ -73,6 +73,14 @@ EXPANDABLE_NOTE = (
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment"
 )
 
+IN_BACKWARD_NOTE = (
+    "optimizer_in_backward=true is set in code, no trainer has it: after building the "
+    "optimizer, stepper = autotune.runner.in_backward.InBackward(optimizer) steps each "
+    "parameter in backward (an optimizer per parameter, by its post-accumulate-grad hook); "
+    "then call neither optimizer.step() nor zero_grad() (save stepper.state_dict() for a "
+    "checkpoint)"
+)
+
 CHANNELS_LAST_NOTE = (
     "channels_last=true is set in code: model.to(memory_format=torch.channels_last) before "
     "training, and each 4-D image batch .to(memory_format=torch.channels_last)"
@@ -102,6 +110,8 @@ def _in_code_notes(config: TrainConfig, matmul: bool = True) -> list[str]:
         notes.append(CHANNELS_LAST_NOTE)
     if config.optimizer_impl != "default":
         notes.append(_optimizer_note(config))
+    if config.optimizer_in_backward:
+        notes.append(IN_BACKWARD_NOTE)
     if config.expandable_segments:
         notes.append(EXPANDABLE_NOTE)
     return notes

@@ -198,8 +198,8 @@ def test_every_knob_a_search_turns_shows_in_the_summary() -> None:
                 values["parallel"] = "fsdp"
             if knob == "checkpoint_policy":
                 values["checkpoint_segments"] = 2
-            if knob == "parallel" and value == "single":
-                values["world_size"] = 1
+            if (knob == "parallel" and value == "single") or knob == "optimizer_in_backward":
+                values["parallel"], values["world_size"] = "single", 1
             if knob == "world_size" or (knob == "static_graph" and value):
                 values["grad_accum_steps"] = 1
             try:

@@ -31,6 +31,10 @@ VARIANTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "gradient_as_bucket_view": ({}, {"gradient_as_bucket_view": True}),
     "amp": ({}, {"amp": "bf16"}),
     "optimizer_impl": ({}, {"optimizer_impl": "fused"}),
+    "optimizer_in_backward": (
+        {"parallel": "single", "world_size": 1},
+        {"optimizer_in_backward": True},
+    ),
     "matmul_precision": ({}, {"matmul_precision": "high"}),
     "checkpoint_segments": ({}, {"checkpoint_segments": 2}),
     "checkpoint_policy": ({"checkpoint_segments": 2}, {"checkpoint_policy": "selective"}),

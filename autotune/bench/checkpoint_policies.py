@@ -20,8 +20,22 @@ from autotune.runner.workload import WorkloadSpec
 POLICIES = ("none", "full", "selective")
 
 
+class RealAndTraced:
+    """A row's real peak beside its traced one (the fields of a dataclass deriving it)."""
+
+    real_bytes: int
+    traced_bytes: int
+
+    @property
+    def trace_error(self) -> float:
+        return (self.traced_bytes - self.real_bytes) / self.real_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "trace_error": self.trace_error}  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
-class PolicyRow:
+class PolicyRow(RealAndTraced):
     """One policy of one model."""
 
     model: str
@@ -40,19 +54,12 @@ class PolicyRow:
     """The median over rounds of a round's mean step (forward, backward, AdamW's step)."""
     rounds_s: tuple[float, ...]
 
-    @property
-    def trace_error(self) -> float:
-        return (self.traced_bytes - self.real_bytes) / self.real_bytes
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "trace_error": self.trace_error}
-
 
 def _segments_and_policy(policy: str, blocks: int) -> tuple[int, str]:
     return (0, "full") if policy == "none" else (blocks, policy)
 
 
-def _built(
+def built(
     spec: WorkloadSpec, micro_batch: int, policy: str, device: str
 ) -> tuple[Any, dict[str, Any], int]:
     """``spec``'s model checkpointed as ``policy`` says (every block, or none), seeded alike, on
@@ -91,12 +98,12 @@ def measure(
 
     from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
 
-    built = {policy: _built(spec, micro_batch, policy, device) for policy in POLICIES}
+    made = {policy: built(spec, micro_batch, policy, device) for policy in POLICIES}
     cuda = device == "cuda"
-    optimizers = {p: torch.optim.AdamW(m.parameters(), lr=1e-4) for p, (m, _, _) in built.items()}
+    optimizers = {p: torch.optim.AdamW(m.parameters(), lr=1e-4) for p, (m, _, _) in made.items()}
 
     def step(policy: str) -> None:
-        model, batch, _ = built[policy]
+        model, batch, _ = made[policy]
         with torch.autocast(device, torch.bfloat16, enabled=amp == "bf16"):
             loss = output_loss(model(**batch))
         loss.backward()
@@ -118,7 +125,7 @@ def measure(
             times[policy].append((time.perf_counter() - started) / steps)
     rows = []
     for policy in POLICIES:
-        model, batch, blocks = built[policy]
+        model, batch, blocks = made[policy]
         segments, how = _segments_and_policy(policy, blocks)
         real = real_step_peak(model, **batch, amp=amp)
         traced = trace_step(
@@ -161,5 +168,10 @@ def paired_ratio(rows: list[PolicyRow], policy: str, against: str) -> tuple[floa
     """(median, least, most) over rounds of ``policy``'s step time over ``against``'s, each
     round's against the same round's: the ratio the drift between rounds does not move."""
     by = {r.policy: r.rounds_s for r in rows}
-    ratios = [a / b for a, b in zip(by[policy], by[against], strict=True)]
+    return round_ratios(by[policy], by[against])
+
+
+def round_ratios(ours: tuple[float, ...], theirs: tuple[float, ...]) -> tuple[float, float, float]:
+    """(median, least, most) of ``ours`` over ``theirs``, round by round."""
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
     return statistics.median(ratios), min(ratios), max(ratios)

@@ -29,21 +29,25 @@ def real_step_peak(
     optimizer: str = "AdamW",
     amp: str = "off",
     above: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    in_backward: bool = False,
     **kwargs: object,
 ) -> int:
     """The tensors' peak of a real second training step (AdamW, or ``optimizer``: a class of
-    ``torch.optim``; ``amp``: "off" or "bf16" autocast) on the model's device, as MemTracker
-    counts it: what a traced step is checked against. ``above`` makes a context entered inside
-    the tracker for each step: a dispatch mode whose ops the tracker sees (FlexAttention's dense
-    kernels, ``fake_flex.CudaFlexAttention``)."""
+    ``torch.optim``; ``amp``: "off" or "bf16" autocast; ``in_backward``: stepped in backward,
+    ``runner.in_backward``) on the model's device, as MemTracker counts it: what a traced step
+    is checked against. ``above`` makes a context entered inside the tracker for each step: a
+    dispatch mode whose ops the tracker sees (FlexAttention's dense kernels,
+    ``fake_flex.CudaFlexAttention``)."""
     import torch
 
     from autotune.runner.fake_bias import causal_biases  # imports torch
     from autotune.runner.fake_memory import _peak_tracker  # imports torch
+    from autotune.runner.in_backward import InBackward  # imports torch
 
     assert isinstance(model, torch.nn.Module)
     device = next(model.parameters()).device
     stepper = getattr(torch.optim, optimizer)(model.parameters(), lr=0.01)
+    stepped = InBackward(stepper) if in_backward else None
 
     def step() -> None:
         # the loss under autocast too, as a trial computes it (CUDA's runs pow in float32)
@@ -51,13 +55,14 @@ def real_step_peak(
             out = model(*args, **kwargs)
             loss = output_loss(out)
         loss.backward()  # the output held through it, as a trial's step holds it
-        stepper.step()
-        stepper.zero_grad(set_to_none=True)
+        if stepped is None:
+            stepper.step()
+            stepper.zero_grad(set_to_none=True)
 
     with above():
         step()  # the optimizer's state exists from here on
     tracker = _peak_tracker()  # MemTracker, which refuses a frozen parameter (Whisper's)
-    tracker.track_external(model, stepper)
+    tracker.track_external(model, *(stepped.optimizers() if stepped else [stepper]))
     with tracker, above(), causal_biases():  # built beneath the tracker, as outside it
         step()
     peaks = tracker.get_tracker_snapshot("peak")

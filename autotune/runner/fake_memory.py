@@ -205,7 +205,11 @@ def _materialized(model: Any, batch: Any, mode: Any, reference: str) -> Any:
 
 
 def _dense_parts(tensor: Any) -> tuple[Any, ...]:
-    """What holds ``tensor``'s memory: itself, or a sparse COO tensor's indices and values."""
+    """What holds ``tensor``'s memory: itself, or a sparse COO tensor's indices and values;
+    nothing for None (a gradient an optimizer stepped in backward freed before the tracker's
+    own hook read it: ``runner.in_backward``)."""
+    if tensor is None:
+        return ()
     if tensor.is_sparse:
         return (tensor._indices(), tensor._values())
     return (tensor,)
@@ -605,11 +609,14 @@ def trace_step(
     device_type: str = "cpu",
     world_size: int = 1,
     checkpoint_policy: str = "full",
+    optimizer_in_backward: bool = False,
 ) -> TensorPeak:
     """The peak of one training step of ``spec``'s model on one ``device_type`` device, traced
     on the CPU (for ``cuda``, autocast follows CUDA's op lists: ``fake_autocast``), as rank 0 of
     a group of ``world_size`` that moves no data (``fake_group``): what a step that calls
     ``torch.distributed`` gathers from the other ranks is counted at its shapes.
+    ``optimizer_in_backward``: each parameter stepped in backward (``runner.in_backward``),
+    traced over two steps, the second's beside the state the first made.
 
     Raises ``TraceError`` (one line) when the model defeats the fake tensors."""
     import logging
@@ -651,6 +658,7 @@ def trace_step(
                     device_type,
                     world_size,
                     checkpoint_policy,
+                    optimizer_in_backward,
                 )
                 asked: set[str] = set()  # what the model's code asked of the GPU
                 trace = functools.partial(_trace, *step, asked=asked)
@@ -697,6 +705,7 @@ def _trace(
     device_type: str,
     world_size: int,
     checkpoint_policy: str,
+    in_backward: bool,
     flex_fused: bool = False,
     asked: set[str] | None = None,
     available: bool = True,
@@ -720,6 +729,7 @@ def _trace(
     from autotune.runner.fake_flex import CudaFlexAttention  # imports torch
     from autotune.runner.fake_offload import host_offload  # imports torch
     from autotune.runner.fake_routing import FormattedScalars, UniformRouting  # imports torch
+    from autotune.runner.in_backward import InBackward  # imports torch
     from autotune.runner.training import (  # imports torch
         _AMP_DTYPES,
         forward_keywords,
@@ -784,8 +794,9 @@ def _trace(
         if implementation == "default":  # what the device would run: foreach on CUDA
             implementation = device_default(optimizer, device_type)
         optimizer = with_implementation(optimizer, implementation)
+        stepper = InBackward(optimizer, _concrete_scalars) if in_backward else None
         tracker = _peak_tracker()
-        tracker.track_external(wrapped, optimizer)
+        tracker.track_external(wrapped, *(stepper.optimizers() if stepper else [optimizer]))
         policy = cuda_policy() if dtype and cuda else contextlib.nullcontext()
         regions = cuda_regions() if cuda else contextlib.nullcontext()
         ops_named = CudaOpsOnCpu() if cuda else contextlib.nullcontext()  # type: ignore[no-untyped-call]
@@ -820,22 +831,38 @@ def _trace(
             args, kwargs, target = split_batch(batch, accepts, into)
             found = _carried(model)
             autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
-            with autocast:
-                output = wrapped(*args, **kwargs)
-                loss = call_loss(loss_fn, output, target, kwargs)
+
+            def forward_backward() -> Any:
+                with autocast:
+                    output = wrapped(*args, **kwargs)
+                    loss = call_loss(loss_fn, output, target, kwargs)
+                # A device index in a checkpoint's recomputation: the trace's device
+                # (``fake_device.indexed_devices``).
+                with indexed_devices() if cuda else contextlib.nullcontext():
+                    loss.backward()
+                if flex:
+                    flex.give_gradients()
+                return output
+
             # The output (a language model's logits and key/value cache) is held through
-            # backward and the optimizer's step, as the trials' step holds it: it goes when
-            # the next step's output replaces it. A device index in a checkpoint's
-            # recomputation: the trace's device (``fake_device.indexed_devices``).
-            with indexed_devices() if cuda else contextlib.nullcontext():
-                loss.backward()
-            if flex:
-                flex.give_gradients()
+            # backward and the optimizer's step, as the trials' step holds it: it goes when the
+            # next step's output replaces it. Stepped in backward, the first step makes the
+            # optimizer's state as backward goes; a second holds it from its start.
+            output = forward_backward()
+            if stepper:
+                del output
+                output = forward_backward()
             backward = _by_kind(tracker.get_tracker_snapshot("peak"))
-            unused = sum(1 for p in model.parameters() if p.requires_grad and p.grad is None)
+            given = stepper.stepped if stepper else set()  # stepped, their gradients freed
+            unused = sum(
+                1
+                for p in model.parameters()
+                if p.requires_grad and p.grad is None and p not in given
+            )
             gradients_full = _gradient_bytes(model)
-            with _concrete_scalars():
-                optimizer.step()  # the first step creates the optimizer's state
+            if not stepper:
+                with _concrete_scalars():
+                    optimizer.step()  # the first step creates the optimizer's state
             stepped = _by_kind(tracker.get_tracker_snapshot("peak"))
             del output
             optimizer.zero_grad(set_to_none=True)

@@ -12,6 +12,11 @@ from autotune.errors import ConfigError
 
 IMPLEMENTATIONS = ("foreach", "fused")
 
+OPTIMIZER_STEP = "in the optimizer's step"
+"""The note an error raised by the optimizer's step carries (then the optimizer's class): the
+rank's one-line reason says it, since such an error is the optimizer's, not the model's (a
+user's Adafactor under FSDP2 mixed plain tensors with DTensor parameters)."""
+
 MODEL_ARGUMENTS = ("model", "module", "net", "network")
 """Names of an optimizer factory's first parameter that ask for the model, not its parameters."""
 
@@ -93,10 +98,16 @@ def with_implementation(optimizer: Any, implementation: str) -> Any:
             "optimizer_impl=default"
         )
     flags = {flag: flag == implementation for flag in accepted}
-    groups = [{**group, **flags} for group in optimizer.param_groups]
-    taken = inspect.signature(cls).parameters  # defaults may hold more than the class takes
+    return rebuilt(optimizer, [{**group, **flags} for group in optimizer.param_groups], **flags)
+
+
+def rebuilt(optimizer: Any, groups: list[dict[str, Any]], **options: Any) -> Any:
+    """``optimizer``'s class built again over ``groups``, with the options it was built with
+    (those its constructor takes: its ``defaults`` may hold more) and ``options``."""
+    cls = type(optimizer)
+    taken = inspect.signature(cls).parameters
     defaults = {k: v for k, v in optimizer.defaults.items() if k in taken and k != "params"}
-    return cls(groups, **{**defaults, **flags})
+    return cls(groups, **{**defaults, **options})
 
 
 def running_implementation(optimizer: Any) -> str:

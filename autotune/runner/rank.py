@@ -32,11 +32,11 @@ from autotune.runner.compile_state import compiled_graphs, compiled_since
 from autotune.runner.cuda_allocator import apply_expandable_segments
 from autotune.runner.loss import DefaultLoss
 from autotune.runner.memory import MemoryTracker, release_earlier_trials
-from autotune.runner.optimizer import chosen_optimizer, running_implementation
+from autotune.runner.optimizer import OPTIMIZER_STEP, chosen_optimizer, running_implementation
 from autotune.runner.platform import usable_cpus
 from autotune.runner.request import TrialRequest
 from autotune.runner.session import device_for, init_distributed, join_group_of_one, prepare
-from autotune.runner.training import CLIPPING, OPTIMIZER_STEP
+from autotune.runner.training import CLIPPING
 from autotune.runner.window import AFTER_FASTER, STEP_PHASES, Decision, Window, warmup_phase
 from autotune.runner.workload import BUILDING, WorkloadCache, build_workload
 

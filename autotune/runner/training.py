@@ -30,14 +30,12 @@ from autotune.config import GRAPH_CAPTURING_MODES, TrainConfig
 from autotune.errors import ConfigError
 from autotune.runner.blocks import find_repeated_blocks, may_loop
 from autotune.runner.checkpointing import apply_checkpointing, checkpoint_units, count_calls
+from autotune.runner.in_backward import InBackward
 from autotune.runner.loss import TARGET_PARAMETERS, DefaultLoss, call_loss, first_tensor
+from autotune.runner.optimizer import OPTIMIZER_STEP
 from autotune.runner.tensor_hooks import fsdp_drops_hooks
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-OPTIMIZER_STEP = "in the optimizer's step"
-"""The note an error raised by the optimizer's step carries (then the optimizer's class): the
-rank's one-line reason says it, since such an error is the optimizer's, not the model's (a
-user's Adafactor under FSDP2 mixed plain tensors with DTensor parameters)."""
 CLIPPING = "in clipping the gradients (clip_grad_norm_)"
 """The note an error raised by clipping carries instead (``max_grad_norm``): it comes before the
 optimizer's step, and is not the optimizer's."""
@@ -483,6 +481,9 @@ class TrainStep:
             and config.grad_accum_steps > 1
         )
         optimizer.register_step_post_hook(self._count_step)
+        self.in_backward = InBackward(optimizer) if config.optimizer_in_backward else None
+        """The per-parameter optimizers stepped in backward (``optimizer_in_backward``), where
+        ``optimizer`` itself is never stepped."""
 
     def _count_step(self, *_: Any) -> None:
         self.optimizer_steps += 1
@@ -601,16 +602,19 @@ class TrainStep:
             except Exception as error:
                 error.add_note(CLIPPING)
                 raise
-        try:
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-        except Exception as error:  # said with the error: the user's optimizer, not the model
-            error.add_note(f"{OPTIMIZER_STEP} ({type(self.optimizer).__name__})")
-            raise
-        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
+        if self.in_backward is not None:  # each parameter stepped as backward reached it
+            self._count_step()
+        else:
+            try:
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+            except Exception as error:  # said with the error: the user's optimizer, not the model
+                error.add_note(f"{OPTIMIZER_STEP} ({type(self.optimizer).__name__})")
+                raise
+            self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         loss_value = float(total_loss.item())  # also waits for the device to finish the step
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

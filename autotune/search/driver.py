@@ -59,6 +59,7 @@ from autotune.search.progress import Reporter
 from autotune.search.recipe import BatchNorm, Coupling
 from autotune.search.refusals import (
     check_clipping,
+    clipping_refusals,
     dataset_refusals,
     fsdp_bf16_refusals,
     model_refusals,
@@ -317,9 +318,9 @@ def _run_search(
     coupled = coupling(workload, device)  # four forwards of two samples, on the model built here
     images = feeds_images(workload) if "channels_last" in space.params else None
     flags = optimizer_flags(workload) if "optimizer_impl" in space.params else None
-    refusals = model_refusals(workload.model) + (
-        fsdp_bf16_refusals(workload) if _asks_fsdp_bf16(space, devices) else ()
-    )
+    refusals = model_refusals(workload.model) + clipping_refusals(settings.max_grad_norm)
+    if _asks_fsdp_bf16(space, devices):
+        refusals += fsdp_bf16_refusals(workload)
     # a dataset kept on the GPU's: workers, and pinning its samples
     workers = space.params["num_workers"].choices if "num_workers" in space.params else ()
     pinned = "pin_memory" in space.params and True in space.params["pin_memory"].choices

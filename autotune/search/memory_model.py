@@ -73,6 +73,8 @@ MEMORY_FIELDS = {
     "expandable_segments": "the allocator's reserve over its tensors, learnt by the calibration "
     "from CUDA trials (one scale for both settings: an approximation)",
     "optimizer_impl": "the optimizer's step traced with that implementation (its temporaries)",
+    "optimizer_in_backward": "the step traced with each parameter stepped in backward, its "
+    "gradient freed then (two steps: the second beside the state the first made)",
     "num_workers": "each DataLoader worker's share, calibrated (CPU ranks only)",
     "device": "which kind of memory is predicted and calibrated",
 }
@@ -105,6 +107,20 @@ def traced_amp(config: TrainConfig) -> str:
     """The autocast the step is traced under: FSDP's bf16 policy computes as bf16 autocast
     does (bf16 activations), with its gathered parameters halved in ``device_parts``."""
     return "bf16" if config.fsdp_mixed_precision != "off" else config.amp
+
+
+def job_of(config: TrainConfig, micro_batch: int, segments: int, world: int) -> Job:
+    """The step to trace for ``config`` at ``micro_batch`` with ``segments`` blocks
+    checkpointed, as one rank of ``world``: a table's corner, or its own."""
+    return (
+        micro_batch,
+        traced_amp(config),
+        segments,
+        config.optimizer_impl,
+        world,
+        config.checkpoint_policy,
+        config.optimizer_in_backward,
+    )
 
 
 def config_kind(config: TrainConfig) -> Kind:
@@ -317,12 +333,11 @@ class MemoryModel:
 
     def _probes(self, config: TrainConfig) -> list[Job]:
         """The two steps ``_depends_on_world`` compares: as the only rank, and as one of many."""
-        mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
+        mb, k = config.micro_batch_size, config.checkpoint_segments
         if self._corners is not None:
             (mb, _), (k, _) = self._corners
-        impl, policy = config.optimizer_impl, config.checkpoint_policy
         world = max(WORLD_PROBE, config.processes)
-        return [(mb, amp, k, impl, 1, policy), (mb, amp, k, impl, world, policy)]
+        return [job_of(config, mb, k, 1), job_of(config, mb, k, world)]
 
     @property
     def sampled(self) -> bool:
@@ -361,8 +376,7 @@ class MemoryModel:
             world = self._group_world(config)
             if config is spread and self._world_dependent is None:
                 jobs += self._probes(config)
-            amp, impl, policy = traced_amp(config), config.optimizer_impl, config.checkpoint_policy
-            jobs += [(mb, amp, k, impl, world, policy) for mb, k in self._steps(config, world)]
+            jobs += [job_of(config, mb, k, world) for mb, k in self._steps(config, world)]
         return jobs
 
     def tensor_peak(self, config: TrainConfig) -> TensorPeak | None:
@@ -379,14 +393,13 @@ class MemoryModel:
         return self._tensor_peak(config, self._group_world(config))
 
     def _tensor_peak(self, config: TrainConfig, world: int) -> TensorPeak | None:
-        mb, amp, k = config.micro_batch_size, traced_amp(config), config.checkpoint_segments
-        impl, policy = config.optimizer_impl, config.checkpoint_policy
+        mb, k = config.micro_batch_size, config.checkpoint_segments
         looked_up = self._steps(config, world)
         if looked_up == [(mb, k)]:
-            return self.steps.get((mb, amp, k, impl, world, policy))
+            return self.steps.get(job_of(config, mb, k, world))
         assert self._corners is not None
         (mb0, mb1), (k0, k1) = self._corners
-        corners = {(b, s): self.steps.get((b, amp, s, impl, world, policy)) for b, s in looked_up}
+        corners = {(b, s): self.steps.get(job_of(config, b, s, world)) for b, s in looked_up}
         if any(c is None for c in corners.values()):
             return None
         u = (mb - mb0) / (mb1 - mb0) if mb1 > mb0 else 0.0
@@ -416,8 +429,7 @@ class MemoryModel:
         """The micro-batches and checkpointed blocks traced for ``config``: its own, or the four
         corners of the table around it (``interpolate_between``)."""
         mb, k = config.micro_batch_size, config.checkpoint_segments
-        impl, policy = config.optimizer_impl, config.checkpoint_policy
-        key = key_of((mb, traced_amp(config), k, impl, world, policy))
+        key = key_of(job_of(config, mb, k, world))
         if self._corners is None or key in self.steps.held:
             return [(mb, k)]
         (mb0, mb1), (k0, k1) = self._corners
@@ -516,13 +528,11 @@ class MemoryModel:
             shown["workers"] = calibration.workers_bytes(workers, forked)
         shown["process"] = per_device - sum(shown.values())
         exact = key_of(
-            (
+            job_of(
+                config,
                 config.micro_batch_size,
-                traced_amp(config),
                 config.checkpoint_segments,
-                config.optimizer_impl,
                 self._group_world(config),
-                config.checkpoint_policy,
             )
         )
         source = "fake-tensor trace" + ("" if exact in self.steps.held else ", interpolated")

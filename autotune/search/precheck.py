@@ -31,7 +31,13 @@ class Observation:
     trial_number: int
 
 
-ORDERED = ("grad_accum_steps", "checkpoint_segments", "checkpoint_policy", "num_workers")
+ORDERED = (
+    "grad_accum_steps",
+    "checkpoint_segments",
+    "checkpoint_policy",
+    "optimizer_in_backward",
+    "num_workers",
+)
 """The knobs the dominance rule compares by direction (the micro-batch through accumulation)."""
 FAMILY = tuple(sorted(set(MEMORY_FIELDS) - set(ORDERED)))
 """Every other knob that moves memory must match: a configuration that offloads FSDP's shards,
@@ -47,6 +53,8 @@ def _at_least_as_hungry(candidate: TrainConfig, known: TrainConfig) -> bool:
         _family(candidate) == _family(known)
         and candidate.micro_batch_size >= known.micro_batch_size
         and _recomputes_no_more(candidate, known)
+        # stepped in backward holds fewer gradients: one stepped after holds no less
+        and (known.optimizer_in_backward or not candidate.optimizer_in_backward)
         and candidate.num_workers >= known.num_workers
         and (candidate.prefetch_factor or 0) >= (known.prefetch_factor or 0)
     )
@@ -86,6 +94,7 @@ def _family_points(candidate: TrainConfig, history: list[Observation]) -> list[t
         and _family(s.config) == _family(candidate)
         and s.config.checkpoint_segments == candidate.checkpoint_segments
         and s.config.checkpoint_policy == candidate.checkpoint_policy
+        and s.config.optimizer_in_backward == candidate.optimizer_in_backward
         and s.config.num_workers == candidate.num_workers
     ]
 

@@ -141,6 +141,23 @@ def sparse_refusals(lookups: str) -> list[Refusal]:
     ]
 
 
+def clipping_refusals(max_grad_norm: float | None) -> tuple[Refusal, ...]:
+    """What clipping (``max_grad_norm``, the user's, in every configuration) rules out: the
+    optimizer stepped in backward, whose parameters are updated before the total norm of their
+    gradients is known."""
+    if max_grad_norm is None:
+        return ()
+    return (
+        Refusal(
+            "optimizer_in_backward",
+            True,
+            f"max_grad_norm={max_grad_norm:g} clips by the norm of every gradient together, "
+            "and a step in backward updates each parameter before the others' gradients exist",
+            "optimizer_in_backward=false",
+        ),
+    )
+
+
 def check_clipping(max_grad_norm: float | None, model_reference: str) -> None:
     """One line, before anything runs, where the gradients are clipped (``max_grad_norm``) and
     the model has lookups with sparse gradients: torch's ``clip_grad_norm_`` takes the norm of

@@ -4,9 +4,10 @@ A configuration whose search trial fitted can measure over the limit in a later 
 moves by a few percent from run to run, and a search of a model that barely fits finds its
 fastest configurations right at the limit. Where that happens to every finalist, the search
 does not end without a recommendation: each finalist is taken to persistent DataLoader workers,
-else the least larger gradient accumulation (a smaller micro-batch: the global batch, and so
-the training, unchanged), else the least larger count of checkpointed blocks, else compiling
-off, whose peak is expected to leave room, and those race in its place.
+else to its optimizer stepped in backward, else the least larger gradient accumulation (a
+smaller micro-batch: the global batch, and so the training, unchanged), else the least larger
+count of checkpointed blocks, else compiling off, whose peak is expected to leave room, and
+those race in its place.
 
 Expected from what was measured: the finalist's largest measured peak less what the move is
 predicted to save (the memory model's prediction of the two configurations, whose error
@@ -30,6 +31,7 @@ from autotune.search import race
 
 ROOM_KNOBS = (
     "persistent_workers",
+    "optimizer_in_backward",
     "grad_accum_steps",
     "checkpoint_policy",
     "checkpoint_segments",
@@ -39,7 +41,9 @@ ROOM_KNOBS = (
 semantics or numerics. Persistent DataLoader workers first, where it has workers that are not:
 they cost no speed (an epoch no longer restarts them), and on CPU a worker forked again at
 every epoch keeps old copies of its rank's whole step (``MemoryModel.forked``; on a GPU the
-prediction says the move saves no device memory). Then accumulation (it costs the least when a
+prediction says the move saves no device memory). Then the optimizer stepped in backward, where
+the finalist can (one device, no accumulation): the same updates, without every gradient held
+at once at the step's end. Then accumulation (it costs the least when a
 step's micro-batch still fills the device), then selective checkpointing made full (the same
 blocks, every op recomputed), then more blocks checkpointed, then, for a compiled finalist,
 compiling off: on CPU a compiled rank holds Inductor's modules and caches (53-88 MiB a rank
@@ -150,6 +154,8 @@ def _moves(finalist: TrainConfig, choices: dict[str, list[Any]]) -> Iterator[tup
     workers = finalist.num_workers and not finalist.persistent_workers
     if workers and True in choices.get("persistent_workers", ()):
         yield "persistent_workers", True
+    if not finalist.optimizer_in_backward and True in choices.get("optimizer_in_backward", ()):
+        yield "optimizer_in_backward", True  # refused where it cannot (TrainConfig)
     for knob in ("grad_accum_steps", "checkpoint_segments"):
         now = getattr(finalist, knob)
         yield from ((knob, c) for c in sorted(

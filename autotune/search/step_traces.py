@@ -19,11 +19,12 @@ from autotune.runner.planned_gpu import planned
 from autotune.runner.workload import WorkloadSpec
 from autotune.search.side_by_side import forked_autograd_runs, run_side_by_side
 
-Job = tuple[int, str, int, str, int, str]
+Job = tuple[int, str, int, str, int, str, bool]
 """A step to trace: micro-batch, autocast, checkpointed blocks, optimizer implementation, the
-world it is traced among, and the checkpointing policy ("full" where nothing is checkpointed)."""
+world it is traced among, the checkpointing policy ("full" where nothing is checkpointed), and
+whether the optimizer steps in backward."""
 
-Key = tuple[int, str, int, str, int, str]
+Key = tuple[int, str, int, str, int, str, bool]
 """What a trace is kept by: a job with its autocast as its ``precision``."""
 
 _TRACED: dict[tuple[Any, ...], TensorPeak] = {}
@@ -59,17 +60,19 @@ def traced_policy(segments: int, policy: str) -> str:
 
 
 def key_of(job: Job) -> Key:
-    micro_batch, amp, segments, impl, world, policy = job
-    return (micro_batch, precision(amp), segments, impl, world, traced_policy(segments, policy))
+    micro_batch, amp, segments, impl, world, policy, in_backward = job
+    policy = traced_policy(segments, policy)
+    return (micro_batch, precision(amp), segments, impl, world, policy, in_backward)
 
 
 def tracing_line(job: Job) -> str:
-    micro_batch, amp, segments, impl, world, policy = job
+    micro_batch, amp, segments, impl, world, policy, in_backward = job
     return (
         f"tracing a step under fake tensors: micro-batch {micro_batch}, {precision(amp)}, "
         f"{segments} block(s) checkpointed"
         + (f" ({policy})" if traced_policy(segments, policy) != "full" else "")
         + (f", optimizer {impl}" if impl != "default" else "")
+        + (", stepped in backward" if in_backward else "")
         + (f", as one rank of {world}" if world > 1 else "")
     )
 
@@ -150,7 +153,7 @@ class StepTraces:
         return (self.workload.model_dump_json(), self.device_type, gpu, *key)
 
     def _run(self, job: Job) -> TensorPeak:
-        micro_batch, amp, segments, impl, world, policy = job
+        micro_batch, amp, segments, impl, world, policy, in_backward = job
         return trace_step(
             self.workload,
             micro_batch,
@@ -160,4 +163,5 @@ class StepTraces:
             device_type=self.device_type,
             world_size=world,
             checkpoint_policy=traced_policy(segments, policy),
+            optimizer_in_backward=in_backward,
         )

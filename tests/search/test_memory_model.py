@@ -168,7 +168,7 @@ def test_interpolation_is_exact_for_a_bilinear_peak() -> None:
     model.interpolate_between(configs)
     for mb in (4, 16):
         for k in (0, 2):
-            model.steps.held[(mb, "fp32", k, "default", 1, "full")] = peak(mb, k)
+            model.steps.held[(mb, "fp32", k, "default", 1, "full", False)] = peak(mb, k)
     for config in configs:
         got = model.tensor_peak(config)
         assert got == peak(config.micro_batch_size, config.checkpoint_segments)
@@ -190,7 +190,7 @@ def test_interpolation_along_one_axis_when_the_table_has_one_checkpointing(
     model.interpolate_between(configs)
     for mb in (4, 16):
         for k in segments:
-            model.steps.held[(mb, "fp32", k, "default", 1, "full")] = peak(mb, k)
+            model.steps.held[(mb, "fp32", k, "default", 1, "full", False)] = peak(mb, k)
     middle = _config(grad_accum_steps=2, checkpoint_segments=segments[-1])  # micro-batch 8
     assert model.tensor_peak(middle) == peak(8, segments[-1])
 
@@ -254,7 +254,7 @@ def test_a_cpu_search_that_compiles_starts_from_a_measured_compile_share(
     assert "+ 50 MiB compiled, measured on a small model" in prior.describe()
     assert prior_for("cuda", spec, (), compiled=True).compile_bytes == 0  # may hold less there
     model = MemoryModel(spec, "cpu", prior)
-    model.steps.held[(16, "fp32", 0, "default", 1, "full")] = PEAK
+    model.steps.held[(16, "fp32", 0, "default", 1, "full", False)] = PEAK
     eager, compiled = _config(), _config(compile="default")
     first = model.predict(compiled)
     plain = model.predict(eager)
@@ -284,7 +284,7 @@ def test_a_cpu_prior_charges_workers_their_own_pages_and_what_their_rank_forked_
     cuda = prior_for("cuda", spec)
     assert cuda.per_worker_bytes == 0 and cuda.forked_scale == 0  # no device memory
     model = MemoryModel(spec, "cpu", prior)
-    model.steps.held[(16, "fp32", 0, "default", 1, "full")] = PEAK
+    model.steps.held[(16, "fp32", 0, "default", 1, "full", False)] = PEAK
     none = model.predict(_config())
     two = model.predict(_config(num_workers=2))
     kept = model.predict(_config(num_workers=2, persistent_workers=True))

@@ -62,3 +62,12 @@ def test_selective_checkpointing_keeps_at_least_what_full_checkpointing_of_as_ma
     assert precheck(_config(2, ckpt=2), selective, 1000 * MiB) is None  # keeps less: try it
     assert precheck(_config(2, ckpt=1), selective, 1000 * MiB) is None  # not known either way
     assert precheck(_config(2, ckpt=0), selective, 1000 * MiB) is not None  # keeps everything
+
+
+def test_a_step_in_backward_that_ran_out_rules_out_the_same_step_after_backward() -> None:
+    single = {"global_batch_size": 64, "parallel": "single", "device": "cpu"}
+    in_backward = make_config({**single, "optimizer_in_backward": True})
+    after = make_config(single)
+    verdict = precheck(after, [Observation(in_backward, None, 2)], 1000 * MiB)
+    assert verdict is not None and "trial 2" in verdict[0]  # holds every gradient too
+    assert precheck(in_backward, [Observation(after, None, 2)], 1000 * MiB) is None  # holds less

@@ -475,3 +475,20 @@ def test_a_looped_layers_calls_are_counted_before_any_trial() -> None:
     config = TrainConfig(global_batch_size=8, device="cpu", checkpoint_segments=5)
     with pytest.raises(ConfigError, match=r"^checkpoint_segments=5 exceeds the 4 calls of"):
         run_trial("tests.fixtures.looped:Looped", config)
+
+
+def test_clipping_rules_out_the_optimizer_stepped_in_backward_before_any_trial() -> None:
+    from autotune.search.refusals import clipping_refusals
+
+    assert clipping_refusals(None) == ()
+    space, dropped = restrict_space(
+        load_space("default"),
+        detect_platform("cpu"),
+        2,
+        2,
+        False,
+        refusals=clipping_refusals(1.0),
+    )
+    assert space.params["optimizer_in_backward"].choices == (False,)
+    (reason,) = [e.reason for e in dropped if e.knob == "optimizer_in_backward"]
+    assert reason.startswith("max_grad_norm=1 clips by the norm of every gradient together")

@@ -134,3 +134,20 @@ def test_a_selective_finalist_checkpoints_its_blocks_fully_before_more_of_them()
     fixed = {**choices, "checkpoint_policy": ["selective"]}  # the space offers no full
     room = make_room(selective, [run(selective, 1050)], fixed, predict, 1000 * MiB)
     assert room is not None and room.config.checkpoint_segments == 4
+
+
+def test_a_finalist_on_one_device_steps_its_optimizer_in_backward_before_accumulating() -> None:
+    # the same updates, without every gradient held at the step's end: no speed lost to a
+    # smaller micro-batch, nor to recomputation
+    single = TrainConfig(global_batch_size=32, device="cpu")
+    choices = {**CHOICES, "optimizer_in_backward": [False, True]}
+
+    def predict(c: TrainConfig) -> int:
+        return (1000 - 200 * c.optimizer_in_backward - 100 * c.grad_accum_steps) * MiB
+
+    room = make_room(single, [run(single, 1050)], choices, predict, 1000 * MiB)
+    assert room is not None and room.config.optimizer_in_backward
+    assert room.config.grad_accum_steps == 1 and room.expected_bytes == 850 * MiB
+    # under DDP it cannot: accumulation as before
+    ddp = make_room(FINALIST, [run(FINALIST, 1050)], choices, predict, 1000 * MiB)
+    assert ddp is not None and ddp.config.grad_accum_steps == 2
