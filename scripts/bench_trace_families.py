@@ -27,6 +27,12 @@ trace alike (not with ``--gpus``):
 
     python scripts/bench_trace_families.py --checkpoint selective \
         --out results/trace_families_selective.json
+
+With ``--in-backward`` the optimizer steps in backward (``optimizer_in_backward``), in the real
+step and the trace alike:
+
+    python scripts/bench_trace_families.py --checkpoint full --in-backward \
+        --out results/trace_families_in_backward.json
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ def main() -> None:
         choices=["full", "selective"],
         help="every block (or looped layer's call) checkpointed under this checkpoint_policy",
     )
+    parser.add_argument(
+        "--in-backward", action="store_true", help="the optimizer stepped in backward"
+    )
     args = parser.parse_args()
     if args.checkpoint and args.gpus:
         parser.error("--checkpoint traces no GPU's column: leave out --gpus")
@@ -77,13 +86,14 @@ def main() -> None:
     rows = []
     report = {"machine": machine(), "micro_batch": args.micro_batch, "families": rows}
     report.update(gpus=args.gpus, gpu_amp=args.gpu_amp, checkpoint=args.checkpoint)
+    report["in_backward"] = args.in_backward
     gpu_heads = "".join(f" {gpu + ' ' + args.gpu_amp:>12}" for gpu in args.gpus)
     print(
         f"{'model':40} {'traced':>10} {'real step':>10} {'error':>7} {'s':>5} {'for CUDA':>10}"
         + gpu_heads
     )
     for spec in specs:
-        checked = check(spec, args.micro_batch, args.checkpoint)
+        checked = check(spec, args.micro_batch, args.checkpoint, args.in_backward)
         rows.append(as_row(checked))
         if checked.error is None:
             print(f"{spec.model:40} stops: {checked.stop}")

@@ -83,13 +83,13 @@ def built_batch(spec: WorkloadSpec, micro_batch: int) -> tuple[Any, Any]:
     return model, default_collate([dataset[i] for i in range(micro_batch)])
 
 
-def batch_peak(model: Any, batch: Any, optimizer: str = "AdamW") -> int:
+def batch_peak(model: Any, batch: Any, optimizer: str = "AdamW", in_backward: bool = False) -> int:
     """``real_step_peak`` of ``model`` in training mode on ``batch``, passed as keyword
     arguments (a dict batch) or in order."""
     model.train()
     if isinstance(batch, dict):
-        return real_step_peak(model, **batch, optimizer=optimizer)
-    return real_step_peak(model, *batch, optimizer=optimizer)
+        return real_step_peak(model, **batch, optimizer=optimizer, in_backward=in_backward)
+    return real_step_peak(model, *batch, optimizer=optimizer, in_backward=in_backward)
 
 
 def checkpoint_all(model: Any, batch: Any, policy: str) -> int:
@@ -137,9 +137,15 @@ class Checked:
         return (self.traced_bytes - self.real_bytes) / self.real_bytes
 
 
-def check(spec: WorkloadSpec, micro_batch: int = 4, checkpoint: str | None = None) -> Checked:
+def check(
+    spec: WorkloadSpec,
+    micro_batch: int = 4,
+    checkpoint: str | None = None,
+    in_backward: bool = False,
+) -> Checked:
     """``spec``'s step traced and run for real at ``micro_batch``; ``checkpoint`` ("full",
-    "selective"): with every checkpointing unit checkpointed under that policy."""
+    "selective"): with every checkpointing unit checkpointed under that policy; ``in_backward``:
+    the optimizer stepped in backward (``optimizer_in_backward``)."""
     from autotune.runner.fake_memory import TraceError, trace_step  # imports torch
 
     started = time.perf_counter()
@@ -147,16 +153,18 @@ def check(spec: WorkloadSpec, micro_batch: int = 4, checkpoint: str | None = Non
     segments = checkpoint_all(*built, checkpoint) if built and checkpoint else 0
     if checkpoint and not segments:
         return Checked(spec.model, None, None, time.perf_counter() - started, NO_UNITS)
-    policy = checkpoint or "full"
+    options: dict[str, Any] = {
+        "checkpoint_policy": checkpoint or "full",
+        "optimizer_in_backward": in_backward,
+    }
     try:
-        traced = trace_step(spec, micro_batch, "off", segments, checkpoint_policy=policy)
+        traced = trace_step(spec, micro_batch, "off", segments, **options)
     except TraceError as error:
         return Checked(spec.model, None, None, time.perf_counter() - started, str(error))
-    real = batch_peak(*(built or built_batch(spec, micro_batch)))
-    cuda = trace_step(
-        spec, micro_batch, "off", segments, device_type="cuda", checkpoint_policy=policy
-    ).total_bytes
-    return Checked(spec.model, traced.total_bytes, real, time.perf_counter() - started, cuda=cuda)
+    real = batch_peak(*(built or built_batch(spec, micro_batch)), in_backward=in_backward)
+    cuda = trace_step(spec, micro_batch, "off", segments, device_type="cuda", **options)
+    seconds = time.perf_counter() - started
+    return Checked(spec.model, traced.total_bytes, real, seconds, cuda=cuda.total_bytes)
 
 
 NO_UNITS = "no block or looped layer to checkpoint"

@@ -579,3 +579,24 @@ def test_a_checkpointed_cuda_step_holds_what_its_trace_for_cuda_says(policy: str
     real = real_step_peak(model.cuda().train(), **batch, amp="bf16")
     traced = trace_step(spec, 8, "bf16", blocks, device_type="cuda", checkpoint_policy=policy)
     assert traced.total_bytes == pytest.approx(real, rel=0.05)
+
+
+def test_a_cuda_step_in_backward_holds_what_its_trace_for_cuda_says() -> None:
+    # each parameter's AdamW (foreach, as CUDA defaults) stepped as its gradient completes
+    from autotune.bench.traced_step import built_batch, real_step_peak
+    from autotune.runner.checkpointing import apply_checkpointing, checkpoint_units
+    from autotune.runner.fake_memory import trace_step
+
+    spec = WorkloadSpec(model="workloads.gpt:gpt_small")
+    torch.manual_seed(0)
+    model, batch = built_batch(spec, 1)
+    blocks = checkpoint_units(model).count
+    apply_checkpointing(model, blocks)
+    cuda = {k: v.cuda() for k, v in batch.items()}
+    peaks = {}
+    for flag in (False, True):
+        real = real_step_peak(model.cuda().train(), **cuda, in_backward=flag)
+        traced = trace_step(spec, 1, "off", blocks, device_type="cuda", optimizer_in_backward=flag)
+        assert traced.total_bytes == pytest.approx(real, rel=0.05), flag
+        peaks[flag] = real
+    assert peaks[True] < peaks[False]
