@@ -11,7 +11,9 @@ step's peak: a large model at a small micro-batch, its blocks checkpointed; wher
 comes earlier, beside the activations, there is none. The time is this CPU's, the two measured
 in turn in each of ``--rounds`` rounds and paired round by round (the noise of a 2-core machine,
 10-33% run to run, lies on both alike). About 6 minutes on 2 cores for the default cases
-(`gpt2_124m`'s step at 1,024 tokens takes 8-9 s here).
+(`gpt2_124m`'s step at 1,024 tokens takes 8-9 s here). With ``--device cuda`` (a lent GPU;
+``--amp bf16``) the steps run there and the trace is for that GPU: where the per-parameter
+steps' cost in speed can be told (``bash scripts/gpu_session.sh in-backward``).
 """
 
 from __future__ import annotations
@@ -39,11 +41,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--out", default="results/optimizer_in_backward.json")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--amp", default="off", choices=["off", "bf16"])
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     rows: list[dict[str, object]] = []
     report = {"machine": machine(), "rounds": args.rounds, "steps": args.steps, "rows": rows}
+    report.update(device=args.device, amp=args.amp)
+    if args.device == "cuda":
+        import torch
+
+        report["gpu"] = torch.cuda.get_device_name()
     report["paired"] = paired = []
     print(
         f"{'model':28} {'mbs':>3} {'blocks':>6} {'in bwd':>6} {'real MiB':>9} {'traced':>9} "
@@ -53,7 +62,15 @@ def main() -> None:
         model, _, rest = case.partition("@")
         micro_batch, _, checkpoint = rest.partition(":")
         spec = WorkloadSpec(model=model, search_path=(os.getcwd(),))
-        measured = measure(spec, int(micro_batch), checkpoint == "ckpt", args.rounds, args.steps)
+        measured = measure(
+            spec,
+            int(micro_batch),
+            checkpoint == "ckpt",
+            args.rounds,
+            args.steps,
+            device=args.device,
+            amp=args.amp,
+        )
         for row in measured:
             rows.append(row.as_dict())
             print(

@@ -16,6 +16,8 @@
 #   results/gpu/ and commit it, and the next lease, on the same kind of GPU, goes on from it)
 #   | policies (after the four, time allowing: none, full and selective checkpointing of
 #   GPT-2 small on that GPU, each step's time and peak against its trace; a few minutes)
+#   | in-backward (then: the optimizer stepped after backward and in it, gpt2_124m at 1,024
+#   tokens checkpointed at micro-batch 1 and unchecked at 8, in bf16; a few minutes)
 #
 # What the leases measured (results/gpu/): the machine started in about 30-50 s. The gpu
 # tests not seen before took 121 s for ten (H100, the FSDP, TF32 and optimizer ones about 20 s
@@ -109,6 +111,12 @@ policies() {  # after the issue's steps: checkpoint_policy's none, full and sele
     --models ${POLICY_MODELS:-examples.hf_models:gpt2_small_1k} --micro-batch "${POLICY_MB:-8}" \
     --out "$OUT/checkpoint_policy_cuda.json" 2>&1 | tee -a "$OUT/session.log" | tail -12 || true
 }
+in_backward() {  # after the steps: optimizer_in_backward's peak and speed on this GPU
+  timeout "${IN_BACKWARD_S:-400}" "$PY" scripts/bench_optimizer_in_backward.py --device cuda \
+    --amp bf16 --cases workloads.gpt:gpt2_124m@1:ckpt workloads.gpt:gpt2_124m@8 --rounds 5 \
+    --steps 3 --out "$OUT/optimizer_in_backward_cuda.json" 2>&1 | tee -a "$OUT/session.log" \
+    | tail -8 || true
+}
 landscape() {  # 4. one device's knobs for that model (search_spaces/gpu_single.yaml), over leases
   local tag state status=0
   tag=$(gpu_tag)
@@ -154,8 +162,9 @@ case "${1:-}" in
   search) setup; search ;;
   landscape) setup; landscape ;;
   policies) setup; policies ;;
+  in-backward) setup; in_backward ;;
   *)
-    echo "usage: bash scripts/gpu_session.sh wheels|lease|tests|memory|search|landscape|policies" >&2
+    echo "usage: bash scripts/gpu_session.sh wheels|lease|tests|memory|search|landscape|policies|in-backward" >&2
     exit 2
     ;;
 esac

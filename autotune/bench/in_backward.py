@@ -1,7 +1,9 @@
 """The optimizer stepped after backward and in backward (``optimizer_in_backward``) side by side
 on one model, with nothing or every block checkpointed: the tensors' peak of a real step, the
 same step traced under fake tensors (what a plan predicts), and the step's time in interleaved
-rounds, paired round by round so that the machine's drift falls on both alike."""
+rounds, paired round by round so that the machine's drift falls on both alike. On a CUDA
+machine (``device="cuda"``) the steps run there under ``amp``'s autocast, timed between
+synchronisations, and the trace is for this GPU."""
 
 from __future__ import annotations
 
@@ -27,27 +29,39 @@ class StepRow(RealAndTraced):
     step_s: float
     """The median over rounds of a round's mean step (forward, backward, AdamW's step)."""
     rounds_s: tuple[float, ...]
+    device: str = "cpu"
+    amp: str = "off"
 
 
 def measure(
-    spec: WorkloadSpec, micro_batch: int, checkpoint: bool, rounds: int = 5, steps: int = 3
+    spec: WorkloadSpec,
+    micro_batch: int,
+    checkpoint: bool,
+    rounds: int = 5,
+    steps: int = 3,
+    device: str = "cpu",
+    amp: str = "off",
 ) -> list[StepRow]:
     """``spec``'s model at ``micro_batch`` (every block checkpointed in full where
-    ``checkpoint``), AdamW stepped after backward and in it: peaks, and time over ``rounds``
-    interleaved rounds of ``steps`` steps after one warm step, on this CPU."""
+    ``checkpoint``), AdamW stepped after backward and in it, on ``device`` under ``amp`` ("off"
+    or "bf16"): peaks, and time over ``rounds`` interleaved rounds of ``steps`` steps after one
+    warm step."""
     import torch
 
     from autotune.runner.fake_memory import trace_step  # imports torch
     from autotune.runner.in_backward import InBackward  # imports torch
 
     policy = "full" if checkpoint else "none"
-    made = {flag: built(spec, micro_batch, policy, "cpu") for flag in (False, True)}
+    made = {flag: built(spec, micro_batch, policy, device) for flag in (False, True)}
+    cuda = device == "cuda"
     optimizers = {f: torch.optim.AdamW(m.parameters(), lr=1e-4) for f, (m, _, _) in made.items()}
     in_backward = InBackward(optimizers[True])
 
     def step(flag: bool) -> None:
         model, batch, _ = made[flag]
-        output_loss(model(**batch)).backward()
+        with torch.autocast(device, torch.bfloat16, enabled=amp == "bf16"):
+            loss = output_loss(model(**batch))
+        loss.backward()
         if not flag:  # else each parameter stepped as backward reached it
             optimizers[flag].step()
             optimizers[flag].zero_grad(set_to_none=True)
@@ -57,16 +71,22 @@ def measure(
     times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(rounds):
         for flag in made:
+            if cuda:
+                torch.cuda.synchronize()
             started = time.perf_counter()
             for _ in range(steps):
                 step(flag)
+            if cuda:
+                torch.cuda.synchronize()
             times[flag].append((time.perf_counter() - started) / steps)
     in_backward.remove()  # real_step_peak steps its own
     rows = []
     for flag, (model, batch, blocks) in made.items():
         segments = blocks if checkpoint else 0
-        real = real_step_peak(model, **batch, in_backward=flag)
-        traced = trace_step(spec, micro_batch, "off", segments, optimizer_in_backward=flag)
+        real = real_step_peak(model, **batch, amp=amp, in_backward=flag)
+        traced = trace_step(
+            spec, micro_batch, amp, segments, device_type=device, optimizer_in_backward=flag
+        )
         rows.append(
             StepRow(
                 spec.model,
@@ -77,6 +97,8 @@ def measure(
                 traced.total_bytes,
                 statistics.median(times[flag]),
                 tuple(round(t, 4) for t in times[flag]),
+                device,
+                amp,
             )
         )
     return rows
