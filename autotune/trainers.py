@@ -77,8 +77,9 @@ IN_BACKWARD_NOTE = (
     "optimizer_in_backward=true is set in code, no trainer has it: after building the "
     "optimizer, stepper = autotune.runner.in_backward.InBackward(optimizer) steps each "
     "parameter in backward (an optimizer per parameter, by its post-accumulate-grad hook); "
-    "then call neither optimizer.step() nor zero_grad() (save stepper.state_dict() for a "
-    "checkpoint)"
+    "then call neither optimizer.step() nor zero_grad(); a scheduler on optimizer still sets "
+    "every parameter's rate (torch warns that optimizer.step() was not called: the rates are "
+    "the same); save and load stepper.state_dict() for a checkpoint"
 )
 
 CHANNELS_LAST_NOTE = (

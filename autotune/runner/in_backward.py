@@ -28,10 +28,15 @@ from autotune.errors import ConfigError
 from autotune.runner.optimizer import OPTIMIZER_STEP, rebuilt
 
 
-def rebuilt_over(optimizer: torch.optim.Optimizer, param: torch.nn.Parameter) -> Any:
+def group_of(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, Any]:
+    """The parameter group of ``optimizer`` that holds ``param``."""
+    return next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+
+
+def rebuilt_over(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> Any:
     """An optimizer of ``optimizer``'s class over ``param`` alone, with the options of the group
     that holds it (``optimizer`` just built, no state yet)."""
-    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    group = group_of(optimizer, param)
     try:
         return rebuilt(optimizer, [{**group, "params": [param]}])
     except Exception as error:  # a class built otherwise than (groups, **options)
@@ -44,9 +49,10 @@ def rebuilt_over(optimizer: torch.optim.Optimizer, param: torch.nn.Parameter) ->
 
 class InBackward:
     """One optimizer a trainable parameter of ``optimizer``'s, each stepped by its parameter's
-    post-accumulate-grad hook in backward; ``optimizer`` itself is never stepped (its groups
-    say what was built). ``steps`` counts the parameters stepped, for a check that a backward
-    stepped any."""
+    post-accumulate-grad hook in backward; ``optimizer`` itself is never stepped, but its groups
+    lead: each step first takes its group's options as they are then (a learning-rate
+    scheduler's on ``optimizer`` moves every parameter's rate). ``steps`` counts the parameters
+    stepped."""
 
     def __init__(
         self,
@@ -58,6 +64,7 @@ class InBackward:
         self.optimizer, self.around = optimizer, around
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self.each: dict[torch.Tensor, Any] = {p: rebuilt_over(optimizer, p) for p in params}
+        self._groups = {p: group_of(optimizer, p) for p in params}
         self.steps = 0
         self.stepped: set[torch.Tensor] = set()
         """The parameters stepped so far (a gradient they had: the others had none)."""
@@ -68,6 +75,8 @@ class InBackward:
 
     def _step(self, param: torch.Tensor) -> None:
         stepper = self.each[param]
+        led = stepper.param_groups[0]
+        led.update({k: v for k, v in self._groups[param].items() if k != "params"})
         try:
             with self.around():
                 stepper.step()
@@ -85,6 +94,17 @@ class InBackward:
     def state_dict(self) -> dict[str, Any]:
         """Every per-parameter optimizer's ``state_dict``, in the order of the parameters."""
         return {"optimizers": [o.state_dict() for o in self.each.values()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """What ``state_dict`` saved, into the per-parameter optimizers in the same order."""
+        saved = state["optimizers"]
+        if len(saved) != len(self.each):
+            raise ConfigError(
+                f"optimizer_in_backward: the state holds {len(saved)} parameters' optimizers, "
+                f"this model trains {len(self.each)}"
+            )
+        for optimizer, one in zip(self.each.values(), saved, strict=True):
+            optimizer.load_state_dict(one)
 
     def remove(self) -> None:
         """Take the hooks off: the parameters' gradients are then kept as usual."""

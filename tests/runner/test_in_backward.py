@@ -123,3 +123,32 @@ def test_a_step_in_backward_is_traced_as_it_runs() -> None:
     saved = traced[False].total_bytes - traced[True].total_bytes
     assert saved == pytest.approx(3 * 16 * 2**20, rel=0.01)
     assert traced[True].gradients_bytes == 16 * 2**20 and traced[True].unused_parameters == 0
+
+
+# torch's scheduler warns of a step before optimizer.step(), never called here: the same rates
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")
+def test_a_scheduler_on_the_optimizer_leads_every_parameters_rate_and_state_round_trips() -> None:
+    def trained(in_backward: bool) -> tuple[nn.Module, InBackward | None]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        stepper = InBackward(optimizer) if in_backward else None
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)
+        for step in range(3):
+            model(torch.full((2, 4), float(step + 1))).sum().backward()
+            if stepper is None:
+                optimizer.step()
+                optimizer.zero_grad()
+            schedule.step()
+        return model, stepper
+
+    (after, _), (during, stepper) = trained(False), trained(True)
+    for theirs, ours in zip(after.parameters(), during.parameters(), strict=True):
+        assert torch.equal(theirs, ours)
+    assert stepper is not None
+    again = InBackward(torch.optim.AdamW(during.parameters(), lr=0.1))
+    again.load_state_dict(stepper.state_dict())
+    first = next(iter(again.each.values()))
+    assert first.state_dict()["state"][0]["step"] == 3
+    with pytest.raises(ConfigError, match="the state holds 4 parameters' optimizers, this mo"):
+        InBackward(torch.optim.AdamW(during[0].parameters())).load_state_dict(stepper.state_dict())
