@@ -187,3 +187,37 @@ def test_a_lightning_modules_checkpoint_has_its_own_keys() -> None:
     assert state["optimizer"]["param_groups"][0]["params"][0] == "net.0.weight"
     training.load_state_dict(state)  # its prefix put back
     training.close()
+
+
+def test_a_checkpoint_of_training_stepped_in_backward_holds_its_optimizers_state() -> None:
+    # the per-parameter optimizers keep their state in the optimizer's: a checkpoint saves it,
+    # the same as stepping after backward made, and loads it back into either
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from autotune.apply import prepare
+    from autotune.config import TrainConfig
+    from tests.fixtures.traced import Stack
+
+    data = TensorDataset(torch.randn(64, 256), torch.randn(64, 256))
+
+    def trained(in_backward: bool) -> dict:
+        config = TrainConfig(global_batch_size=8, device="cpu", optimizer_in_backward=in_backward)
+        torch.manual_seed(0)
+        training = prepare(config, Stack(), data)
+        batches = training.batches()
+        for _ in range(2):
+            training.step(batches)
+        state = training.state_dict()
+        training.close()
+        return state
+
+    after, during = trained(False), trained(True)
+    assert during["optimizer"]["state"] and _equal(after["optimizer"], during["optimizer"])
+    assert _equal(after["model"], during["model"])
+    config = TrainConfig(global_batch_size=8, device="cpu", optimizer_in_backward=True)
+    torch.manual_seed(1)
+    resumed = prepare(config, Stack(), data)
+    resumed.load_state_dict(after)
+    assert _equal(resumed.state_dict()["optimizer"]["state"], after["optimizer"]["state"])
+    resumed.close()

@@ -49,10 +49,12 @@ def rebuilt_over(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> Any:
 
 class InBackward:
     """One optimizer a trainable parameter of ``optimizer``'s, each stepped by its parameter's
-    post-accumulate-grad hook in backward; ``optimizer`` itself is never stepped, but its groups
-    lead: each step first takes its group's options as they are then (a learning-rate
-    scheduler's on ``optimizer`` moves every parameter's rate). ``steps`` counts the parameters
-    stepped."""
+    post-accumulate-grad hook in backward. ``optimizer`` itself is never stepped, but it leads:
+    each step first takes its group's options as they are then (a learning-rate scheduler's on
+    ``optimizer`` moves every parameter's rate) and keeps the parameter's state in
+    ``optimizer.state``, so that ``optimizer.state_dict()`` saves it in the usual form and
+    ``optimizer.load_state_dict`` restores it (a checkpoint loads under either way of stepping).
+    ``steps`` counts the parameters stepped."""
 
     def __init__(
         self,
@@ -77,6 +79,7 @@ class InBackward:
         stepper = self.each[param]
         led = stepper.param_groups[0]
         led.update({k: v for k, v in self._groups[param].items() if k != "params"})
+        stepper.state = self.optimizer.state  # replaced, not updated, by load_state_dict
         try:
             with self.around():
                 stepper.step()
@@ -92,19 +95,13 @@ class InBackward:
         return list(self.each.values())
 
     def state_dict(self) -> dict[str, Any]:
-        """Every per-parameter optimizer's ``state_dict``, in the order of the parameters."""
-        return {"optimizers": [o.state_dict() for o in self.each.values()]}
+        """The optimizer's ``state_dict``: every parameter's state, in the usual form."""
+        return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """What ``state_dict`` saved, into the per-parameter optimizers in the same order."""
-        saved = state["optimizers"]
-        if len(saved) != len(self.each):
-            raise ConfigError(
-                f"optimizer_in_backward: the state holds {len(saved)} parameters' optimizers, "
-                f"this model trains {len(self.each)}"
-            )
-        for optimizer, one in zip(self.each.values(), saved, strict=True):
-            optimizer.load_state_dict(one)
+        """An optimizer ``state_dict`` (saved stepping in backward or after it) into the
+        optimizer, whose state each parameter's step then takes."""
+        self.optimizer.load_state_dict(state)
 
     def remove(self) -> None:
         """Take the hooks off: the parameters' gradients are then kept as usual."""
