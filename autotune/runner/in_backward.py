@@ -9,7 +9,7 @@ that one parameter with its group's options, and its post-accumulate-grad hook
 (``Tensor.register_post_accumulate_grad_hook``) steps it and sets its gradient to None: torch's
 recipe "How to save memory by fusing the optimizer step into the backward pass", torchtune's
 ``optimizer_in_bwd``. The updates are those of the optimizer stepped after backward for one that
-updates each parameter alone (SGD, Adam, AdamW, Adagrad, RMSprop: tested to the bit); what needs
+updates each parameter alone (SGD, AdamW and Adagrad tested to the bit); what needs
 every gradient at once cannot run so (a gradient scaler's check for infinities, clipping by the
 total norm, accumulation over micro-batches, a data-parallel reduction after backward), and
 ``TrainConfig`` refuses those combinations. The per-parameter steps give up the foreach and
@@ -66,7 +66,8 @@ class InBackward:
         self.optimizer, self.around = optimizer, around
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self.each: dict[torch.Tensor, Any] = {p: rebuilt_over(optimizer, p) for p in params}
-        self._groups = {p: group_of(optimizer, p) for p in params}
+        self._group = {p: i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+        """Each parameter's group by its place: ``load_state_dict`` makes the groups anew."""
         self.steps = 0
         self.stepped: set[torch.Tensor] = set()
         """The parameters stepped so far (a gradient they had: the others had none)."""
@@ -78,7 +79,8 @@ class InBackward:
     def _step(self, param: torch.Tensor) -> None:
         stepper = self.each[param]
         led = stepper.param_groups[0]
-        led.update({k: v for k, v in self._groups[param].items() if k != "params"})
+        group = self.optimizer.param_groups[self._group[param]]
+        led.update({k: v for k, v in group.items() if k != "params"})
         stepper.state = self.optimizer.state  # replaced, not updated, by load_state_dict
         try:
             with self.around():

@@ -151,11 +151,13 @@ def test_a_scheduler_on_the_optimizer_leads_every_parameters_rate_and_state_roun
     assert saved["state"][0]["step"] == 3 and saved["param_groups"][0]["lr"] == pytest.approx(1e-4)
     plain = torch.optim.AdamW(after.parameters(), lr=0.1)
     plain.load_state_dict(copy.deepcopy(saved))  # loading keeps the tensors it is given
+    stepper.remove()  # the next takes its place
     again = InBackward(torch.optim.AdamW(during.parameters(), lr=0.1))
-    again.load_state_dict(copy.deepcopy(saved))
+    again.load_state_dict(copy.deepcopy(saved))  # its rate too, 1e-4: the groups made anew
     for model, step in ((after, plain), (during, None)):
         model(torch.ones(2, 4)).sum().backward()
         if step is not None:
             step.step()
     for theirs, ours in zip(after.parameters(), during.parameters(), strict=True):
-        assert torch.equal(theirs, ours)  # resumed alike: the state was the same
+        assert torch.equal(theirs, ours)  # resumed alike: the same state and rate
+    assert again.steps == 4  # each of the 4 tensors stepped once, by the one that took over
