@@ -77,9 +77,9 @@ IN_BACKWARD_NOTE = (
     "optimizer_in_backward=true is set in code, no trainer has it: after building the "
     "optimizer, stepper = autotune.runner.in_backward.InBackward(optimizer) steps each "
     "parameter in backward (an optimizer per parameter, by its post-accumulate-grad hook); "
-    "then call neither optimizer.step() nor zero_grad(); a scheduler on optimizer still sets "
-    "every parameter's rate (torch warns that optimizer.step() was not called: the rates are "
-    "the same); save and load stepper.state_dict() for a checkpoint"
+    "optimizer.step() and zero_grad() then find no gradient and change nothing (a trainer may "
+    "still call them); a scheduler on optimizer still sets every parameter's rate, and "
+    "optimizer.state_dict() holds every parameter's state"
 )
 
 CHANNELS_LAST_NOTE = (
@@ -201,6 +201,16 @@ def hugging_face(
         kwargs["ddp_bucket_cap_mb"] = config.bucket_cap_mb
     if config.max_grad_norm is not None:
         kwargs["max_grad_norm"] = config.max_grad_norm
+    elif config.optimizer_in_backward:
+        kwargs["max_grad_norm"] = 0.0
+        notes.append(
+            "max_grad_norm=0.0: the Trainer's clipping off, as in the trials (stepped in "
+            "backward, no gradient is left to clip)"
+        )
+        notes.append(
+            "optimizer_in_backward=true: pass the optimizer to the Trainer "
+            "(optimizers=(optimizer, scheduler)) after InBackward(optimizer) took it"
+        )
     else:
         notes.append(
             "the trials clipped no gradients; the Trainer clips at max_grad_norm=1.0 unless "

@@ -161,3 +161,21 @@ def test_a_scheduler_on_the_optimizer_leads_every_parameters_rate_and_state_roun
     for theirs, ours in zip(after.parameters(), during.parameters(), strict=True):
         assert torch.equal(theirs, ours)  # resumed alike: the same state and rate
     assert again.steps == 4  # each of the 4 tensors stepped once, by the one that took over
+
+
+def test_a_trainer_that_still_steps_the_optimizer_changes_nothing_more() -> None:
+    # the Hugging Face Trainer and Lightning call optimizer.step() and zero_grad() themselves
+    def trained(trainer_steps: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
+        InBackward(optimizer)
+        for _ in range(2):
+            model(torch.ones(2, 4)).sum().backward()
+            if trainer_steps:
+                optimizer.step()
+                optimizer.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for ours, theirs in zip(trained(False), trained(True), strict=True):
+        assert torch.equal(ours, theirs)
