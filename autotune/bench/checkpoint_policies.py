@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.bench.traced_step import built_batch, output_loss, real_step_peak
 from autotune.runner.planned_gpu import GPUS, planning
 from autotune.runner.workload import WorkloadSpec
 
 POLICIES = ("none", "full", "selective")
+
+K = TypeVar("K")
 
 
 class RealAndTraced:
@@ -110,19 +113,7 @@ def measure(
         optimizers[policy].step()
         optimizers[policy].zero_grad(set_to_none=True)
 
-    for policy in POLICIES:
-        step(policy)  # the optimizer's state, the allocator's pools
-    times: dict[str, list[float]] = {p: [] for p in POLICIES}
-    for _ in range(rounds):
-        for policy in POLICIES:
-            if cuda:
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            for _ in range(steps):
-                step(policy)
-            if cuda:
-                torch.cuda.synchronize()
-            times[policy].append((time.perf_counter() - started) / steps)
+    times = interleaved_times(step, POLICIES, rounds, steps, cuda)
     rows = []
     for policy in POLICIES:
         model, batch, blocks = made[policy]
@@ -162,6 +153,30 @@ def measure(
             )
         )
     return rows
+
+
+def interleaved_times(
+    step: Callable[[K], None], keys: Sequence[K], rounds: int, steps: int, cuda: bool
+) -> dict[K, list[float]]:
+    """Each key's mean ``step`` time in each of ``rounds`` rounds of ``steps`` steps, the keys
+    in turn within a round (the machine's drift falls on all alike), after one warm step each
+    (the optimizer's state, the allocator's pools); timed between synchronisations on CUDA."""
+    import torch
+
+    for key in keys:
+        step(key)
+    times: dict[K, list[float]] = {key: [] for key in keys}
+    for _ in range(rounds):
+        for key in keys:
+            if cuda:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(steps):
+                step(key)
+            if cuda:
+                torch.cuda.synchronize()
+            times[key].append((time.perf_counter() - started) / steps)
+    return times
 
 
 def paired_ratio(rows: list[PolicyRow], policy: str, against: str) -> tuple[float, float, float]:

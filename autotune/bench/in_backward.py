@@ -8,10 +8,14 @@ synchronisations, and the trace is for this GPU."""
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
-from autotune.bench.checkpoint_policies import RealAndTraced, built, round_ratios
+from autotune.bench.checkpoint_policies import (
+    RealAndTraced,
+    built,
+    interleaved_times,
+    round_ratios,
+)
 from autotune.bench.traced_step import output_loss, real_step_peak
 from autotune.runner.workload import WorkloadSpec
 
@@ -53,7 +57,6 @@ def measure(
 
     policy = "full" if checkpoint else "none"
     made = {flag: built(spec, micro_batch, policy, device) for flag in (False, True)}
-    cuda = device == "cuda"
     optimizers = {f: torch.optim.AdamW(m.parameters(), lr=1e-4) for f, (m, _, _) in made.items()}
     in_backward = InBackward(optimizers[True])
 
@@ -66,19 +69,7 @@ def measure(
             optimizers[flag].step()
             optimizers[flag].zero_grad(set_to_none=True)
 
-    for flag in made:
-        step(flag)  # the optimizer's state
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(rounds):
-        for flag in made:
-            if cuda:
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            for _ in range(steps):
-                step(flag)
-            if cuda:
-                torch.cuda.synchronize()
-            times[flag].append((time.perf_counter() - started) / steps)
+    times = interleaved_times(step, list(made), rounds, steps, device == "cuda")
     in_backward.remove()  # real_step_peak steps its own
     rows = []
     for flag, (model, batch, blocks) in made.items():
